@@ -1,0 +1,501 @@
+// The `sbx` command: a thin host over the core library.
+//
+//   sbx plugins   [--json]                     list plugin files and the providers they offer
+//   sbx providers [--json]                     list the configured provider blocks
+//   sbx run --provider NAME [options] -- CMD   run one command in a fresh sandbox
+//
+// Global options (before or after the subcommand): --config FILE (default $SBX_CONFIG),
+// --plugin-dir DIR (repeatable), --log-level LEVEL.
+
+#include <sbx/sbx.hpp>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <boost/json.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 125;  // like `docker run`: the sandbox, not the command, failed
+constexpr int kExitInterrupted = 130;
+
+const char* const kMainHelp = R"(sbx - run commands in sandboxes through provider plugins
+
+Usage:
+  sbx [global options] <command> [options]
+
+Commands:
+  plugins     List plugin files and the providers they offer
+  providers   List configured providers (and plugin providers usable by id)
+  run         Create a sandbox, run one command in it, close it
+
+Global options:
+  --config FILE       Host configuration (JSON); default: $SBX_CONFIG if set
+  --plugin-dir DIR    Also look for plugins in DIR (repeatable); $SBX_PLUGIN_PATH is also used
+  --log-level LEVEL   trace, debug, info, warn (default), error, off
+  -h, --help          Show help (also: sbx <command> --help)
+  --version           Show the sbx and ABI versions
+)";
+
+const char* const kPluginsHelp = R"(Usage: sbx plugins [--json]
+
+Lists every plugin file found in the plugin directories: its name, version, ABI version and the
+provider ids it offers, or why it cannot be used. Loads each plugin to read its descriptor.
+
+Options:
+  --json   Print a JSON array instead of text
+)";
+
+const char* const kProvidersHelp = R"(Usage: sbx providers [--json]
+
+Lists the provider blocks of the configuration, then the provider ids offered by plugins that no
+block shadows (usable by id with their default config).
+
+Options:
+  --json   Print a JSON array instead of text
+)";
+
+const char* const kRunHelp = R"(Usage: sbx run --provider NAME [options] -- COMMAND [ARG...]
+
+Creates a sandbox, uploads files, runs COMMAND (through the sandbox's shell; several words are
+quoted and joined), prints its stdout and stderr as they arrive, downloads files, and closes the
+sandbox, also when something fails or on Ctrl-C. Exits with the command's return code; 125 when
+the sandbox could not run it (timeout, backend error); 2 for usage errors; 130 when interrupted.
+
+Options:
+  --provider NAME          Provider block name, or a plugin's provider id (default config)
+  --image IMAGE            Sandbox image
+  --env K=V                Environment variable of the sandbox (repeatable)
+  --workdir DIR            Working directory of the command
+  --timeout S              Command timeout in seconds (default: the provider's)
+  --ttl S                  Sandbox lifetime in seconds
+  --user USER              Run the command as USER (name or uid)
+  --cpu N                  CPUs (may be fractional)
+  --memory MIB             Memory limit in MiB
+  --metadata K=V           Sandbox metadata (repeatable)
+  --upload LOCAL:REMOTE    Copy a local file in before the command (repeatable)
+  --download REMOTE:LOCAL  Copy a sandbox file out after the command (repeatable)
+  --provider-options JSON  Provider-specific options (a JSON object)
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Global {
+  std::optional<std::string> config;
+  std::vector<std::filesystem::path> plugin_dirs;
+  std::string log_level = "warn";
+};
+
+// Pulls "--name value" / "--name=value" options off an argument list.
+class Args {
+ public:
+  explicit Args(std::vector<std::string> args) : args_(std::move(args)) {}
+
+  bool empty() const { return pos_ >= args_.size(); }
+  const std::string& peek() const { return args_[pos_]; }
+  std::string next() { return args_[pos_++]; }
+
+  // If the current argument is `--name`, consumes it and its value.
+  std::optional<std::string> value(std::string_view name) {
+    if (empty()) return std::nullopt;
+    const std::string& a = peek();
+    if (a == name) {
+      if (pos_ + 1 >= args_.size()) throw UsageError(std::string(name) + " needs a value");
+      pos_ += 2;
+      return args_[pos_ - 1];
+    }
+    if (a.starts_with(std::string(name) + "=")) {
+      ++pos_;
+      return a.substr(name.size() + 1);
+    }
+    return std::nullopt;
+  }
+  bool flag(std::string_view name) {
+    if (!empty() && peek() == name) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  std::vector<std::string> rest() {
+    std::vector<std::string> out(args_.begin() + static_cast<std::ptrdiff_t>(pos_), args_.end());
+    pos_ = args_.size();
+    return out;
+  }
+
+ private:
+  std::vector<std::string> args_;
+  size_t pos_ = 0;
+};
+
+bool global_option(Args& args, Global& g) {
+  if (auto v = args.value("--config")) return g.config = *v, true;
+  if (auto v = args.value("--plugin-dir")) return g.plugin_dirs.emplace_back(*v), true;
+  if (auto v = args.value("--log-level")) return g.log_level = *v, true;
+  return false;
+}
+
+std::pair<std::string, std::string> split_pair(const std::string& text, char sep,
+                                               std::string_view what) {
+  const size_t at = text.find(sep);
+  if (at == std::string::npos || at == 0) {
+    throw UsageError(std::string(what) + " must look like A" + sep + "B, got '" + text + "'");
+  }
+  return {text.substr(0, at), text.substr(at + 1)};
+}
+
+double parse_number(const std::string& text, std::string_view what) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError(std::string(what) + " must be a number, got '" + text + "'");
+  }
+}
+
+// Quotes one word for a POSIX shell.
+std::string shell_quote(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-./=:,+@%") == std::string::npos) {
+    return word;
+  }
+  std::string out = "'";
+  for (char c : word)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+sbx::Host make_host(const Global& g) {
+  sbx::Host::Options options;
+  std::optional<std::string> config = g.config;
+  if (!config) {
+    if (const char* env = std::getenv("SBX_CONFIG"); env && *env) config = env;
+  }
+  if (config) options.config = sbx::Config::load(*config);
+  options.plugin_dirs = g.plugin_dirs;
+  return sbx::Host(std::move(options));
+}
+
+std::string version_text(const sbx_version& v) {
+  return std::to_string(v.major) + "." + std::to_string(v.minor);
+}
+
+int cmd_plugins(Args& args, Global& g) {
+  bool json = false;
+  while (!args.empty()) {
+    if (args.flag("--json")) {
+      json = true;
+    } else if (args.flag("--help") || args.flag("-h")) {
+      std::cout << kPluginsHelp;
+      return 0;
+    } else if (!global_option(args, g)) {
+      throw UsageError("unknown option for plugins: " + args.peek());
+    }
+  }
+  sbx::Host host = make_host(g);
+  const auto plugins = host.plugins();
+  if (json) {
+    boost::json::array out;
+    for (const auto& p : plugins) {
+      boost::json::object o{{"path", p.path.string()}};
+      if (p.ok()) {
+        o["name"] = p.name;
+        o["version"] = p.version;
+        o["abi_version"] = version_text(p.abi_version);
+        boost::json::array ids;
+        for (const auto& k : p.providers) {
+          ids.push_back(boost::json::object{{"id", k.id}, {"description", k.description}});
+        }
+        o["providers"] = std::move(ids);
+      } else {
+        o["error"] = p.error;
+      }
+      out.push_back(std::move(o));
+    }
+    std::cout << boost::json::serialize(out) << "\n";
+    return 0;
+  }
+  if (plugins.empty()) {
+    std::cout << "no plugins found in:";
+    for (const auto& d : host.plugin_dirs())
+      std::cout << " " << d.string();
+    std::cout << "\n";
+  }
+  for (const auto& p : plugins) {
+    std::cout << p.path.string() << "\n";
+    if (!p.ok()) {
+      std::cout << "  error: " << p.error << "\n";
+      continue;
+    }
+    std::cout << "  plugin:    " << p.name << " " << p.version << " (ABI "
+              << version_text(p.abi_version) << ")\n";
+    for (const auto& k : p.providers) {
+      std::cout << "  provider:  " << k.id << " - " << k.description << "\n";
+    }
+  }
+  return 0;
+}
+
+int cmd_providers(Args& args, Global& g) {
+  bool json = false;
+  while (!args.empty()) {
+    if (args.flag("--json")) {
+      json = true;
+    } else if (args.flag("--help") || args.flag("-h")) {
+      std::cout << kProvidersHelp;
+      return 0;
+    } else if (!global_option(args, g)) {
+      throw UsageError("unknown option for providers: " + args.peek());
+    }
+  }
+  sbx::Host host = make_host(g);
+  const auto providers = host.providers();
+  if (json) {
+    boost::json::array out;
+    for (const auto& p : providers) {
+      out.push_back(boost::json::object{
+          {"name", p.name}, {"plugin", p.plugin}, {"configured", p.configured}});
+    }
+    std::cout << boost::json::serialize(out) << "\n";
+    return 0;
+  }
+  for (const auto& p : providers) {
+    std::cout << p.name << "\t" << p.plugin << "\t"
+              << (p.configured ? "configured" : "default config") << "\n";
+  }
+  return 0;
+}
+
+// Writes all of `bytes` to a file descriptor (stdout/stderr of this process).
+void write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Cancels whatever run is doing when SIGINT or SIGTERM arrives (signals are blocked in every
+// thread and taken by sigwait here, so no handler races with the rest of the program).
+class Interrupts {
+ public:
+  Interrupts() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);  // used to stop the watcher
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) return;
+        interrupted_ = true;
+        std::function<void()> cancel;
+        {
+          std::lock_guard lock(mutex_);
+          cancel = cancel_;
+        }
+        if (cancel) cancel();
+      }
+    });
+  }
+  ~Interrupts() {
+    pthread_kill(thread_.native_handle(), SIGUSR1);
+    thread_.join();
+  }
+  void on_interrupt(std::function<void()> cancel) {
+    std::lock_guard lock(mutex_);
+    cancel_ = std::move(cancel);
+  }
+  bool interrupted() const { return interrupted_; }
+
+ private:
+  sigset_t set_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::function<void()> cancel_;
+  std::atomic<bool> interrupted_{false};
+};
+
+int cmd_run(Args& args, Global& g) {
+  std::optional<std::string> provider_name;
+  sbx::SandboxSpec spec;
+  sbx::ExecOptions exec;
+  std::vector<std::pair<std::string, std::string>> uploads, downloads;
+  std::vector<std::string> command;
+  while (!args.empty()) {
+    if (args.flag("--")) {
+      command = args.rest();
+    } else if (args.flag("--help") || args.flag("-h")) {
+      std::cout << kRunHelp;
+      return 0;
+    } else if (auto v = args.value("--provider")) {
+      provider_name = *v;
+    } else if (auto v = args.value("--image")) {
+      spec.image = *v;
+    } else if (auto v = args.value("--env")) {
+      auto [k, val] = split_pair(*v, '=', "--env");
+      spec.env[k] = val;
+    } else if (auto v = args.value("--metadata")) {
+      auto [k, val] = split_pair(*v, '=', "--metadata");
+      spec.metadata[k] = val;
+    } else if (auto v = args.value("--workdir")) {
+      spec.workdir = *v;
+    } else if (auto v = args.value("--timeout")) {
+      exec.timeout_s = parse_number(*v, "--timeout");
+    } else if (auto v = args.value("--ttl")) {
+      spec.ttl_s = parse_number(*v, "--ttl");
+    } else if (auto v = args.value("--user")) {
+      exec.user = *v;
+    } else if (auto v = args.value("--cpu")) {
+      spec.resources.cpu = parse_number(*v, "--cpu");
+    } else if (auto v = args.value("--memory")) {
+      spec.resources.memory_mib = static_cast<int64_t>(parse_number(*v, "--memory"));
+    } else if (auto v = args.value("--upload")) {
+      uploads.push_back(split_pair(*v, ':', "--upload"));
+    } else if (auto v = args.value("--download")) {
+      downloads.push_back(split_pair(*v, ':', "--download"));
+    } else if (auto v = args.value("--provider-options")) {
+      try {
+        boost::json::value parsed = boost::json::parse(*v);
+        if (!parsed.is_object()) throw std::invalid_argument("not an object");
+        spec.provider_options = parsed.get_object();
+      } catch (const std::exception&) {
+        throw UsageError("--provider-options must be a JSON object");
+      }
+    } else if (!global_option(args, g)) {
+      throw UsageError("unknown option for run: " + args.peek() + " (put the command after --)");
+    }
+  }
+  if (command.empty()) throw UsageError("run needs a command after --");
+  std::string shell_command = command.size() == 1 ? command[0] : "";
+  if (command.size() > 1) {
+    for (const auto& word : command) {
+      shell_command += (shell_command.empty() ? "" : " ") + shell_quote(word);
+    }
+  }
+
+  Interrupts interrupts;
+  sbx::Host host = make_host(g);
+  sbx::Provider provider = provider_name ? host.provider(*provider_name) : host.default_provider();
+
+  sbx::Operation<sbx::Sandbox> creating = provider.create_async(spec);
+  interrupts.on_interrupt([creating] { creating.cancel(); });
+  sbx::Sandbox sandbox = creating.get();  // a sandbox created after a cancel is closed by RAII
+  interrupts.on_interrupt({});
+  if (interrupts.interrupted()) return kExitInterrupted;
+
+  for (const auto& [local, remote] : uploads)
+    sandbox.upload(local, remote);
+
+  exec.on_output = [](sbx::OutputStream stream, std::string_view bytes) {
+    write_all(stream == sbx::OutputStream::err ? STDERR_FILENO : STDOUT_FILENO, bytes);
+  };
+  sbx::Operation<sbx::ExecResult> running = sandbox.exec_async(shell_command, exec);
+  interrupts.on_interrupt([running] { running.cancel(); });
+  int exit_code;
+  try {
+    const sbx::ExecResult result = running.get();
+    exit_code = result.return_code;
+    if (result.error_type) {
+      std::cerr << "sbx: "
+                << (result.timed_out() ? "the command timed out"
+                                       : "the sandbox could not run the command")
+                << " (error_type=" << *result.error_type << ")\n";
+    }
+  } catch (const sbx::CancelledError&) {
+    std::cerr << "sbx: interrupted; closing the sandbox\n";
+    sandbox.close();
+    return kExitInterrupted;
+  }
+  interrupts.on_interrupt({});
+
+  for (const auto& [remote, local] : downloads) {
+    try {
+      sandbox.download(remote, local);
+    } catch (const sbx::Error& e) {
+      std::cerr << "sbx: download of " << remote << " failed: " << e.what() << "\n";
+      if (exit_code == 0) exit_code = kExitFailure;
+    }
+  }
+  sandbox.close();
+  return exit_code;
+}
+
+void setup_logging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("sbx");
+  spdlog::set_default_logger(logger);
+  const auto parsed = spdlog::level::from_str(level);
+  if (parsed == spdlog::level::off && level != "off") {
+    throw UsageError("unknown log level '" + level + "'");
+  }
+  spdlog::set_level(parsed);
+}
+
+int run(std::vector<std::string> argv) {
+  Args args(std::move(argv));
+  Global g;
+  while (!args.empty() && args.peek().starts_with("-")) {
+    if (args.flag("--help") || args.flag("-h")) {
+      std::cout << kMainHelp;
+      return 0;
+    }
+    if (args.flag("--version")) {
+      std::cout << "sbx " << SBX_VERSION << " (provider ABI " << SBX_ABI_VERSION_MAJOR << "."
+                << SBX_ABI_VERSION_MINOR << ")\n";
+      return 0;
+    }
+    if (!global_option(args, g)) throw UsageError("unknown option: " + args.peek());
+  }
+  if (args.empty()) {
+    std::cerr << kMainHelp;
+    return kExitUsage;
+  }
+  const std::string command = args.next();
+  // Global options may also follow the subcommand; each command accepts them.
+  std::vector<std::string> rest = args.rest();
+  for (size_t i = 0; i < rest.size() && rest[i] != "--"; ++i) {
+    if (rest[i] == "--log-level" && i + 1 < rest.size()) g.log_level = rest[i + 1];
+    if (rest[i].starts_with("--log-level=")) g.log_level = rest[i].substr(12);
+  }
+  setup_logging(g.log_level);
+  Args sub(rest);
+  if (command == "plugins") return cmd_plugins(sub, g);
+  if (command == "providers") return cmd_providers(sub, g);
+  if (command == "run") return cmd_run(sub, g);
+  throw UsageError("unknown command '" + command + "' (try sbx --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const UsageError& e) {
+    std::cerr << "sbx: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const sbx::Error& e) {
+    std::cerr << "sbx: error: " << e.what() << "\n";
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    std::cerr << "sbx: error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}

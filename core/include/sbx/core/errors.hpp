@@ -1,0 +1,70 @@
+// Exceptions of the sbx:: host API. They mirror NeMo Gym's errors: CreateError is
+// SandboxCreateError, CreateVerificationError is SandboxCreateVerificationError; invalid values
+// raise InvalidArgumentError (Python's ValueError). Every error from a plugin arrives as the
+// subclass matching its ABI status code, with the plugin's message and details.
+#pragma once
+
+#include <sbx/abi/types.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace sbx {
+
+class Error : public std::runtime_error {
+ public:
+  Error(sbx_status status, const std::string& message, bool retryable = false,
+        int32_t http_status = 0, std::string request_id = {});
+
+  sbx_status status() const noexcept { return status_; }
+  std::string_view status_name() const noexcept;
+  bool retryable() const noexcept { return retryable_; }
+  int32_t http_status() const noexcept { return http_status_; }
+  const std::string& request_id() const noexcept { return request_id_; }
+
+ private:
+  sbx_status status_;
+  bool retryable_;
+  int32_t http_status_;
+  std::string request_id_;
+};
+
+#define SBX_DEFINE_ERROR(Name, Base, Status)                                                   \
+  class Name : public Base {                                                                   \
+   public:                                                                                     \
+    explicit Name(const std::string& message, bool retryable = false, int32_t http_status = 0, \
+                  std::string request_id = {})                                                 \
+        : Base(Status, message, retryable, http_status, std::move(request_id)) {}              \
+                                                                                               \
+   protected:                                                                                  \
+    Name(sbx_status status, const std::string& message, bool retryable, int32_t http_status,   \
+         std::string request_id)                                                               \
+        : Base(status, message, retryable, http_status, std::move(request_id)) {}              \
+  };
+
+SBX_DEFINE_ERROR(InvalidArgumentError, Error, SBX_STATUS_INVALID_ARGUMENT)
+SBX_DEFINE_ERROR(NotFoundError, Error, SBX_STATUS_NOT_FOUND)
+SBX_DEFINE_ERROR(TimeoutError, Error, SBX_STATUS_TIMEOUT)
+SBX_DEFINE_ERROR(CancelledError, Error, SBX_STATUS_CANCELLED)
+SBX_DEFINE_ERROR(UnavailableError, Error, SBX_STATUS_UNAVAILABLE)
+SBX_DEFINE_ERROR(ResourceExhaustedError, Error, SBX_STATUS_RESOURCE_EXHAUSTED)
+SBX_DEFINE_ERROR(FailedPreconditionError, Error, SBX_STATUS_FAILED_PRECONDITION)
+SBX_DEFINE_ERROR(UnimplementedError, Error, SBX_STATUS_UNIMPLEMENTED)
+SBX_DEFINE_ERROR(PermissionDeniedError, Error, SBX_STATUS_PERMISSION_DENIED)
+SBX_DEFINE_ERROR(InternalError, Error, SBX_STATUS_INTERNAL)
+SBX_DEFINE_ERROR(CreateError, Error, SBX_STATUS_CREATE_FAILED)
+SBX_DEFINE_ERROR(CreateVerificationError, CreateError, SBX_STATUS_CREATE_VERIFICATION_FAILED)
+// A bad config file: the message names the file and the JSON path of the offending value.
+SBX_DEFINE_ERROR(ConfigError, InvalidArgumentError, SBX_STATUS_INVALID_ARGUMENT)
+// A plugin file the host refuses (not a plugin, corrupt, other ABI major, failed init).
+SBX_DEFINE_ERROR(PluginLoadError, FailedPreconditionError, SBX_STATUS_FAILED_PRECONDITION)
+
+#undef SBX_DEFINE_ERROR
+
+// Throws the sbx:: exception class matching `error->status` (an sbx_error from a plugin).
+[[noreturn]] void throw_error(const sbx_error& error);
+[[noreturn]] void throw_error(sbx_status status, const std::string& message);
+
+}  // namespace sbx

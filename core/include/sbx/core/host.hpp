@@ -1,0 +1,92 @@
+// sbx::Host: finds plugins, reads the configuration, and hands out providers by name.
+//
+//   sbx::Host host({.config = sbx::Config::load("sbx.json")});
+//   sbx::Provider docker = host.provider("docker");
+//   sbx::Sandbox box = docker.create({.image = "sbx-busybox:latest"});
+//   sbx::ExecResult r = box.exec("echo hi");
+//
+// Plugins are the *.so files in the plugin directories: $SBX_PLUGIN_PATH (colon-separated), the
+// config's plugin_path, and `<directory of the running program>/../plugins`. A file that is not a
+// usable plugin is reported (plugins()) and skipped; the others keep working.
+//
+// THREADING: all members are thread-safe.
+#pragma once
+
+#include <sbx/abi/version.h>
+#include <sbx/core/config.hpp>
+#include <sbx/core/provider.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx {
+
+struct PluginInfo {
+  struct ProviderKind {
+    std::string id;
+    std::string description;
+    std::string config_schema;
+  };
+  std::filesystem::path path;
+  std::string name;
+  std::string version;
+  std::string description;
+  sbx_version abi_version{};
+  std::vector<ProviderKind> providers;
+  std::string error;  // why the host refused this file; empty when usable
+
+  bool ok() const { return error.empty(); }
+};
+
+struct ProviderInfo {
+  std::string name;         // block name, or the provider id for unconfigured providers
+  std::string plugin;       // as configured
+  bool configured = false;  // false: available by provider id with its default config
+};
+
+class Host {
+ public:
+  struct Options {
+    Config config;
+    std::vector<std::filesystem::path> plugin_dirs;  // searched before the defaults
+    bool use_default_plugin_dirs = true;
+    StringMap labels;  // added to the config's labels and the automatic ones (sbx.run, sbx.host)
+  };
+
+  Host();
+  explicit Host(Options options);
+  ~Host();
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+
+  const Config& config() const;
+
+  // Every plugin file found, usable or not (loads each once).
+  std::vector<PluginInfo> plugins();
+  // Configured provider blocks, then provider ids not shadowed by a block.
+  std::vector<ProviderInfo> providers();
+
+  // The provider named `name`: a config block, or else a provider id offered by a plugin (with an
+  // empty config). Throws InvalidArgumentError("Unknown sandbox provider 'x'. Available providers:
+  // a, b") for other names, ConfigError/InvalidArgumentError for a config the provider refuses,
+  // PluginLoadError when the plugin cannot be used. Providers are created once and cached.
+  Provider provider(std::string_view name);
+  // The default provider: config.default_provider, else the only configured block.
+  Provider default_provider();
+
+  // The labels every sandbox gets: sbx.run (this process's run id), sbx.host, plus configured ones.
+  const StringMap& labels() const;
+
+  // The directories searched for plugins, in order.
+  std::vector<std::filesystem::path> plugin_dirs() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sbx

@@ -1,0 +1,60 @@
+// Operation<T>: the asynchronous form of every sbx:: call. Start one (e.g. sandbox.exec_async),
+// then wait for it, poll it, attach a continuation, or cancel it. The synchronous calls are
+// `start(...).get()`.
+//
+// THREADING: an Operation may be shared between threads (copies share one state). Continuations
+// run on the thread that completes the operation (usually a plugin thread): keep them short and do
+// not block in them.
+#pragma once
+
+#include <sbx/core/detail/op_state.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace sbx {
+
+template <class T>
+class Operation {
+  using Stored = std::conditional_t<std::is_void_v<T>, detail::Unit, T>;
+
+ public:
+  Operation() = default;
+  explicit Operation(std::shared_ptr<detail::OpState<Stored>> state) : state_(std::move(state)) {}
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  bool ready() const { return state_->ready(); }
+  void wait() const { state_->wait(); }
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
+    return state_->wait_until(std::chrono::steady_clock::now() + timeout);
+  }
+
+  // Waits, then returns the value or throws the sbx::Error subclass that ended the operation.
+  // The value is moved out: call get() once.
+  T get() {
+    if constexpr (std::is_void_v<T>) {
+      state_->take();
+    } else {
+      return state_->take();
+    }
+  }
+
+  // Asks the provider to stop; the operation then ends with CancelledError unless it finished
+  // first. Idempotent.
+  void cancel() const { state_->cancel(); }
+
+  // Runs `fn` once the operation is complete: immediately on this thread if it already is,
+  // otherwise on the completing thread.
+  void then(std::function<void(Operation<T>&)> fn) const {
+    state_->then([op = *this, fn = std::move(fn)]() mutable { fn(op); });
+  }
+
+ private:
+  std::shared_ptr<detail::OpState<Stored>> state_;
+};
+
+}  // namespace sbx

@@ -1,0 +1,72 @@
+// sbx::Sandbox: one sandbox, RAII. Every call has a synchronous form and an asynchronous *_async
+// form returning an Operation. Destroying a Sandbox that was not closed or detached closes it.
+//
+// THREADING: a Sandbox may be used from several threads at once (e.g. concurrent execs).
+#pragma once
+
+#include <sbx/core/operation.hpp>
+#include <sbx/core/spec.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace sbx {
+
+namespace detail {
+struct SandboxState;
+}
+
+class Sandbox {
+ public:
+  Sandbox() = default;
+  explicit Sandbox(std::shared_ptr<detail::SandboxState> state);
+  Sandbox(Sandbox&&) noexcept = default;
+  Sandbox& operator=(Sandbox&& other) noexcept;
+  ~Sandbox();
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  const std::string& id() const;
+  const std::string& provider_name() const;
+  bool closed() const;
+
+  // Runs a shell command. cwd defaults to the spec's workdir. A non-zero exit, a timeout (125,
+  // "timeout") and a command the sandbox could not start (125, "sandbox") are results; errors
+  // (unreachable backend, sandbox gone, closed sandbox) throw.
+  ExecResult exec(std::string_view command, ExecOptions options = {});
+  Operation<ExecResult> exec_async(std::string command, ExecOptions options = {});
+
+  // Copies a local file in; missing parent directories are created.
+  void upload(const std::filesystem::path& local_path, std::string_view remote_path);
+  Operation<void> upload_async(std::filesystem::path local_path, std::string remote_path);
+  void upload_bytes(std::string_view contents, std::string_view remote_path);
+  Operation<void> upload_bytes_async(std::string contents, std::string remote_path);
+
+  // Copies one sandbox file to a local path. The file appears complete or not at all: it is written
+  // to a temporary name next to the target and renamed on success.
+  void download(std::string_view remote_path, const std::filesystem::path& local_path);
+  Operation<void> download_async(std::string remote_path, std::filesystem::path local_path);
+  std::string download_bytes(std::string_view remote_path);
+
+  // STOPPED once closed (without asking the provider).
+  SandboxStatus status();
+  Operation<SandboxStatus> status_async();
+
+  // A route to a service on a declared port (spec.ports). Throws InvalidArgumentError for a port
+  // outside 1..65535 or not declared, UnimplementedError if the provider has no endpoints.
+  Endpoint endpoint(int64_t port);
+
+  // Ends the sandbox. Safe to call twice; the second call does nothing.
+  void close();
+  Operation<void> close_async();
+
+  // Gives up ownership without closing: the sandbox lives on (until its TTL) and this object
+  // becomes empty.
+  void detach();
+
+ private:
+  std::shared_ptr<detail::SandboxState> state_;
+};
+
+}  // namespace sbx

@@ -1,0 +1,119 @@
+// Helpers for calling through the C ABI from the host: borrowed views of host values, error
+// conversion, and the pattern every asynchronous call follows.
+#pragma once
+
+#include "internal.hpp"
+
+#include <sbx/core/detail/op_state.hpp>
+#include <sbx/core/errors.hpp>
+#include <sbx/core/operation.hpp>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::detail {
+
+inline sbx_str view_of(std::string_view s) {
+  return sbx_str{s.data(), s.size()};
+}
+inline sbx_str optional_view(const std::optional<std::string>& s) {
+  return s ? view_of(*s) : sbx_str{nullptr, 0};
+}
+inline std::string copy_of(sbx_str s) {
+  return s.data ? std::string(s.data, s.len) : std::string();
+}
+inline StringMap copy_of(sbx_kv_list list) {
+  StringMap out;
+  for (size_t i = 0; i < list.count; ++i) {
+    out.insert_or_assign(copy_of(list.items[i].key), copy_of(list.items[i].value));
+  }
+  return out;
+}
+
+inline SandboxStatus to_status(int32_t status) {
+  switch (status) {
+    case SBX_SANDBOX_STARTING:
+      return SandboxStatus::starting;
+    case SBX_SANDBOX_RUNNING:
+      return SandboxStatus::running;
+    case SBX_SANDBOX_STOPPED:
+      return SandboxStatus::stopped;
+    case SBX_SANDBOX_ERROR:
+      return SandboxStatus::error;
+    default:
+      return SandboxStatus::unknown;
+  }
+}
+
+// sbx_kv entries viewing a StringMap (which must outlive the list).
+class KvList {
+ public:
+  explicit KvList(const StringMap& map) {
+    items_.reserve(map.size());
+    for (const auto& [k, v] : map)
+      items_.push_back({view_of(k), view_of(v)});
+  }
+  sbx_kv_list get() const { return {items_.data(), items_.size()}; }
+
+ private:
+  std::vector<sbx_kv> items_;
+};
+
+// The exception for an error a plugin reported.
+inline std::exception_ptr to_exception(const sbx_error* error) {
+  try {
+    throw_error(*error);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Collects what a plugin reports through an sbx_error_sink during a synchronous call.
+struct ErrorCollector {
+  sbx_status status = SBX_STATUS_OK;
+  std::string message;
+  sbx_error_sink sink{this, &ErrorCollector::report};
+
+  ErrorCollector() = default;
+  ErrorCollector(const ErrorCollector&) = delete;
+  ErrorCollector& operator=(const ErrorCollector&) = delete;
+
+  static void SBX_ABI report(void* ctx, const sbx_error* error) {
+    if (!error) return;
+    auto* self = static_cast<ErrorCollector*>(ctx);
+    self->status = error->status;
+    self->message = copy_of(error->message);
+  }
+};
+
+// Runs a callback body inside a CallbackScope; an exception fails the operation instead of
+// escaping into the plugin.
+template <class State, class F>
+void in_callback(State& state, F&& body) noexcept {
+  CallbackScope scope;
+  try {
+    body();
+  } catch (...) {
+    state.fail(std::current_exception());
+  }
+}
+
+// Starts an operation: `start(user_data)` calls the plugin's start function and returns its
+// handle. `Ctx` is the per-operation context given to the plugin as user_data; it owns a reference
+// to the OpState and is deleted by the completion callback.
+template <class T, class Ctx, class Start>
+Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>> start_operation(
+    std::shared_ptr<Generation> generation, std::unique_ptr<Ctx> ctx, Start&& start) {
+  auto state = std::make_shared<OpState<T>>(std::move(generation));
+  state->hold(state);
+  ctx->state = state;
+  Ctx* raw = ctx.release();
+  sbx_operation* handle = start(raw);
+  state->attach(handle);
+  return Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>>(state);
+}
+
+}  // namespace sbx::detail

@@ -1,0 +1,102 @@
+// Reading the host configuration (see config.hpp for the format).
+
+#include <sbx/core/config.hpp>
+#include <sbx/core/errors.hpp>
+#include <sbx/sdk/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace sbx {
+namespace {
+
+constexpr std::string_view kEnvPrefix = "${env:";
+
+// Replaces "${env:NAME}" strings inside `value` (recursively) by the variable's value.
+void substitute_env(boost::json::value& value, const std::string& path) {
+  if (value.is_string()) {
+    const std::string_view text = value.get_string();
+    if (text.starts_with(kEnvPrefix) && text.ends_with("}")) {
+      const std::string name(text.substr(kEnvPrefix.size(), text.size() - kEnvPrefix.size() - 1));
+      const char* env = std::getenv(name.c_str());
+      if (!env) throw ConfigError(path + ": environment variable " + name + " is not set");
+      value = env;
+    }
+  } else if (value.is_object()) {
+    for (auto& member : value.get_object()) {
+      substitute_env(member.value(), sdk::json::path_join(path, member.key()));
+    }
+  } else if (value.is_array()) {
+    auto& array = value.get_array();
+    for (size_t i = 0; i < array.size(); ++i) {
+      substitute_env(array[i], sdk::json::path_index(path, i));
+    }
+  }
+}
+
+ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name) {
+  ProviderBlock block;
+  block.name = name;
+  auto plugin = r.string("plugin");
+  if (!plugin || plugin->empty()) r.fail("plugin", "required: a provider id or a plugin file");
+  block.plugin = *plugin;
+  if (const auto* config = r.value("config")) {
+    if (!config->is_object()) r.fail("config", "must be an object");
+    boost::json::value copy = *config;
+    substitute_env(copy, r.path_of("config"));
+    block.config = std::move(copy.get_object());
+  }
+  block.default_metadata = r.string_map("default_metadata").value_or(StringMap{});
+  r.finish();
+  return block;
+}
+
+}  // namespace
+
+Config Config::parse(std::string_view json_text, std::string_view source,
+                     const std::filesystem::path& base_dir) {
+  const std::string prefix = std::string(source) + ": ";
+  try {
+    Config config;
+    const boost::json::object root = sdk::json::parse_object(json_text, "JSON");
+    sdk::json::ObjectReader r(root);
+    for (const auto& dir : r.string_list("plugin_path").value_or(std::vector<std::string>{})) {
+      std::filesystem::path p(dir);
+      config.plugin_path.push_back(p.is_relative() && !base_dir.empty() ? base_dir / p : p);
+    }
+    config.labels = r.string_map("labels").value_or(StringMap{});
+    config.default_provider = r.string("default_provider");
+    if (auto providers = r.object("providers")) {
+      for (const auto& member : root.at("providers").get_object()) {
+        const std::string name(member.key());
+        if (name.empty()) providers->fail(name, "a provider name must not be empty");
+        if (!member.value().is_object()) providers->fail(name, "must be an object");
+        sdk::json::ObjectReader block(member.value().get_object(), providers->path_of(name));
+        providers->value(name);  // known
+        config.providers.emplace(name, read_block(block, name));
+      }
+      providers->finish();
+    }
+    r.finish();
+    if (config.default_provider && !config.providers.count(*config.default_provider)) {
+      throw ConfigError("$.default_provider: '" + *config.default_provider +
+                        "' is not a configured provider");
+    }
+    return config;
+  } catch (const sdk::Error& e) {
+    throw ConfigError(prefix + e.what());
+  } catch (const ConfigError& e) {
+    throw ConfigError(prefix + e.what());
+  }
+}
+
+Config Config::load(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError(file.string() + ": cannot read the file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), file.string(), file.parent_path());
+}
+
+}  // namespace sbx

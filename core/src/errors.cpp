@@ -1,0 +1,98 @@
+#include <sbx/core/errors.hpp>
+
+#include <utility>
+
+namespace sbx {
+
+Error::Error(sbx_status status, const std::string& message, bool retryable, int32_t http_status,
+             std::string request_id)
+    : std::runtime_error(message),
+      status_(status),
+      retryable_(retryable),
+      http_status_(http_status),
+      request_id_(std::move(request_id)) {}
+
+std::string_view Error::status_name() const noexcept {
+  switch (status_) {
+    case SBX_STATUS_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case SBX_STATUS_NOT_FOUND:
+      return "NOT_FOUND";
+    case SBX_STATUS_TIMEOUT:
+      return "TIMEOUT";
+    case SBX_STATUS_CANCELLED:
+      return "CANCELLED";
+    case SBX_STATUS_UNAVAILABLE:
+      return "UNAVAILABLE";
+    case SBX_STATUS_RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case SBX_STATUS_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case SBX_STATUS_UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case SBX_STATUS_PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case SBX_STATUS_CREATE_FAILED:
+      return "CREATE_FAILED";
+    case SBX_STATUS_CREATE_VERIFICATION_FAILED:
+      return "CREATE_VERIFICATION_FAILED";
+    default:
+      return "INTERNAL";
+  }
+}
+
+namespace {
+
+template <class E>
+[[noreturn]] void raise(const std::string& message, bool retryable, int32_t http,
+                        std::string request_id) {
+  throw E(message, retryable, http, std::move(request_id));
+}
+
+[[noreturn]] void raise_status(sbx_status status, const std::string& message, bool retryable,
+                               int32_t http, std::string rid) {
+  switch (status) {
+    case SBX_STATUS_INVALID_ARGUMENT:
+      raise<InvalidArgumentError>(message, retryable, http, rid);
+    case SBX_STATUS_NOT_FOUND:
+      raise<NotFoundError>(message, retryable, http, rid);
+    case SBX_STATUS_TIMEOUT:
+      raise<TimeoutError>(message, retryable, http, rid);
+    case SBX_STATUS_CANCELLED:
+      raise<CancelledError>(message, retryable, http, rid);
+    case SBX_STATUS_UNAVAILABLE:
+      raise<UnavailableError>(message, retryable, http, rid);
+    case SBX_STATUS_RESOURCE_EXHAUSTED:
+      raise<ResourceExhaustedError>(message, retryable, http, rid);
+    case SBX_STATUS_FAILED_PRECONDITION:
+      raise<FailedPreconditionError>(message, retryable, http, rid);
+    case SBX_STATUS_UNIMPLEMENTED:
+      raise<UnimplementedError>(message, retryable, http, rid);
+    case SBX_STATUS_PERMISSION_DENIED:
+      raise<PermissionDeniedError>(message, retryable, http, rid);
+    case SBX_STATUS_CREATE_FAILED:
+      raise<CreateError>(message, retryable, http, rid);
+    case SBX_STATUS_CREATE_VERIFICATION_FAILED:
+      raise<CreateVerificationError>(message, retryable, http, rid);
+    default:
+      raise<InternalError>(message, retryable, http, rid);
+  }
+}
+
+std::string copy(sbx_str s) {
+  return s.data ? std::string(s.data, s.len) : std::string();
+}
+
+}  // namespace
+
+void throw_error(const sbx_error& error) {
+  const bool has_details = error.struct_size >= sizeof(sbx_error);
+  raise_status(error.status, copy(error.message), has_details && error.retryable,
+               has_details ? error.http_status : 0, has_details ? copy(error.request_id) : "");
+}
+
+void throw_error(sbx_status status, const std::string& message) {
+  raise_status(status, message, false, 0, {});
+}
+
+}  // namespace sbx

@@ -1,0 +1,152 @@
+// Services the host passes to plugins (logging into spdlog, a monotonic clock), the callback scope
+// marker, and deferred destruction.
+
+#include "internal.hpp"
+
+#include <sbx/core/detail/op_state.hpp>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace sbx::detail {
+namespace {
+
+thread_local int g_callback_depth = 0;
+
+spdlog::level::level_enum to_spdlog(int32_t level) {
+  switch (level) {
+    case SBX_LOG_TRACE:
+      return spdlog::level::trace;
+    case SBX_LOG_DEBUG:
+      return spdlog::level::debug;
+    case SBX_LOG_INFO:
+      return spdlog::level::info;
+    case SBX_LOG_WARN:
+      return spdlog::level::warn;
+    default:
+      return spdlog::level::err;
+  }
+}
+
+spdlog::logger& logger_of(const sbx_host* host) {
+  return **static_cast<std::shared_ptr<spdlog::logger>*>(host->host_data);
+}
+
+void SBX_ABI host_log(const sbx_host* host, int32_t level, sbx_str message) {
+  logger_of(host).log(to_spdlog(level), "{}",
+                      std::string_view(message.data ? message.data : "", message.len));
+}
+
+bool SBX_ABI host_log_enabled(const sbx_host* host, int32_t level) {
+  return logger_of(host).should_log(to_spdlog(level));
+}
+
+int64_t SBX_ABI host_now_ns(const sbx_host*) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+const void* SBX_ABI host_get_extension(const sbx_host*, const char*) {
+  return nullptr;
+}
+
+// One host thread that destroys what was released inside plugin callbacks. Joined at exit.
+class Janitor {
+ public:
+  ~Janitor() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void post(std::function<void()> fn) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(fn));
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    wake_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  std::thread thread_;
+  bool stopping_ = false;
+};
+
+Janitor& janitor() {
+  static Janitor instance;
+  return instance;
+}
+
+}  // namespace
+
+CallbackScope::CallbackScope() noexcept {
+  ++g_callback_depth;
+}
+CallbackScope::~CallbackScope() {
+  --g_callback_depth;
+}
+bool CallbackScope::active() noexcept {
+  return g_callback_depth > 0;
+}
+
+void destroy_later(std::function<void()> destroy) {
+  janitor().post(std::move(destroy));
+}
+
+// Loggers are named children of "sbx" and share its sinks. An application that registers its own
+// "sbx" logger before using the library decides where everything goes; otherwise it is stderr.
+std::shared_ptr<spdlog::logger> logger(const std::string& name) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  if (auto existing = spdlog::get(name)) return existing;
+  auto base = spdlog::get("sbx");
+  if (!base) {
+    base = std::make_shared<spdlog::logger>(
+        "sbx", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    spdlog::register_logger(base);
+    if (name == "sbx") return base;
+  }
+  auto created = std::make_shared<spdlog::logger>(name, base->sinks().begin(), base->sinks().end());
+  created->set_level(base->level());
+  spdlog::register_logger(created);
+  return created;
+}
+
+HostBinding::HostBinding(const std::string& logger_name) : logger_(logger(logger_name)) {
+  static constexpr std::string_view kName = "sbx";
+  static constexpr std::string_view kVersion = SBX_VERSION;
+  host_.struct_size = sizeof(sbx_host);
+  host_.abi_version = SBX_ABI_VERSION_INIT;
+  host_.host_name = {kName.data(), kName.size()};
+  host_.host_version = {kVersion.data(), kVersion.size()};
+  host_.host_data = &logger_;
+  host_.log = &host_log;
+  host_.log_enabled = &host_log_enabled;
+  host_.now_ns = &host_now_ns;
+  host_.get_extension = &host_get_extension;
+}
+
+}  // namespace sbx::detail

@@ -1,0 +1,122 @@
+// Host-core internals shared by the core's source files: loaded plugin libraries, host services,
+// provider generations and sandbox state.
+#pragma once
+
+#include <sbx/abi/entry.h>
+#include <sbx/core/host.hpp>
+#include <sbx/core/spec.hpp>
+
+#include <spdlog/logger.h>
+#include <boost/dll/shared_library.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace sbx::detail {
+
+// ---- Host services (host_services.cpp) ----------------------------------------------------------
+
+// The sbx_host given to a plugin (init) or a provider (factory), logging to a named spdlog logger.
+// Address-stable: plugins keep the pointer.
+class HostBinding {
+ public:
+  explicit HostBinding(const std::string& logger_name);
+  const sbx_host* get() const noexcept { return &host_; }
+
+ private:
+  sbx_host host_{};
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+// The host's logger for its own messages ("sbx"), or a named child sharing its sinks.
+std::shared_ptr<spdlog::logger> logger(const std::string& name = "sbx");
+
+// Deletes objects whose last reference dropped inside a plugin callback on a host thread instead
+// (a provider must not be destroyed from inside its own callbacks).
+void destroy_later(std::function<void()> destroy);
+
+template <class T>
+std::shared_ptr<T> make_deferred_shared(T* object) {
+  return std::shared_ptr<T>(object, [](T* p) {
+    if (CallbackScope::active()) {
+      destroy_later([p] { delete p; });
+    } else {
+      delete p;
+    }
+  });
+}
+
+// ---- Plugin libraries (plugin_library.cpp)
+// -------------------------------------------------------
+
+// One loaded and initialised plugin file. Destroying it calls deinit and unloads the library; every
+// provider made from it holds a reference, so that happens after the last one is destroyed.
+class PluginLibrary {
+ public:
+  // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol, the descriptor's size and the
+  // ABI major version, then calls init. Throws PluginLoadError naming the file.
+  static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path);
+  ~PluginLibrary();
+
+  const std::filesystem::path& path() const noexcept { return path_; }
+  const sbx_plugin& plugin() const noexcept { return *plugin_; }
+  const sbx_provider_factory* factory(std::string_view provider_id) const;
+  PluginInfo info() const;
+
+ private:
+  PluginLibrary() = default;
+  std::filesystem::path path_;
+  boost::dll::shared_library library_;
+  const sbx_plugin* plugin_ = nullptr;
+  std::unique_ptr<HostBinding> host_;
+  bool initialised_ = false;
+};
+
+// ---- Providers (provider.cpp)
+// ---------------------------------------------------------------------
+
+// A provider instance with everything it needs to stay valid: its library and its host binding.
+// Sandboxes and operations hold a reference; the provider is destroyed after the last one.
+struct Generation {
+  std::shared_ptr<PluginLibrary> library;
+  std::unique_ptr<HostBinding> host;
+  sbx_provider* provider = nullptr;
+  std::string name;
+  std::string provider_id;
+  std::string plugin_path;
+  StringMap default_metadata;
+  StringMap labels;
+
+  ~Generation() {
+    if (provider) provider->destroy(provider);
+  }
+  const void* extension(const char* id) const {
+    return provider->get_extension ? provider->get_extension(provider, id) : nullptr;
+  }
+};
+
+// Creates a provider from a library's factory; throws the plugin's error as an sbx:: exception.
+std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> library,
+                                            const sbx_provider_factory& factory,
+                                            const ProviderBlock& block, const StringMap& labels);
+
+// ---- Sandboxes (sandbox.cpp)
+// ------------------------------------------------------------------------
+
+struct SandboxState {
+  std::shared_ptr<Generation> generation;
+  sbx_sandbox* handle = nullptr;
+  std::string id;
+  std::optional<std::string> workdir;
+  std::vector<int64_t> ports;
+  std::atomic<bool> closed{false};
+
+  ~SandboxState() {
+    if (handle) generation->provider->release_sandbox(generation->provider, handle);
+  }
+};
+
+}  // namespace sbx::detail

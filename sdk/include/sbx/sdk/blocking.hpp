@@ -1,0 +1,66 @@
+// For provider authors who prefer blocking code: derive from BlockingProvider and write each method
+// as a plain function that returns or throws. The SDK's adapter runs every call on an SDK-owned
+// thread pool and completes the operation with what the method returned or threw.
+//
+// THREADING: methods run concurrently on pool threads, also for one sandbox. Honour `cancel`: poll
+// it, or register a std::stop_callback that interrupts whatever the method is blocked on.
+#pragma once
+
+#include <sbx/sdk/provider.hpp>
+#include <sbx/sdk/thread_pool.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sbx::sdk {
+
+class BlockingProvider {
+ public:
+  virtual ~BlockingProvider() = default;
+
+  // Returns a ready sandbox. Startup files are written afterwards by write_startup_files().
+  virtual std::unique_ptr<Sandbox> create(const Spec& spec, const CancelToken& cancel) = 0;
+  // Runs a command, writing its output to `out` as it arrives.
+  virtual ExitStatus exec(Sandbox& sandbox, const ExecRequest& request, OutputSink& out,
+                          const CancelToken& cancel) = 0;
+  virtual void upload(Sandbox& sandbox, const UploadRequest& request, ByteSource& source,
+                      const CancelToken& cancel) = 0;
+  virtual void download(Sandbox& sandbox, const std::string& remote_path, ByteSink& sink,
+                        const CancelToken& cancel) = 0;
+  virtual SandboxStatus status(Sandbox& sandbox, const CancelToken& cancel) = 0;
+  virtual void close(Sandbox& sandbox, const CancelToken& cancel) = 0;
+
+  // Writes the spec's startup files into a sandbox create() just returned. The default uploads them
+  // one by one; override to do better (e.g. one archive). If it throws, the adapter closes the
+  // sandbox and fails the create with CREATE_FAILED.
+  virtual void write_startup_files(Sandbox& sandbox, const std::vector<StartupFile>& files,
+                                   const CancelToken& cancel);
+
+  // Size of the adapter's pool: calls beyond `max_threads` in flight wait in a queue.
+  virtual ThreadPool::Options pool_options() const { return {}; }
+};
+
+// Optional capabilities, blocking style: derive from these alongside BlockingProvider.
+class BlockingEndpoint {
+ public:
+  virtual Endpoint endpoint(Sandbox& sandbox, uint16_t port, const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingEndpoint() = default;
+};
+
+class BlockingListReap {
+ public:
+  virtual std::vector<SandboxInfo> list(const KeyValues& selector, const CancelToken& cancel) = 0;
+  virtual std::vector<SandboxInfo> reap(const KeyValues& selector, const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingListReap() = default;
+};
+
+// Runs a BlockingProvider behind the asynchronous Provider interface.
+std::unique_ptr<Provider> make_blocking_adapter(std::unique_ptr<BlockingProvider> provider,
+                                                Logger log);
+
+}  // namespace sbx::sdk

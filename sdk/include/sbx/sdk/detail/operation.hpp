@@ -1,0 +1,130 @@
+// Implementation detail of provider.hpp: the state of one operation, shared by the handle given to
+// the host (sbx_operation), the provider's Completion and the trampoline that started it.
+#pragma once
+
+#include <sbx/abi/provider.h>
+#include <sbx/sdk/error.hpp>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <stop_token>
+
+namespace sbx::sdk::detail {
+
+// Maps the exception being handled to an Error: sdk::Error as is, std::bad_alloc to
+// RESOURCE_EXHAUSTED, other std::exception and unknown exceptions to INTERNAL.
+Error current_exception_to_error() noexcept;
+Error exception_to_error(const std::exception_ptr& error) noexcept;
+
+// Reference counted: one reference for the starting trampoline, one for the host's handle, one per
+// live Completion. Completion is claimed exactly once (claim()).
+class OpBase {
+ public:
+  OpBase();
+  virtual ~OpBase() = default;
+  OpBase(const OpBase&) = delete;
+  OpBase& operator=(const OpBase&) = delete;
+
+  // The handle for the host; takes the host's reference.
+  sbx_operation* host_handle() noexcept;
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept;
+
+  std::stop_token token() const noexcept { return stop_.get_token(); }
+  // True for exactly one caller: the one that delivers the outcome.
+  bool claim() noexcept { return !completed_.exchange(true, std::memory_order_acq_rel); }
+  bool completed() const noexcept { return completed_.load(std::memory_order_acquire); }
+
+  void fail(const Error& error) noexcept {
+    if (claim()) deliver_error(error);
+  }
+  // A Completion was destroyed without completing.
+  void on_dropped() noexcept;
+  // The provider's start call returned (error == nullptr) or threw.
+  void end_start(const std::exception_ptr& error) noexcept;
+
+ protected:
+  virtual void deliver_error(const Error& error) noexcept = 0;
+
+ private:
+  static void SBX_ABI cancel_thunk(sbx_operation* op);
+  static void SBX_ABI release_thunk(sbx_operation* op);
+
+  sbx_operation handle_{};
+  std::atomic<int> refs_{1};
+  std::atomic<bool> completed_{false};
+  std::stop_source stop_;
+  std::mutex start_mutex_;
+  bool starting_ = true;
+  bool dropped_ = false;
+};
+
+template <class T>
+class Op : public OpBase {
+ public:
+  virtual void deliver_value(T&& value) noexcept = 0;
+};
+
+template <>
+class Op<void> : public OpBase {
+ public:
+  virtual void deliver_value() noexcept = 0;
+};
+
+}  // namespace sbx::sdk::detail
+
+namespace sbx::sdk {
+
+template <class T>
+Completion<T>::Completion(detail::Op<T>* op) : op_(op) {
+  op_->add_ref();
+}
+
+template <class T>
+Completion<T>& Completion<T>::operator=(Completion&& other) noexcept {
+  if (this != &other) {
+    reset();
+    op_ = std::exchange(other.op_, nullptr);
+  }
+  return *this;
+}
+
+template <class T>
+Completion<T>::~Completion() {
+  reset();
+}
+
+template <class T>
+void Completion<T>::reset() noexcept {
+  if (auto* op = std::exchange(op_, nullptr)) {
+    op->on_dropped();
+    op->release();
+  }
+}
+
+template <class T>
+void Completion<T>::succeed(T value) {
+  auto* op = std::exchange(op_, nullptr);
+  if (op->claim()) op->deliver_value(std::move(value));
+  op->release();
+}
+
+template <class T>
+void Completion<T>::fail(const Error& error) {
+  auto* op = std::exchange(op_, nullptr);
+  op->fail(error);
+  op->release();
+}
+
+template <class T>
+void Completion<T>::fail_current_exception() {
+  fail(detail::current_exception_to_error());
+}
+
+template <class T>
+CancelToken Completion<T>::cancel_token() const {
+  return op_ ? op_->token() : CancelToken();
+}
+
+}  // namespace sbx::sdk

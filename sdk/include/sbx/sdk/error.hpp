@@ -1,0 +1,53 @@
+// The SDK's exception type. A provider throws sbx::sdk::Error (or anything else); the SDK's
+// trampolines catch every exception and turn it into an sbx_error, so nothing crosses the C ABI.
+#pragma once
+
+#include <sbx/abi/types.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace sbx::sdk {
+
+// Extra detail carried with an error; all optional.
+struct ErrorDetails {
+  bool retryable = false;
+  int32_t http_status = 0;
+  std::string request_id;
+};
+
+// An error with an ABI status code (SBX_STATUS_*) and the sbx_error details.
+class Error : public std::runtime_error {
+ public:
+  Error(sbx_status status, std::string message, ErrorDetails details = {});
+
+  sbx_status status() const noexcept { return status_; }
+  bool retryable() const noexcept { return details_.retryable; }
+  int32_t http_status() const noexcept { return details_.http_status; }
+  const std::string& request_id() const noexcept { return details_.request_id; }
+  const ErrorDetails& details() const noexcept { return details_; }
+
+  // Shorthands for the common statuses.
+  static Error invalid_argument(std::string message);
+  static Error not_found(std::string message);
+  static Error timeout(std::string message);
+  static Error cancelled(std::string message = "operation cancelled");
+  static Error unavailable(std::string message, bool retryable = true);
+  static Error failed_precondition(std::string message);
+  static Error unimplemented(std::string message);
+  static Error internal(std::string message);
+  static Error create_failed(std::string message, bool retryable = false);
+  static Error create_verification_failed(std::string message);
+
+ private:
+  sbx_status status_;
+  ErrorDetails details_;
+};
+
+// The name of a status code, e.g. "INVALID_ARGUMENT"; "UNKNOWN(<n>)" style text is not returned:
+// unknown codes give "INTERNAL".
+std::string_view status_name(sbx_status status) noexcept;
+
+}  // namespace sbx::sdk

@@ -1,0 +1,191 @@
+// The asynchronous provider interface: a provider is one C++ class deriving from
+// sbx::sdk::Provider. The SDK's trampolines (plugin.hpp) turn the C ABI calls into these virtual
+// calls, copy every borrowed argument, catch every exception, and guarantee each operation
+// completes exactly once. Authors who prefer blocking code derive from BlockingProvider
+// (blocking.hpp).
+//
+// THREADING: every method may be called concurrently from any host thread, also for one sandbox.
+// A method starts the work and returns; it completes the operation later, from any thread, by
+// calling succeed() or fail() on its Completion (or by throwing before it hands the Completion
+// off). Never hold a lock of your own while completing: the host may start new operations from
+// inside its callback.
+#pragma once
+
+#include <sbx/sdk/cancel.hpp>
+#include <sbx/sdk/error.hpp>
+#include <sbx/sdk/log.hpp>
+#include <sbx/sdk/types.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sbx::sdk {
+
+// A provider's sandbox. Subclass it to keep backend state; the SDK owns it once create succeeds and
+// deletes it when the host releases the handle (after every operation on it has completed).
+class Sandbox {
+ public:
+  explicit Sandbox(std::string id) : id_(std::move(id)) {}
+  virtual ~Sandbox() = default;
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  const std::string& id() const noexcept { return id_; }
+
+ private:
+  std::string id_;
+};
+
+// Receives a command's output as it is produced. Call write() from one thread at a time, in order,
+// before completing the exec.
+class OutputSink {
+ public:
+  virtual void write(StdStream stream, std::string_view bytes) = 0;
+
+ protected:
+  ~OutputSink() = default;
+};
+
+// The contents of an upload (sbx_input_stream). Valid until the upload completes.
+class ByteSource {
+ public:
+  explicit ByteSource(const sbx_input_stream& stream) : stream_(stream) {}
+  int64_t size() const noexcept { return stream_.size; }
+  // Reads up to `capacity` bytes; returns 0 at the end. Throws Error::internal when the host's
+  // stream fails.
+  size_t read(char* buffer, size_t capacity);
+
+ private:
+  sbx_input_stream stream_;
+};
+
+// Where a download's bytes go (sbx_output_stream). Valid until the download completes.
+class ByteSink {
+ public:
+  explicit ByteSink(const sbx_output_stream& stream) : stream_(stream) {}
+  // Throws Error::cancelled when the host's sink refuses the bytes.
+  void write(std::string_view bytes);
+
+ private:
+  sbx_output_stream stream_;
+};
+
+namespace detail {
+class OpBase;
+template <class T>
+class Op;
+}  // namespace detail
+
+// Completes one operation exactly once, with a value or an error. Move-only. A Completion that is
+// destroyed without completing fails the operation with an INTERNAL error (so a provider bug cannot
+// leave the host waiting forever). Completing twice is impossible (succeed/fail consume it).
+template <class T>
+class Completion {
+ public:
+  explicit Completion(detail::Op<T>* op);
+  Completion(Completion&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
+  Completion& operator=(Completion&& other) noexcept;
+  ~Completion();
+
+  void succeed(T value);
+  void fail(const Error& error);
+  // Inside a catch block: fails with the exception being handled (any type).
+  void fail_current_exception();
+
+  // Cancellation requested by the host for this operation.
+  CancelToken cancel_token() const;
+  explicit operator bool() const noexcept { return op_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  detail::Op<T>* op_ = nullptr;
+};
+
+template <>
+class Completion<void> {
+ public:
+  explicit Completion(detail::Op<void>* op);
+  Completion(Completion&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
+  Completion& operator=(Completion&& other) noexcept;
+  ~Completion();
+
+  void succeed();
+  void fail(const Error& error);
+  void fail_current_exception();
+  CancelToken cancel_token() const;
+  explicit operator bool() const noexcept { return op_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  detail::Op<void>* op_ = nullptr;
+};
+
+// An exec's completion plus the sink for its output.
+class ExecCompletion : public Completion<ExitStatus> {
+ public:
+  ExecCompletion(detail::Op<ExitStatus>* op, OutputSink* sink)
+      : Completion<ExitStatus>(op), sink_(sink) {}
+  // Valid until the exec completes.
+  OutputSink& output() const noexcept { return *sink_; }
+
+ private:
+  OutputSink* sink_;
+};
+
+// Optional capability sbx.endpoint/1: derive from it alongside Provider to offer it.
+class EndpointExtension {
+ public:
+  virtual void endpoint(Sandbox& sandbox, uint16_t port, Completion<Endpoint> done) = 0;
+
+ protected:
+  ~EndpointExtension() = default;
+};
+
+// Optional capability sbx.list-reap/1.
+class ListReapExtension {
+ public:
+  // Sandboxes of this provider kind whose labels match `selector` (see ext/list_reap.h).
+  virtual void list(KeyValues selector, Completion<std::vector<SandboxInfo>> done) = 0;
+  // Force-removes them; completes with the ones removed.
+  virtual void reap(KeyValues selector, Completion<std::vector<SandboxInfo>> done) = 0;
+
+ protected:
+  ~ListReapExtension() = default;
+};
+
+// What a provider's constructor receives besides its config.
+struct ProviderContext {
+  const sbx_host* host = nullptr;  // scoped to this provider; outlives it
+  Logger log;
+};
+
+class Provider {
+ public:
+  virtual ~Provider() = default;
+
+  // Creates a sandbox that is ready to run commands, with spec.files written.
+  virtual void create(Spec spec, Completion<std::unique_ptr<Sandbox>> done) = 0;
+  virtual void exec(Sandbox& sandbox, ExecRequest request, ExecCompletion done) = 0;
+  virtual void upload(Sandbox& sandbox, UploadRequest request, ByteSource& source,
+                      Completion<void> done) = 0;
+  virtual void download(Sandbox& sandbox, std::string remote_path, ByteSink& sink,
+                        Completion<void> done) = 0;
+  virtual void status(Sandbox& sandbox, Completion<SandboxStatus> done) = 0;
+  // Ends the sandbox; a sandbox that is already gone is success.
+  virtual void close(Sandbox& sandbox, Completion<void> done) = 0;
+
+  // Extensions offered; by default whatever this object also derives from.
+  virtual EndpointExtension* endpoint_extension() { return dynamic_cast<EndpointExtension*>(this); }
+  virtual ListReapExtension* list_reap_extension() {
+    return dynamic_cast<ListReapExtension*>(this);
+  }
+};
+
+}  // namespace sbx::sdk
+
+#include <sbx/sdk/detail/operation.hpp>

@@ -1,0 +1,137 @@
+// The C ABI's requests and results as owning C++ values, as provider code sees them.
+// The SDK converts (and copies) the borrowed C structs into these before calling a provider.
+#pragma once
+
+#include <sbx/abi/provider.h>
+#include <sbx/abi/spec.h>
+
+#include <boost/json/object.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::sdk {
+
+using KeyValues = std::map<std::string, std::string>;
+
+struct Resources {
+  std::optional<double> cpu;
+  std::optional<int64_t> memory_mib;
+  std::optional<int64_t> disk_gib;
+  std::optional<int64_t> gpu;
+  std::optional<std::string> gpu_type;
+
+  bool empty() const { return !cpu && !memory_mib && !disk_gib && !gpu && !gpu_type; }
+};
+
+struct StartupFile {
+  std::string path;
+  std::string contents;
+};
+
+// sbx_spec. The host has validated it (see spec.h).
+struct Spec {
+  std::optional<std::string> image;
+  std::optional<std::chrono::milliseconds> ttl;
+  std::optional<std::chrono::milliseconds> ready_timeout;
+  std::optional<std::string> workdir;
+  KeyValues env;
+  std::vector<StartupFile> files;
+  KeyValues metadata;
+  Resources resources;
+  std::optional<std::vector<std::string>> entrypoint;
+  std::vector<uint16_t> ports;
+  boost::json::object provider_options;  // parsed; not yet validated (the provider does that)
+  KeyValues labels;
+};
+
+// sbx_exec_request.
+struct ExecRequest {
+  std::string command;
+  std::optional<std::string> cwd;
+  KeyValues env;
+  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::string> user;
+};
+
+// How a command ended; its output travels separately (OutputSink). See sbx_exec_result.
+struct ExitStatus {
+  int32_t return_code = 0;
+  std::optional<std::string> error_type;
+
+  static ExitStatus exited(int32_t code) { return {code, std::nullopt}; }
+  static ExitStatus timed_out() {
+    return {SBX_EXEC_RETURN_CODE_NO_PROCESS, std::string(SBX_EXEC_ERROR_TIMEOUT)};
+  }
+  static ExitStatus sandbox_failure() {
+    return {SBX_EXEC_RETURN_CODE_NO_PROCESS, std::string(SBX_EXEC_ERROR_SANDBOX)};
+  }
+};
+
+enum class StdStream : int32_t { out = SBX_STREAM_STDOUT, err = SBX_STREAM_STDERR };
+
+enum class SandboxStatus : int32_t {
+  unknown = SBX_SANDBOX_UNKNOWN,
+  starting = SBX_SANDBOX_STARTING,
+  running = SBX_SANDBOX_RUNNING,
+  stopped = SBX_SANDBOX_STOPPED,
+  error = SBX_SANDBOX_ERROR,
+};
+
+struct UploadRequest {
+  std::string remote_path;
+  uint32_t mode = 0644;
+};
+
+// ext/endpoint.h
+struct Endpoint {
+  std::string url;
+  KeyValues headers;
+};
+
+// ext/list_reap.h
+struct SandboxInfo {
+  std::string id;
+  SandboxStatus status = SandboxStatus::unknown;
+  KeyValues labels;
+  int64_t created_unix_ms = 0;
+};
+
+// ---- Conversions between the ABI's views and these values -------------------------------------
+
+inline std::string_view view(sbx_str s) {
+  return s.data ? std::string_view(s.data, s.len) : "";
+}
+inline std::optional<std::string> optional_string(sbx_str s) {
+  if (!s.data) return std::nullopt;
+  return std::string(s.data, s.len);
+}
+inline sbx_str to_sbx(std::string_view s) {
+  return sbx_str{s.data(), s.size()};
+}
+inline sbx_bytes to_bytes(std::string_view s) {
+  return sbx_bytes{reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+KeyValues to_key_values(sbx_kv_list list);
+
+// Copies a borrowed sbx_spec. Throws Error::invalid_argument for a struct too small for this ABI
+// version or provider_options that are not a JSON object.
+Spec to_spec(const sbx_spec& spec);
+ExecRequest to_exec_request(const sbx_exec_request& request);
+
+// Keeps sbx_kv entries pointing into a KeyValues alive for handing out a sbx_kv_list.
+class KvListView {
+ public:
+  explicit KvListView(const KeyValues& values);
+  sbx_kv_list list() const { return {items_.data(), items_.size()}; }
+
+ private:
+  std::vector<sbx_kv> items_;
+};
+
+}  // namespace sbx::sdk

@@ -1,0 +1,454 @@
+// test_processes: a provider for tests only. Each sandbox is a private directory on the host and
+// each command a host process (/bin/sh -c) in its own process group. There is NO isolation.
+//
+// It implements the asynchronous sbx::sdk::Provider interface directly (not the blocking adapter),
+// so that host tests exercise completion from other threads, completion inside the start call,
+// cancellation, streamed output, timeouts and errors. Fault injection comes from its config.
+//
+// Paths: a sandbox path "/a/b" is "<sandbox dir>/a/b" on the host; a relative path is relative to
+// the spec's workdir (or "/"). Paths that would leave the sandbox directory are refused.
+
+#include <sbx/sdk/json.hpp>
+#include <sbx/sdk/plugin.hpp>
+#include <sbx/sdk/thread_pool.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+extern char** environ;
+
+namespace sbx::test_processes {
+namespace {
+
+namespace fs = std::filesystem;
+using sdk::Error;
+using Clock = std::chrono::steady_clock;
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+struct Config {
+  fs::path root;
+  std::chrono::milliseconds default_timeout{60'000};
+  std::optional<std::string> fail_create;  // create fails with CREATE_FAILED and this message
+  bool fail_probe = false;                 // create fails with CREATE_VERIFICATION_FAILED
+  std::optional<std::string> throw_in;     // method that throws std::runtime_error synchronously
+  bool complete_inline = false;            // status and close complete inside the start call
+  std::chrono::milliseconds create_delay{0};
+
+  static Config read(const boost::json::object& json) {
+    sdk::json::ObjectReader r(json);
+    Config c;
+    const char* tmp = std::getenv("TMPDIR");
+    c.root = r.string("root", tmp && *tmp ? tmp : "/tmp");
+    if (auto t = r.number("default_timeout_s", 0, 1e9, true)) {
+      c.default_timeout = std::chrono::milliseconds(static_cast<int64_t>(*t * 1000));
+    }
+    c.fail_create = r.string("fail_create");
+    c.fail_probe = r.boolean("fail_probe", false);
+    c.throw_in = r.string("throw_in");
+    c.complete_inline = r.boolean("complete_inline", false);
+    c.create_delay =
+        std::chrono::milliseconds(r.integer("create_delay_ms", 0, 600'000).value_or(0));
+    r.finish();
+    return c;
+  }
+};
+
+class ProcessSandbox final : public sdk::Sandbox {
+ public:
+  ProcessSandbox(fs::path dir, sdk::Spec spec)
+      : sdk::Sandbox(dir.filename().string()), dir_(std::move(dir)), spec_(std::move(spec)) {}
+
+  const fs::path& dir() const { return dir_; }
+  const sdk::Spec& spec() const { return spec_; }
+
+  // Maps a sandbox path to the host, refusing paths that leave the sandbox directory.
+  fs::path host_path(std::string_view path) const {
+    fs::path p(path);
+    if (p.is_relative()) p = fs::path(spec_.workdir.value_or("/")) / p;
+    fs::path inside = p.relative_path().lexically_normal();
+    if (!inside.empty() && *inside.begin() == "..") {
+      throw Error::invalid_argument("path " + std::string(path) + " leaves the sandbox");
+    }
+    return dir_ / inside;
+  }
+
+  // Process groups of running commands, killed by close.
+  void track(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    groups_.insert(pgid);
+  }
+  void untrack(pid_t pgid) {
+    std::lock_guard lock(mutex_);
+    groups_.erase(pgid);
+  }
+  // Marks the sandbox closed and kills what runs in it; true the first time.
+  bool close() {
+    std::lock_guard lock(mutex_);
+    for (pid_t g : groups_)
+      ::kill(-g, SIGKILL);
+    return !closed_.exchange(true);
+  }
+  bool closed() const { return closed_.load(); }
+  void require_open() const {
+    if (closed()) throw Error::failed_precondition("sandbox " + id() + " is closed");
+  }
+
+ private:
+  fs::path dir_;
+  sdk::Spec spec_;
+  std::mutex mutex_;
+  std::set<pid_t> groups_;
+  std::atomic<bool> closed_{false};
+};
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  void reset() {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+  }
+};
+
+// Runs `/bin/sh -c command` in its own session, streams its output, enforces the timeout by
+// killing the process group, and honours cancellation the same way.
+sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req,
+                            std::chrono::milliseconds timeout, sdk::OutputSink& out,
+                            const sdk::CancelToken& cancel) {
+  const fs::path cwd = sandbox.host_path(req.cwd.value_or(sandbox.spec().workdir.value_or("/")));
+  if (!fs::is_directory(cwd)) {
+    return sdk::ExitStatus::sandbox_failure();  // the sandbox cannot start a process there
+  }
+  std::vector<std::string> env_strings = {"PATH=/usr/local/bin:/usr/bin:/bin",
+                                          "HOME=" + sandbox.dir().string(),
+                                          "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
+  sdk::KeyValues env = sandbox.spec().env;
+  for (const auto& [k, v] : req.env)
+    env[k] = v;
+  for (const auto& [k, v] : env)
+    env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings)
+    envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw Error::internal("pipe: " + errno_text());
+  Fd out_r(out_pipe[0]), out_w(out_pipe[1]);
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw Error::internal("pipe: " + errno_text());
+  Fd err_r(err_pipe[0]), err_w(err_pipe[1]);
+  Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_w.fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, err_w.fd, 2);
+  posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  std::string command = req.command;
+  char sh[] = "/bin/sh", dash_c[] = "-c";
+  char* argv[] = {sh, dash_c, command.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, "/bin/sh", &actions, &attr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  out_w.reset();
+  err_w.reset();
+  if (rc != 0) return sdk::ExitStatus::sandbox_failure();
+
+  sandbox.track(pid);
+  std::stop_callback on_cancel(cancel, [&] {
+    const uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake.fd, &one, sizeof(one));
+  });
+  const auto deadline = Clock::now() + timeout;
+  bool timed_out = false, cancelled = false;
+  std::optional<Clock::time_point> drain_until;  // after a kill, stop waiting for stray holders
+  char buffer[65536];
+  while (out_r.fd >= 0 || err_r.fd >= 0) {
+    const auto now = Clock::now();
+    if (!timed_out && !cancelled && now >= deadline) timed_out = true;
+    if ((timed_out || cancelled) && !drain_until) {
+      ::kill(-pid, SIGKILL);
+      drain_until = now + std::chrono::seconds(2);
+    }
+    if (drain_until && now >= *drain_until) break;
+    const auto limit = drain_until ? *drain_until : deadline;
+    const int wait_ms = static_cast<int>(
+        std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(limit - now).count()) +
+        1);
+    pollfd fds[3] = {{out_r.fd, POLLIN, 0}, {err_r.fd, POLLIN, 0}, {wake.fd, POLLIN, 0}};
+    if (::poll(fds, 3, wait_ms) < 0 && errno != EINTR) break;
+    if (fds[2].revents & POLLIN) cancelled = true;
+    for (int i = 0; i < 2; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Fd& pipe = i == 0 ? out_r : err_r;
+      const ssize_t n = ::read(pipe.fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        out.write(i == 0 ? sdk::StdStream::out : sdk::StdStream::err,
+                  std::string_view(buffer, static_cast<size_t>(n)));
+      } else if (n == 0 || errno != EINTR) {
+        pipe.reset();
+      }
+    }
+  }
+  ::kill(-pid, SIGKILL);  // nothing of the command outlives the exec
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  sandbox.untrack(pid);
+  if (cancelled) throw Error::cancelled("exec cancelled");
+  if (timed_out) return sdk::ExitStatus::timed_out();
+  if (WIFEXITED(status)) return sdk::ExitStatus::exited(WEXITSTATUS(status));
+  return sdk::ExitStatus::exited(128 + WTERMSIG(status));
+}
+
+class TestProcessesProvider final : public sdk::Provider {
+ public:
+  static constexpr const char* kId = "test_processes";
+  static constexpr const char* kDescription =
+      "Sandboxes as host processes in private directories (tests only, no isolation)";
+  static constexpr const char* kConfigSchema = R"({
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "root": {"type": "string"},
+    "default_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+    "fail_create": {"type": ["string", "null"]},
+    "fail_probe": {"type": "boolean"},
+    "throw_in": {"type": ["string", "null"]},
+    "complete_inline": {"type": "boolean"},
+    "create_delay_ms": {"type": "integer", "minimum": 0}
+  }
+})";
+
+  TestProcessesProvider(const sdk::ProviderContext& context, const boost::json::object& config)
+      : config_(Config::read(config)), log_(context.log), pool_({.max_threads = 32}) {}
+
+  void create(sdk::Spec spec, sdk::Completion<std::unique_ptr<sdk::Sandbox>> done) override {
+    maybe_throw("create");
+    pool_.submit([this, spec = std::move(spec), done = std::move(done)]() mutable {
+      try {
+        done.succeed(create_now(std::move(spec), done.cancel_token()));
+      } catch (...) {
+        done.fail_current_exception();
+      }
+    });
+  }
+
+  void exec(sdk::Sandbox& s, sdk::ExecRequest request, sdk::ExecCompletion done) override {
+    maybe_throw("exec");
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    sandbox.require_open();
+    pool_.submit([this, &sandbox, request = std::move(request), done = std::move(done)]() mutable {
+      try {
+        const auto timeout = request.timeout.value_or(config_.default_timeout);
+        done.succeed(run_command(sandbox, request, timeout, done.output(), done.cancel_token()));
+      } catch (...) {
+        done.fail_current_exception();
+      }
+    });
+  }
+
+  void upload(sdk::Sandbox& s, sdk::UploadRequest request, sdk::ByteSource& source,
+              sdk::Completion<void> done) override {
+    maybe_throw("upload");
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    sandbox.require_open();
+    pool_.submit(
+        [&sandbox, &source, request = std::move(request), done = std::move(done)]() mutable {
+          try {
+            write_file(sandbox.host_path(request.remote_path), request.mode, source,
+                       done.cancel_token());
+            done.succeed();
+          } catch (...) {
+            done.fail_current_exception();
+          }
+        });
+  }
+
+  void download(sdk::Sandbox& s, std::string remote_path, sdk::ByteSink& sink,
+                sdk::Completion<void> done) override {
+    maybe_throw("download");
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    sandbox.require_open();
+    pool_.submit(
+        [&sandbox, &sink, path = std::move(remote_path), done = std::move(done)]() mutable {
+          try {
+            read_file(sandbox.host_path(path), path, sink, done.cancel_token());
+            done.succeed();
+          } catch (...) {
+            done.fail_current_exception();
+          }
+        });
+  }
+
+  void status(sdk::Sandbox& s, sdk::Completion<sdk::SandboxStatus> done) override {
+    maybe_throw("status");
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    auto answer = [&sandbox] {
+      return sandbox.closed() || !fs::exists(sandbox.dir()) ? sdk::SandboxStatus::stopped
+                                                            : sdk::SandboxStatus::running;
+    };
+    if (config_.complete_inline) return done.succeed(answer());
+    pool_.submit([answer, done = std::move(done)]() mutable { done.succeed(answer()); });
+  }
+
+  void close(sdk::Sandbox& s, sdk::Completion<void> done) override {
+    maybe_throw("close");
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    auto remove = [&sandbox] {
+      sandbox.close();
+      std::error_code ec;
+      fs::remove_all(sandbox.dir(), ec);
+      if (ec) throw Error::internal("removing " + sandbox.dir().string() + ": " + ec.message());
+    };
+    if (config_.complete_inline) {
+      remove();
+      return done.succeed();
+    }
+    pool_.submit([remove, done = std::move(done)]() mutable {
+      try {
+        remove();
+        done.succeed();
+      } catch (...) {
+        done.fail_current_exception();
+      }
+    });
+  }
+
+ private:
+  void maybe_throw(std::string_view method) const {
+    if (config_.throw_in && *config_.throw_in == method) {
+      throw std::runtime_error("test_processes: injected failure in " + std::string(method));
+    }
+  }
+
+  std::unique_ptr<sdk::Sandbox> create_now(sdk::Spec spec, const sdk::CancelToken& cancel) {
+    if (config_.create_delay.count() > 0) {
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      cv.wait_for(lock, cancel, config_.create_delay, [] { return false; });
+      sdk::throw_if_cancelled(cancel);
+    }
+    if (config_.fail_create) throw Error::create_failed(*config_.fail_create);
+    std::string pattern = (config_.root / "sbx-test-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) {
+      throw Error::create_failed("cannot create a sandbox directory under " +
+                                 config_.root.string() + ": " + errno_text());
+    }
+    auto sandbox = std::make_unique<ProcessSandbox>(pattern, std::move(spec));
+    try {
+      if (sandbox->spec().workdir)
+        fs::create_directories(sandbox->host_path(*sandbox->spec().workdir));
+      for (const auto& file : sandbox->spec().files) {
+        const fs::path target = sandbox->host_path(file.path);
+        fs::create_directories(target.parent_path());
+        std::ofstream(target, std::ios::binary) << file.contents;
+      }
+      if (config_.fail_probe) {
+        throw Error::create_verification_failed("sandbox " + sandbox->id() +
+                                                " failed readiness probe (injected)");
+      }
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(sandbox->dir(), ec);  // a failed create leaves nothing behind
+      throw;
+    }
+    log_.debug("created sandbox ", sandbox->id());
+    return sandbox;
+  }
+
+  // Writes to a temporary file renamed into place, so a failed upload leaves nothing partial.
+  static void write_file(const fs::path& target, uint32_t mode, sdk::ByteSource& source,
+                         const sdk::CancelToken& cancel) {
+    fs::create_directories(target.parent_path());
+    const fs::path temp = target.string() + ".upload-tmp";
+    {
+      Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+      if (fd.fd < 0) throw Error::internal("open " + temp.string() + ": " + errno_text());
+      char buffer[65536];
+      int64_t total = 0;
+      for (;;) {
+        sdk::throw_if_cancelled(cancel);
+        const size_t n = source.read(buffer, sizeof(buffer));
+        if (n == 0) break;
+        if (::write(fd.fd, buffer, n) != static_cast<ssize_t>(n)) {
+          ::unlink(temp.c_str());
+          throw Error::internal("write " + temp.string() + ": " + errno_text());
+        }
+        total += static_cast<int64_t>(n);
+      }
+      if (total != source.size()) {
+        ::unlink(temp.c_str());
+        throw Error::internal("upload source ended after " + std::to_string(total) + " of " +
+                              std::to_string(source.size()) + " bytes");
+      }
+      ::fchmod(fd.fd, mode);
+    }
+    fs::rename(temp, target);
+  }
+
+  static void read_file(const fs::path& source, const std::string& shown, sdk::ByteSink& sink,
+                        const sdk::CancelToken& cancel) {
+    struct stat st {};
+    if (::lstat(source.c_str(), &st) != 0) {
+      throw Error::not_found("no such file in the sandbox: " + shown);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      throw Error::invalid_argument(shown + " is not a regular file");
+    }
+    Fd fd(::open(source.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.fd < 0) throw Error::internal("open " + shown + ": " + errno_text());
+    char buffer[65536];
+    for (;;) {
+      sdk::throw_if_cancelled(cancel);
+      const ssize_t n = ::read(fd.fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error::internal("read " + shown + ": " + errno_text());
+      if (n == 0) break;
+      sink.write(std::string_view(buffer, static_cast<size_t>(n)));
+    }
+  }
+
+  Config config_;
+  sdk::Logger log_;
+  sdk::ThreadPool pool_;  // last: joined first
+};
+
+}  // namespace
+}  // namespace sbx::test_processes
+
+SBX_PLUGIN("test_processes", "0.1.0", "Test-only provider: sandboxes as host processes",
+           sbx::sdk::factory<sbx::test_processes::TestProcessesProvider>())
