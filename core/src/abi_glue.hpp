@@ -89,11 +89,11 @@ struct ErrorCollector {
   }
 };
 
-// Runs a callback body inside a CallbackScope; an exception fails the operation instead of
-// escaping into the plugin.
+// Runs a callback body; an exception fails the operation instead of escaping into the plugin.
+// Every callback thunk opens a CallbackScope as its first statement, so that everything released
+// while it runs (its context included) is covered.
 template <class State, class F>
 void in_callback(State& state, F&& body) noexcept {
-  CallbackScope scope;
   try {
     body();
   } catch (...) {

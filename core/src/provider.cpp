@@ -119,6 +119,7 @@ struct CreateCtx {
   std::vector<int64_t> ports;
 
   static void SBX_ABI on_complete(void* user_data, sbx_sandbox* sandbox, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<CreateCtx> ctx(static_cast<CreateCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!sandbox) {
@@ -151,6 +152,7 @@ struct ListCtx {
   std::vector<SandboxInfo> items;
 
   static void SBX_ABI on_item(void* user_data, const sbx_sandbox_info* info) {
+    CallbackScope scope;
     auto* ctx = static_cast<ListCtx*>(user_data);
     in_callback(*ctx->state, [&] {
       SandboxInfo item;
@@ -162,6 +164,7 @@ struct ListCtx {
     });
   }
   static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<ListCtx> ctx(static_cast<ListCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) {

@@ -39,6 +39,7 @@ struct SandboxRef {
 struct DoneCtx : SandboxRef {
   std::shared_ptr<OpState<Unit>> state;
   static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<DoneCtx> ctx(static_cast<DoneCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) return ctx->state->fail(to_exception(error));
@@ -51,6 +52,7 @@ struct DoneCtx : SandboxRef {
 struct CloseCtx : SandboxRef {
   std::shared_ptr<OpState<Unit>> state;
   static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<CloseCtx> ctx(static_cast<CloseCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) {
@@ -67,6 +69,7 @@ struct ExecCtx : SandboxRef {
   std::function<void(OutputStream, std::string_view)> on_output;
 
   static void SBX_ABI output(void* user_data, int32_t stream, sbx_bytes chunk) {
+    CallbackScope scope;
     auto* ctx = static_cast<ExecCtx*>(user_data);
     in_callback(*ctx->state, [&] {
       ctx->on_output(stream == SBX_STREAM_STDERR ? OutputStream::err : OutputStream::out,
@@ -75,6 +78,7 @@ struct ExecCtx : SandboxRef {
   }
   static void SBX_ABI on_complete(void* user_data, const sbx_exec_result* result,
                                   const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<ExecCtx> ctx(static_cast<ExecCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!result) {
@@ -96,6 +100,7 @@ struct ExecCtx : SandboxRef {
 struct StatusCtx : SandboxRef {
   std::shared_ptr<OpState<SandboxStatus>> state;
   static void SBX_ABI on_complete(void* user_data, int32_t status, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<StatusCtx> ctx(static_cast<StatusCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) return ctx->state->fail(to_exception(error));
@@ -115,6 +120,7 @@ struct UploadCtx : DoneCtx {
     if (fd >= 0) ::close(fd);
   }
   static int64_t SBX_ABI read_file(void* c, uint8_t* buffer, size_t capacity) {
+    CallbackScope scope;
     auto* ctx = static_cast<UploadCtx*>(c);
     for (;;) {
       const ssize_t n = ::read(ctx->fd, buffer, capacity);
@@ -123,6 +129,7 @@ struct UploadCtx : DoneCtx {
     }
   }
   static int64_t SBX_ABI read_memory(void* c, uint8_t* buffer, size_t capacity) {
+    CallbackScope scope;
     auto* ctx = static_cast<UploadCtx*>(c);
     const size_t n = std::min(capacity, ctx->memory.size() - ctx->offset);
     std::memcpy(buffer, ctx->memory.data() + ctx->offset, n);
@@ -130,6 +137,7 @@ struct UploadCtx : DoneCtx {
     return static_cast<int64_t>(n);
   }
   static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<UploadCtx> ctx(static_cast<UploadCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) return ctx->state->fail(to_exception(error));
@@ -147,11 +155,9 @@ struct DownloadCtx : SandboxRef {
   std::string* memory = nullptr;  // download_bytes: append here instead
   sbx_output_stream stream{};
 
-  ~DownloadCtx() {
-    if (fd >= 0) ::close(fd);
-    if (!temp_path.empty()) ::unlink(temp_path.c_str());
-  }
+  ~DownloadCtx() { discard(); }
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
+    CallbackScope scope;
     auto* ctx = static_cast<DownloadCtx*>(c);
     if (ctx->memory) {
       ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
@@ -169,22 +175,40 @@ struct DownloadCtx : SandboxRef {
     return 0;
   }
   static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<DownloadCtx> ctx(static_cast<DownloadCtx*>(user_data));
     in_callback(*ctx->state, [&] {
-      if (error) return ctx->state->fail(to_exception(error));
-      if (ctx->fd >= 0) {
-        const int fd = std::exchange(ctx->fd, -1);
-        if (::fsync(fd) != 0 || ::close(fd) != 0) {
-          throw InternalError("writing " + ctx->target.string() + " failed: " + errno_text(errno));
-        }
-        if (::rename(ctx->temp_path.c_str(), ctx->target.c_str()) != 0) {
-          throw InternalError("renaming the download to " + ctx->target.string() +
-                              " failed: " + errno_text(errno));
-        }
-        ctx->temp_path.clear();
-      }
+      // Settle the file system first: the caller must never see the outcome while a partial file
+      // is still on disk.
+      std::exception_ptr failure = error ? to_exception(error) : ctx->commit();
+      ctx->discard();
+      if (failure) return ctx->state->fail(failure);
       ctx->state->succeed();
     });
+  }
+
+  // Moves the finished temporary file over the target; the error, if that fails.
+  std::exception_ptr commit() {
+    if (fd < 0) return nullptr;  // download_bytes: nothing on disk
+    const int f = std::exchange(fd, -1);
+    const bool written = ::fsync(f) == 0;
+    const int write_errno = errno;
+    if (::close(f) != 0 || !written) {
+      return std::make_exception_ptr(
+          InternalError("writing " + target.string() + " failed: " + errno_text(write_errno)));
+    }
+    if (::rename(temp_path.c_str(), target.c_str()) != 0) {
+      return std::make_exception_ptr(InternalError("renaming the download to " + target.string() +
+                                                   " failed: " + errno_text(errno)));
+    }
+    temp_path.clear();
+    return nullptr;
+  }
+  // Closes and removes the temporary file unless it was committed.
+  void discard() {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+    if (!temp_path.empty()) ::unlink(temp_path.c_str());
+    temp_path.clear();
   }
 };
 
@@ -192,6 +216,7 @@ struct EndpointCtx : SandboxRef {
   std::shared_ptr<OpState<Endpoint>> state;
   static void SBX_ABI on_complete(void* user_data, const sbx_endpoint* endpoint,
                                   const sbx_error* error) {
+    CallbackScope scope;
     std::unique_ptr<EndpointCtx> ctx(static_cast<EndpointCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!endpoint) {

@@ -42,6 +42,11 @@ std::string number_text(double v) {
   return out.str();
 }
 
+// A JSON value as a user wrote it (Boost.JSON would print 8000.5 as 8.0005E3).
+std::string value_text(const boost::json::value& v) {
+  return v.is_double() ? number_text(v.get_double()) : boost::json::serialize(v);
+}
+
 std::optional<double> parse_double(std::string_view text) {
   double v = 0;
   while (!text.empty() && text.front() == ' ')
@@ -72,8 +77,7 @@ double to_float(const boost::json::value& v, std::string_view key) {
   if (v.is_string()) {
     if (auto d = parse_double(v.get_string())) return *d;
   }
-  throw InvalidArgumentError("Invalid sandbox resource " + std::string(key) + ": " +
-                             boost::json::serialize(v));
+  throw InvalidArgumentError("Invalid sandbox resource " + std::string(key) + ": " + value_text(v));
 }
 
 // A JSON integer (or integral float), or a string holding one; fractions are refused.
@@ -87,8 +91,7 @@ int64_t to_integer(const boost::json::value& v, std::string_view key) {
   if (v.is_string()) {
     if (auto i = parse_int(v.get_string())) return *i;
   }
-  throw InvalidArgumentError("Invalid sandbox resource " + std::string(key) + ": " +
-                             boost::json::serialize(v));
+  throw InvalidArgumentError("Invalid sandbox resource " + std::string(key) + ": " + value_text(v));
 }
 
 // A port: a JSON integer or a numeric string ("Invalid sandbox TCP port: ..." otherwise).
@@ -98,7 +101,7 @@ int64_t to_port(const boost::json::value& v) {
   if (v.is_string()) {
     if (auto i = parse_int(v.get_string())) return *i;
   }
-  throw InvalidArgumentError("Invalid sandbox TCP port: " + boost::json::serialize(v));
+  throw InvalidArgumentError("Invalid sandbox TCP port: " + value_text(v));
 }
 
 void require_positive(const std::optional<double>& value, std::string_view what) {

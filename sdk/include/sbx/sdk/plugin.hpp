@@ -18,6 +18,7 @@
 
 #include <sbx/abi/entry.h>
 #include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/json.hpp>
 #include <sbx/sdk/provider.hpp>
 
 #include <boost/json/object.hpp>

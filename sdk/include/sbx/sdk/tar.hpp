@@ -17,8 +17,9 @@ inline constexpr size_t kBlockSize = 512;
 
 // Writes an archive to `sink`, which receives the bytes in order.
 // Paths are relative ("work/in.txt"); a leading "/" is stripped; ".." components are rejected with
-// Error::invalid_argument. Names longer than ustar allows and sizes of 8 GiB or more get a PAX
-// header.
+// Error::invalid_argument. Names longer than 100 bytes (the ustar name field; the prefix field is
+// not used) and sizes of 8 GiB or more get a PAX header; a size that large is also written
+// base-256 in the ustar field, as GNU tar does.
 class Writer {
  public:
   using Sink = std::function<void(std::string_view bytes)>;
@@ -51,7 +52,7 @@ struct Entry {
   std::string path;  // as stored (directories usually end in '/'), after PAX/GNU long names
   EntryType type = EntryType::other;
   char typeflag = '0';
-  uint64_t size = 0;
+  uint64_t size = 0;  // data bytes that follow: 0 for links, directories and devices
   uint32_t mode = 0;
   int64_t mtime = 0;
   std::string link_target;

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# test.sh — runs every test: installs dependencies, brings up Docker, the
+# test images and the local registry (scripts/docker-up.sh), then for each
+# CMake preset configures, builds and runs ctest; finally fails if a Docker
+# container labelled sbx.sandbox was left behind. Stops at the first failure.
+#
+# Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
+# Environment:
+#   SBX_PRESETS="default"    presets to run when none are given as arguments
+#   SBX_JOBS=N               build parallelism (default: nproc)
+#   SBX_CTEST_JOBS=N         tests run in parallel (default: 2)
+#   SBX_CTEST_TIMEOUT=S      per-test timeout in seconds (default: 900)
+#   SBX_KEEP_LEFTOVERS=1     do not remove leaked sbx.sandbox containers
+set -Eeuo pipefail
+trap 'printf "test.sh: ERROR: failed at line %s: %s\n" "${LINENO}" "${BASH_COMMAND}" >&2' ERR
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'test.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+
+if (($# > 0)); then
+  presets=("$@")
+else
+  read -r -a presets <<<"${SBX_PRESETS:-default asan tsan}"
+fi
+((${#presets[@]} > 0)) || die "no presets to run"
+jobs=${SBX_JOBS:-$(nproc)}
+ctest_jobs=${SBX_CTEST_JOBS:-2}
+ctest_timeout=${SBX_CTEST_TIMEOUT:-900}
+
+step "install dependencies (scripts/install-deps.sh)"
+scripts/install-deps.sh
+
+step "Docker daemon, test images, local registry (scripts/docker-up.sh)"
+scripts/docker-up.sh
+
+if [[ -x /usr/bin/docker ]]; then docker=/usr/bin/docker; else docker=docker; fi
+docker_ps_sandboxes() { "${docker}" -H unix:///var/run/docker.sock ps -aq --no-trunc --filter label=sbx.sandbox; }
+
+# Containers from earlier (e.g. killed) runs or from other sessions on this
+# machine are not this run's leaks: remember them and ignore them at the end.
+preexisting=$(docker_ps_sandboxes | sort)
+if [[ -n ${preexisting} ]]; then
+  printf 'test.sh: note: %s sbx.sandbox container(s) already exist and are ignored by the leak check:\n' \
+    "$(wc -l <<<"${preexisting}")"
+  "${docker}" -H unix:///var/run/docker.sock ps -a --filter label=sbx.sandbox \
+    --format '  {{.ID}} {{.Image}} {{.Status}} {{.Names}}'
+fi
+
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_DIR=${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}
+  mkdir -p "${CCACHE_DIR}"
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  printf 'test.sh: using ccache (CCACHE_DIR=%s)\n' "${CCACHE_DIR}"
+fi
+
+# GCC's ThreadSanitizer cannot map its shadow memory with more than 28 bits
+# of mmap randomization ("unexpected memory mapping").
+if [[ " ${presets[*]} " == *" tsan "* ]]; then
+  rnd_bits=$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)
+  if ((rnd_bits > 28)); then
+    if [[ ${EUID} -eq 0 ]]; then
+      printf 'test.sh: lowering vm.mmap_rnd_bits from %s to 28 for TSan\n' "${rnd_bits}"
+      sysctl -qw vm.mmap_rnd_bits=28
+    else
+      printf 'test.sh: warning: vm.mmap_rnd_bits=%s; TSan may fail (run: sudo sysctl -w vm.mmap_rnd_bits=28)\n' "${rnd_bits}" >&2
+    fi
+  fi
+fi
+
+for preset in "${presets[@]}"; do
+  step "configure (${preset})"
+  cmake --preset "${preset}" "${launcher[@]}"
+  step "build (${preset})"
+  cmake --build --preset "${preset}" --parallel "${jobs}"
+  step "test (${preset})"
+  ctest --preset "${preset}" --output-on-failure --no-tests=error \
+    --timeout "${ctest_timeout}" --parallel "${ctest_jobs}"
+done
+
+step "check that no sbx.sandbox container was left behind"
+now=$(docker_ps_sandboxes | sort)
+leaked=$(comm -13 <(printf '%s\n' "${preexisting}") <(printf '%s\n' "${now}") | sed '/^$/d')
+if [[ -n ${leaked} ]]; then
+  printf 'test.sh: ERROR: %s container(s) labelled sbx.sandbox were left behind:\n' "$(wc -l <<<"${leaked}")" >&2
+  while read -r id; do
+    "${docker}" -H unix:///var/run/docker.sock ps -a --filter "id=${id}" \
+      --format '  {{.ID}} {{.Image}} {{.Status}} {{.Names}} {{.Labels}}' >&2
+  done <<<"${leaked}"
+  if [[ ${SBX_KEEP_LEFTOVERS:-0} != 1 ]]; then
+    # shellcheck disable=SC2086 # one id per word
+    "${docker}" -H unix:///var/run/docker.sock rm -f ${leaked} >/dev/null || true
+    printf 'test.sh: removed them (set SBX_KEEP_LEFTOVERS=1 to keep them for debugging)\n' >&2
+  fi
+  exit 1
+fi
+printf 'test.sh: no sbx.sandbox containers left\n'
+
+step "all presets passed: ${presets[*]}"

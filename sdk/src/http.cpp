@@ -1,0 +1,587 @@
+#include <sbx/sdk/http.hpp>
+
+#include <curl/curl.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <cctype>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+
+namespace sbx::sdk::http {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The loop wakes at least this often even when libcurl has no timer due (it is woken for new
+// requests and cancellations anyway); it only bounds the cost of a missed wakeup.
+constexpr int kMaxPollMs = 1000;
+
+void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+      throw Error::internal("http: curl_global_init failed");
+    }
+  });
+}
+
+template <typename T>
+void set(CURL* easy, CURLoption option, T value) {
+  if (CURLcode code = curl_easy_setopt(easy, option, value); code != CURLE_OK) {
+    throw Error::internal(std::string("http: curl_easy_setopt: ") + curl_easy_strerror(code));
+  }
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+std::string_view trim(std::string_view text) {
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!text.empty() && space(text.front()))
+    text.remove_prefix(1);
+  while (!text.empty() && space(text.back()))
+    text.remove_suffix(1);
+  return text;
+}
+
+Error to_error(const std::exception_ptr& exception) {
+  try {
+    std::rethrow_exception(exception);
+  } catch (const Error& error) {
+    return error;
+  } catch (const std::exception& error) {
+    return Error::internal(error.what());
+  } catch (...) {
+    return Error::internal("http: unknown exception in a request callback");
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+struct Shared;
+
+// What a Call shares with the loop: the outcome, and the way back to the loop for cancel().
+struct CallState {
+  std::shared_ptr<Shared> shared;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::optional<Response> response;
+  std::optional<Error> error;
+
+  void wait() {
+    std::unique_lock lock(mutex);
+    finished.wait(lock, [&] { return done; });
+  }
+};
+
+// One request while the loop owns it. Only the loop thread touches it once it is queued.
+struct Transfer {
+  Request request;
+  std::function<void(Response*, const Error*)> on_complete;
+  std::shared_ptr<CallState> state;
+  std::string url;
+  std::string endpoint;  // what "cannot connect to ..." names: the unix socket or the URL
+  std::optional<Clock::time_point> deadline;
+
+  CURL* easy = nullptr;
+  curl_slist* header_list = nullptr;
+  char error_buffer[CURL_ERROR_SIZE] = {};
+  Response response;
+  long block_status = 0;  // the header block being read (1xx blocks are dropped)
+  Headers block_headers;
+  bool headers_done = false;
+  std::exception_ptr callback_error;  // what a request callback threw; it ends the request
+
+  ~Transfer() {
+    if (easy) curl_easy_cleanup(easy);
+    curl_slist_free_all(header_list);
+  }
+};
+
+// The part of the loop other threads touch, under `mutex`. Calls keep it alive, so cancel() is
+// safe even after the Client is gone.
+struct Shared {
+  std::mutex mutex;
+  CURLM* multi = nullptr;
+  bool stopping = false;  // the Client is being destroyed
+  bool closed = false;    // the loop has taken its last requests; later ones fail at once
+  std::vector<std::unique_ptr<Transfer>> incoming;
+  std::vector<std::shared_ptr<CallState>> cancels;
+};
+
+}  // namespace detail
+
+using detail::CallState;
+using detail::Shared;
+using detail::Transfer;
+
+namespace {
+
+// Ends a request exactly once: runs the completion callback, then publishes the outcome.
+void complete(Transfer& transfer, const Error* error) {
+  if (transfer.on_complete) {
+    try {
+      transfer.on_complete(error ? nullptr : &transfer.response, error);
+    } catch (...) {  // nowhere to report it; the outcome below still stands
+    }
+  }
+  CallState& state = *transfer.state;
+  std::lock_guard lock(state.mutex);
+  if (error) {
+    state.error = *error;
+  } else {
+    state.response = std::move(transfer.response);
+  }
+  state.done = true;
+  state.finished.notify_all();
+}
+
+void deliver_headers(Transfer& transfer) {
+  transfer.headers_done = true;
+  transfer.response.status = transfer.block_status;
+  transfer.response.headers = std::move(transfer.block_headers);
+  if (transfer.request.on_headers) {
+    transfer.request.on_headers(transfer.response.status, transfer.response.headers);
+  }
+}
+
+// ---- libcurl callbacks: each catches what user code throws and makes libcurl abort ----------
+
+size_t on_header_line(char* data, size_t size, size_t count, void* user) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  const size_t bytes = size * count;
+  if (transfer.headers_done) return bytes;  // trailers of a chunked response
+  try {
+    std::string_view line = trim({data, bytes});
+    if (line.empty()) {
+      // End of a header block. 1xx responses are interim; the real one follows.
+      if (transfer.block_status >= 200 || transfer.block_status < 100) {
+        deliver_headers(transfer);
+      } else {
+        transfer.block_headers.clear();
+      }
+    } else if (line.starts_with("HTTP/")) {
+      size_t space = line.find(' ');
+      transfer.block_status =
+          space == std::string_view::npos
+              ? 0
+              : std::strtol(std::string(line.substr(space + 1, 3)).c_str(), nullptr, 10);
+      transfer.block_headers.clear();
+    } else if (size_t colon = line.find(':'); colon != std::string_view::npos) {
+      transfer.block_headers.emplace_back(trim(line.substr(0, colon)),
+                                          trim(line.substr(colon + 1)));
+    }
+    return bytes;
+  } catch (...) {
+    transfer.callback_error = std::current_exception();
+    return 0;
+  }
+}
+
+size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  const size_t bytes = size * count;
+  try {
+    if (!transfer.headers_done) deliver_headers(transfer);
+    if (transfer.request.on_body) {
+      transfer.request.on_body({data, bytes});
+    } else {
+      transfer.response.body.append(data, bytes);
+    }
+    return bytes;
+  } catch (...) {
+    transfer.callback_error = std::current_exception();
+    return CURL_WRITEFUNC_ERROR;
+  }
+}
+
+size_t on_body_source(char* buffer, size_t size, size_t count, void* user) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  const size_t capacity = size * count;
+  try {
+    size_t filled = transfer.request.body_source(buffer, capacity);
+    if (filled > capacity) throw Error::internal("http: body_source overfilled its buffer");
+    return filled;
+  } catch (...) {
+    transfer.callback_error = std::current_exception();
+    return CURL_READFUNC_ABORT;
+  }
+}
+
+// ---- Request setup ----------------------------------------------------------------------------
+
+void add_header(Transfer& t, const std::string& line) {
+  curl_slist* list = curl_slist_append(t.header_list, line.c_str());
+  if (!list) throw Error::internal("http: out of memory building headers");
+  t.header_list = list;
+}
+
+void set_body(Transfer& t) {
+  const Request& request = t.request;
+  if (request.body_source) {
+    // An "upload" streams through the read callback; CUSTOMREQUEST below keeps the method
+    // (libcurl would say PUT). Without a size the body goes chunked.
+    set(t.easy, CURLOPT_UPLOAD, 1L);
+    set(t.easy, CURLOPT_READFUNCTION, &on_body_source);
+    set(t.easy, CURLOPT_READDATA, &t);
+    if (request.body_size >= 0) {
+      set(t.easy, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body_size));
+    } else {
+      add_header(t, "Transfer-Encoding: chunked");
+    }
+  } else if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
+             request.method == "PATCH") {
+    set(t.easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    set(t.easy, CURLOPT_POSTFIELDS, request.body.data());
+  } else if (request.method == "HEAD") {
+    set(t.easy, CURLOPT_NOBODY, 1L);  // do not wait for the body its Content-Length announces
+  }
+  set(t.easy, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+}
+
+void set_headers(Transfer& t) {
+  for (const auto& [name, value] : t.request.headers) {
+    // "Name;" is libcurl's way to send a header with an empty value.
+    add_header(t, value.empty() ? name + ";" : name + ": " + value);
+  }
+  // libcurl would otherwise wait for a "100 Continue" before sending larger bodies.
+  add_header(t, "Expect:");
+  set(t.easy, CURLOPT_HTTPHEADER, t.header_list);
+}
+
+void set_up(Transfer& t, const ClientOptions& options) {
+  t.easy = curl_easy_init();
+  if (!t.easy) throw Error::internal("http: curl_easy_init failed");
+  set(t.easy, CURLOPT_PRIVATE, static_cast<void*>(&t));
+  set(t.easy, CURLOPT_URL, t.url.c_str());
+  set(t.easy, CURLOPT_PROTOCOLS_STR, "http,https");
+  set(t.easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+  set(t.easy, CURLOPT_NOSIGNAL, 1L);
+  set(t.easy, CURLOPT_ERRORBUFFER, t.error_buffer);
+  set(t.easy, CURLOPT_USERAGENT, options.user_agent.c_str());
+  set(t.easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout.count()));
+  if (!options.unix_socket.empty()) {
+    set(t.easy, CURLOPT_UNIX_SOCKET_PATH, options.unix_socket.c_str());
+  } else {
+    // Notice peers that vanished (a rebooted host) on idle pooled and long-streaming connections.
+    set(t.easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    set(t.easy, CURLOPT_TCP_KEEPIDLE, 60L);
+    set(t.easy, CURLOPT_TCP_KEEPINTVL, 20L);
+  }
+  if (t.deadline) {
+    // Rounded up, so libcurl never fires before our deadline (error mapping relies on that).
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(*t.deadline - Clock::now());
+    set(t.easy, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(left.count(), 1)));
+  }
+  set(t.easy, CURLOPT_HEADERFUNCTION, &on_header_line);
+  set(t.easy, CURLOPT_HEADERDATA, &t);
+  set(t.easy, CURLOPT_WRITEFUNCTION, &on_body_bytes);
+  set(t.easy, CURLOPT_WRITEDATA, &t);
+  set_body(t);
+  set_headers(t);
+}
+
+std::string describe(const Transfer& t) {
+  return t.request.method + " " + t.url;
+}
+
+Error curl_error(const Transfer& t, CURLcode code) {
+  std::string message = t.error_buffer[0] ? t.error_buffer : curl_easy_strerror(code);
+  switch (code) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY: {
+      // libcurl's own text names "localhost port 80" even for a unix socket; the errno says
+      // what matters there (no such file, permission denied, refused).
+      long os_errno = 0;
+      curl_easy_getinfo(t.easy, CURLINFO_OS_ERRNO, &os_errno);
+      std::string reason = curl_easy_strerror(code);
+      if (os_errno != 0) {
+        reason += " (" + std::generic_category().message(static_cast<int>(os_errno)) + ")";
+      }
+      return Error::unavailable("cannot connect to " + t.endpoint + ": " + reason);
+    }
+    case CURLE_OPERATION_TIMEDOUT:
+      // libcurl's request timer fires at or after our deadline; anything earlier was its
+      // connect timeout.
+      if (t.deadline && Clock::now() >= *t.deadline) {
+        return Error::timeout(describe(t) + ": deadline of " +
+                              std::to_string(t.request.timeout.count()) + " ms exceeded (" +
+                              message + ")");
+      }
+      return Error::unavailable("cannot connect to " + t.endpoint + ": " + message);
+    default:
+      return Error::internal(describe(t) + ": " + message + " (curl error " +
+                             std::to_string(static_cast<int>(code)) + ")");
+  }
+}
+
+}  // namespace
+
+// ---- The loop ---------------------------------------------------------------------------------
+
+struct Client::Loop {
+  explicit Loop(const ClientOptions& options) : options(options) {
+    global_init();
+    shared->multi = curl_multi_init();
+    if (!shared->multi) throw Error::internal("http: curl_multi_init failed");
+    curl_multi_setopt(shared->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, options.max_connections);
+    curl_multi_setopt(shared->multi, CURLMOPT_MAXCONNECTS, options.max_connections);
+    thread = std::thread([this] { run(); });
+  }
+
+  ~Loop() {
+    {
+      std::lock_guard lock(shared->mutex);
+      shared->stopping = true;
+      curl_multi_wakeup(shared->multi);
+    }
+    thread.join();
+    std::lock_guard lock(shared->mutex);
+    curl_multi_cleanup(shared->multi);
+    shared->multi = nullptr;
+  }
+
+  std::shared_ptr<CallState> start(Request request,
+                                   std::function<void(Response*, const Error*)> on_complete) {
+    auto state = std::make_shared<CallState>();
+    state->shared = shared;
+    auto transfer = std::make_unique<Transfer>();
+    if (request.timeout.count() > 0) transfer->deadline = Clock::now() + request.timeout;
+    transfer->url = options.base_url + request.target;
+    transfer->endpoint = options.unix_socket.empty() ? transfer->url : options.unix_socket;
+    transfer->request = std::move(request);
+    transfer->on_complete = std::move(on_complete);
+    transfer->state = state;
+    {
+      std::lock_guard lock(shared->mutex);
+      if (!shared->closed) {
+        shared->incoming.push_back(std::move(transfer));
+        curl_multi_wakeup(shared->multi);
+        return state;
+      }
+    }
+    Error cancelled = Error::cancelled("http: client is shutting down");
+    complete(*transfer, &cancelled);
+    return state;
+  }
+
+  void run() {
+    pthread_setname_np(pthread_self(), "sbx-http");
+    while (take_commands()) {
+      int running = 0;
+      curl_multi_perform(shared->multi, &running);
+      collect_finished();
+      curl_multi_poll(shared->multi, nullptr, 0, kMaxPollMs, nullptr);
+    }
+    shut_down();
+  }
+
+  // Adds new requests and applies cancellations; false once the Client is being destroyed.
+  bool take_commands() {
+    std::vector<std::unique_ptr<Transfer>> incoming;
+    std::vector<std::shared_ptr<CallState>> cancels;
+    {
+      std::lock_guard lock(shared->mutex);
+      if (shared->stopping) return false;
+      incoming.swap(shared->incoming);
+      cancels.swap(shared->cancels);
+    }
+    for (auto& transfer : incoming)
+      add(std::move(transfer));
+    for (auto& state : cancels)
+      abort(state.get());
+    return true;
+  }
+
+  void add(std::unique_ptr<Transfer> transfer) {
+    try {
+      set_up(*transfer, options);
+      if (CURLMcode code = curl_multi_add_handle(shared->multi, transfer->easy); code != CURLM_OK) {
+        throw Error::internal(std::string("http: curl_multi_add_handle: ") +
+                              curl_multi_strerror(code));
+      }
+    } catch (const Error& error) {
+      complete(*transfer, &error);
+      return;
+    }
+    CallState* key = transfer->state.get();
+    active.emplace(key, std::move(transfer));
+  }
+
+  std::unique_ptr<Transfer> release(CallState* key) {
+    auto it = active.find(key);
+    if (it == active.end()) return nullptr;
+    std::unique_ptr<Transfer> transfer = std::move(it->second);
+    active.erase(it);
+    curl_multi_remove_handle(shared->multi, transfer->easy);
+    return transfer;
+  }
+
+  // Cancels one transfer, if it is still running.
+  void abort(CallState* key, const char* why = "cancelled") {
+    if (auto transfer = release(key)) {
+      const Error cancelled = Error::cancelled(describe(*transfer) + ": " + why);
+      complete(*transfer, &cancelled);
+    }
+  }
+
+  void collect_finished() {
+    int queued = 0;
+    while (CURLMsg* message = curl_multi_info_read(shared->multi, &queued)) {
+      if (message->msg != CURLMSG_DONE) continue;
+      const CURLcode code = message->data.result;  // `message` dies with remove_handle
+      void* user = nullptr;
+      curl_easy_getinfo(message->easy_handle, CURLINFO_PRIVATE, &user);
+      if (auto transfer = release(static_cast<Transfer*>(user)->state.get())) {
+        finish(*transfer, code);
+      }
+    }
+  }
+
+  void finish(Transfer& transfer, CURLcode code) {
+    std::optional<Error> error;
+    if (transfer.callback_error) {
+      error = to_error(transfer.callback_error);
+    } else if (code != CURLE_OK) {
+      error = curl_error(transfer, code);
+    } else if (!transfer.headers_done) {
+      try {  // a response that ended without a blank line after its headers
+        curl_easy_getinfo(transfer.easy, CURLINFO_RESPONSE_CODE, &transfer.block_status);
+        deliver_headers(transfer);
+      } catch (...) {
+        error = to_error(std::current_exception());
+      }
+    }
+    complete(transfer, error ? &*error : nullptr);
+  }
+
+  // Fails what is in flight, then what is queued, including requests that those completions
+  // start, until the queue stays empty; after that start() fails new requests by itself.
+  void shut_down() {
+    while (!active.empty())
+      abort(active.begin()->first, "cancelled, client destroyed");
+    const Error cancelled = Error::cancelled("http: cancelled, client destroyed");
+    for (;;) {
+      std::vector<std::unique_ptr<Transfer>> incoming;
+      {
+        std::lock_guard lock(shared->mutex);
+        shared->cancels.clear();
+        if (shared->incoming.empty()) {
+          shared->closed = true;
+          return;
+        }
+        incoming.swap(shared->incoming);
+      }
+      for (auto& transfer : incoming)
+        complete(*transfer, &cancelled);
+    }
+  }
+
+  const ClientOptions& options;
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+  std::unordered_map<CallState*, std::unique_ptr<Transfer>> active;  // loop thread only
+  std::thread thread;
+};
+
+// ---- Public API -------------------------------------------------------------------------------
+
+std::string Response::header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (iequals(key, name)) return value;
+  }
+  return "";
+}
+
+void Call::cancel() const {
+  if (!state_) return;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->done) return;
+  }
+  Shared& shared = *state_->shared;
+  std::lock_guard lock(shared.mutex);
+  if (shared.closed) return;
+  shared.cancels.push_back(state_);
+  curl_multi_wakeup(shared.multi);
+}
+
+bool Call::done() const {
+  if (!state_) return false;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+bool Call::wait_until(std::chrono::steady_clock::time_point deadline) const {
+  if (!state_) return false;
+  std::unique_lock lock(state_->mutex);
+  return state_->finished.wait_until(lock, deadline, [&] { return state_->done; });
+}
+
+Response Call::get() const {
+  if (!state_) throw Error::internal("http: get() on an empty Call");
+  state_->wait();
+  std::lock_guard lock(state_->mutex);
+  if (state_->error) throw *state_->error;
+  return *state_->response;
+}
+
+Client::Client(ClientOptions options)
+    : options_(std::move(options)), loop_(std::make_unique<Loop>(options_)) {}
+
+Client::~Client() = default;
+
+Call Client::start(Request request,
+                   std::function<void(Response* response, const Error* error)> on_complete) {
+  return Call(loop_->start(std::move(request), std::move(on_complete)));
+}
+
+Response Client::send(Request request, const CancelToken& cancel) {
+  if (std::this_thread::get_id() == loop_->thread.get_id()) {
+    throw Error::internal("http: Client::send() from a request callback would deadlock");
+  }
+  throw_if_cancelled(cancel);
+  auto state = loop_->start(std::move(request), {});
+  {
+    Call call(state);
+    std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
+    state->wait();
+  }
+  std::lock_guard lock(state->mutex);
+  if (state->error) throw *state->error;
+  return std::move(*state->response);  // nobody else holds this call
+}
+
+std::string url_encode(std::string_view text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                      c == '-' || c == '.' || c == '_' || c == '~';
+    if (unreserved) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 0xF];
+    }
+  }
+  return out;
+}
+
+}  // namespace sbx::sdk::http

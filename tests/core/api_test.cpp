@@ -1,0 +1,238 @@
+// The sbx:: host API over the test_processes plugin: async completion, inline completion,
+// cancellation, errors and exceptions from the plugin, RAII, and the seed's validation messages.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sbx/sbx.hpp>
+
+#include <boost/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// A host whose provider "p" is test_processes with `config` (a JSON object), sandboxes under a
+// private root directory so tests can see what is left behind.
+struct Fixture {
+  fs::path root;
+  sbx::Host host;
+
+  explicit Fixture(const std::string& config = "{}")
+      : root(make_root()), host(options(config, root)) {}
+  ~Fixture() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  sbx::Provider provider() { return host.provider("p"); }
+  size_t sandboxes_on_disk() const {
+    return static_cast<size_t>(
+        std::distance(fs::directory_iterator(root), fs::directory_iterator()));
+  }
+
+ private:
+  static fs::path make_root() {
+    std::string pattern = (fs::temp_directory_path() / "sbx-api-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()));
+    return pattern;
+  }
+  static sbx::Host::Options options(const std::string& config, const fs::path& root) {
+    boost::json::object c = boost::json::parse(config).as_object();
+    c["root"] = root.string();
+    sbx::Host::Options o;
+    o.config = sbx::Config::parse(R"({"providers": {"p": {"plugin": "test_processes", "config": )" +
+                                  boost::json::serialize(c) + "}}}");
+    o.plugin_dirs = {SBX_TEST_PLUGIN_DIR};
+    o.use_default_plugin_dirs = false;
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("create errors mirror the seed's: CreateError and CreateVerificationError") {
+  Fixture failing(R"j({"fail_create": "no capacity (injected)"})j");
+  CHECK_THROWS_WITH_AS(failing.provider().create({}), "no capacity (injected)", sbx::CreateError);
+
+  Fixture probe(R"({"fail_probe": true})");
+  try {
+    probe.provider().create({});
+    FAIL("expected CreateVerificationError");
+  } catch (const sbx::CreateVerificationError& e) {
+    const sbx::CreateError& as_create_error = e;  // a verification error is a create error
+    CHECK(std::string(as_create_error.what()).find("readiness probe") != std::string::npos);
+    CHECK(e.retryable());
+  }
+  CHECK(probe.sandboxes_on_disk() == 0);  // a failed create leaves nothing behind
+}
+
+TEST_CASE("an exception thrown inside the plugin arrives as an error, not a crash") {
+  Fixture f(R"({"throw_in": "exec"})");
+  sbx::Sandbox box = f.provider().create({});
+  CHECK_THROWS_WITH_AS(box.exec("echo hi"), "test_processes: injected failure in exec",
+                       sbx::InternalError);
+  CHECK(box.status() == sbx::SandboxStatus::running);  // the sandbox is fine
+  box.close();
+
+  Fixture c(R"({"throw_in": "create"})");
+  CHECK_THROWS_AS(c.provider().create({}), sbx::InternalError);
+}
+
+TEST_CASE("operations may complete inside the start call") {
+  Fixture f(R"({"complete_inline": true})");
+  sbx::Sandbox box = f.provider().create({});
+  auto status = box.status_async();
+  CHECK(status.ready());  // completed before status_async returned
+  CHECK(status.get() == sbx::SandboxStatus::running);
+  auto closing = box.close_async();
+  CHECK(closing.ready());
+  closing.get();
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("completion arrives on a plugin thread; continuations run there") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  std::promise<std::thread::id> continuation_thread;
+  auto op = box.exec_async("sleep 0.2; echo async");
+  op.then([&](sbx::Operation<sbx::ExecResult>& done) {
+    CHECK(done.ready());
+    continuation_thread.set_value(std::this_thread::get_id());
+  });
+  auto ran_on = continuation_thread.get_future();
+  REQUIRE(ran_on.wait_for(10s) == std::future_status::ready);
+  CHECK(ran_on.get() != std::this_thread::get_id());
+  CHECK(op.get().stdout_text == "async\n");
+  // then() on a finished operation runs at once, on the calling thread.
+  bool immediate = false;
+  op.then([&](sbx::Operation<sbx::ExecResult>&) { immediate = true; });
+  CHECK(immediate);
+}
+
+TEST_CASE("cancelling a create stops it and leaves nothing behind") {
+  Fixture f(R"({"create_delay_ms": 20000})");
+  auto op = f.provider().create_async({});
+  std::this_thread::sleep_for(100ms);
+  const auto start = std::chrono::steady_clock::now();
+  op.cancel();
+  op.cancel();  // idempotent
+  CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("a cancelled exec kills the command's processes, children included") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({.workdir = "/w"});
+  auto op = box.exec_async("(sleep 1; touch survived) & sleep 30");
+  std::this_thread::sleep_for(300ms);
+  op.cancel();
+  CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+  std::this_thread::sleep_for(1500ms);  // the background child would have touched the file by now
+  CHECK(box.exec("ls").stdout_text.find("survived") == std::string::npos);
+}
+
+TEST_CASE("a Sandbox going out of scope closes it") {
+  Fixture f;
+  {
+    sbx::Sandbox box = f.provider().create({});
+    CHECK(f.sandboxes_on_disk() == 1);
+  }
+  CHECK(f.sandboxes_on_disk() == 0);
+  sbx::Sandbox kept = f.provider().create({});
+  kept.detach();  // detached: not closed
+  CHECK(f.sandboxes_on_disk() == 1);
+}
+
+TEST_CASE("a sandbox outlives the Host and Provider objects it came from") {
+  std::optional<sbx::Sandbox> box;
+  {
+    sbx::Host host(
+        sbx::Host::Options{.plugin_dirs = {SBX_TEST_PLUGIN_DIR}, .use_default_plugin_dirs = false});
+    box = host.provider("test_processes").create({});
+  }  // the host, its provider cache and the Provider handle are gone; the plugin stays loaded
+  CHECK(box->exec("echo still").stdout_text == "still\n");
+  box->close();
+}
+
+TEST_CASE("a failed download leaves no file, not even a partial one") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({.workdir = "/w"});
+  box.exec("mkdir adir");
+  const fs::path out = f.root.parent_path() / ("sbx-api-out-" + box.id());
+  fs::create_directories(out);
+  CHECK_THROWS_AS(box.download("/w/adir", out / "x"), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.download("/w/missing", out / "y"), sbx::NotFoundError);
+  CHECK(fs::is_empty(out));
+  fs::remove_all(out);
+}
+
+TEST_CASE("bad local inputs are clear errors") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  CHECK_THROWS_AS(box.upload("/nonexistent/file", "/x"), sbx::InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(box.exec("true", {.timeout_s = -1}), "exec timeout_s must be > 0, got -1",
+                       sbx::InvalidArgumentError);
+}
+
+TEST_CASE("endpoint checks the port, then the declaration, then the capability") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({.ports = {8000}});
+  CHECK_THROWS_WITH_AS(box.endpoint(70000),
+                       "Sandbox endpoint port must be between 1 and 65535, got 70000",
+                       sbx::InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(box.endpoint(9000),
+                       "Sandbox port 9000 was not declared in SandboxSpec.ports; declared ports: "
+                       "[8000]",
+                       sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.endpoint(8000), sbx::UnimplementedError);
+  CHECK_FALSE(f.provider().supports("sbx.endpoint/1"));
+}
+
+TEST_CASE("spec validation uses the seed's messages") {
+  sbx::SandboxSpec spec;
+  spec.ports = {65536};
+  CHECK_THROWS_WITH_AS(spec.validate(), "Sandbox TCP port must be between 1 and 65535, got 65536",
+                       sbx::InvalidArgumentError);
+  spec.ports = {22, 22};
+  CHECK_THROWS_WITH_AS(spec.validate(), "Duplicate sandbox TCP port: 22",
+                       sbx::InvalidArgumentError);
+  spec.ports = {};
+  spec.ready_timeout_s = -5;
+  CHECK_THROWS_WITH_AS(spec.validate(), "Sandbox ready_timeout_s must be > 0, got -5",
+                       sbx::InvalidArgumentError);
+  spec.ready_timeout_s = {};
+  spec.resources.memory_mib = -1;
+  CHECK_THROWS_AS(spec.validate(), sbx::InvalidArgumentError);
+}
+
+TEST_CASE("SandboxSpec and Resources from JSON follow from_mapping") {
+  const auto spec = sbx::SandboxSpec::from_json(boost::json::parse(R"({
+    "image": "img", "ttl_s": 60, "ports": [8000, "9222"],
+    "resources": {"cpu": "0.5", "memory_mib": "4096", "disk_gib": 8},
+    "env": {"A": "1"}, "files": {"/x": "y"}})"));
+  CHECK(*spec.image == "img");
+  CHECK(spec.ports == std::vector<int64_t>{8000, 9222});
+  CHECK(*spec.resources.cpu == doctest::Approx(0.5));
+  CHECK(*spec.resources.memory_mib == 4096);
+  CHECK(*spec.resources.disk_gib == 8);
+  CHECK_THROWS_WITH_AS(sbx::Resources::from_json(boost::json::parse(R"({"cpus": 1, "gpu": 1})")),
+                       "Unknown sandbox resource keys: ['cpus']. Expected keys: ['cpu', "
+                       "'disk_gib', 'gpu', 'gpu_type', 'memory_mib']",
+                       sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(sbx::Resources::from_json(boost::json::parse(R"({"memory_mib": "4096.5"})")),
+                  sbx::InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(sbx::SandboxSpec::from_json(boost::json::parse(R"({"ports": [8000.5]})")),
+                       "Invalid sandbox TCP port: 8000.5", sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(sbx::SandboxSpec::from_json(boost::json::parse(R"({"imgae": "x"})")),
+                  sbx::InvalidArgumentError);
+}

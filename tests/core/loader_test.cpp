@@ -1,0 +1,97 @@
+// The loader refuses files that are not usable plugins, with a message naming the file (and both
+// versions for an ABI mismatch), while the other plugins keep working.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sbx/sbx.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace {
+
+std::string error_of(const std::vector<sbx::PluginInfo>& plugins, const std::string& file) {
+  for (const auto& p : plugins) {
+    if (p.path.filename() == file) return p.error;
+  }
+  FAIL("plugin file not listed: " << file);
+  return {};
+}
+
+sbx::Host host_with_bad_plugins() {
+  sbx::Host::Options options;
+  options.plugin_dirs = {SBX_TEST_PLUGIN_DIR, SBX_BAD_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  return sbx::Host(std::move(options));
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("bad plugin files are refused with clear messages") {
+  sbx::Host host = host_with_bad_plugins();
+  const auto plugins = host.plugins();
+  REQUIRE(plugins.size() == 5);
+
+  const std::string missing_entry = error_of(plugins, "not_a_plugin.so");
+  CHECK(contains(missing_entry, "not_a_plugin.so"));
+  CHECK(contains(missing_entry, "does not export sbx_plugin_entry"));
+
+  const std::string corrupt = error_of(plugins, "corrupt.so");
+  CHECK(contains(corrupt, "corrupt.so"));
+  CHECK(contains(corrupt, "cannot load the library"));
+
+  const std::string wrong_abi = error_of(plugins, "wrong_abi.so");
+  CHECK(contains(wrong_abi, "wrong_abi.so"));
+  CHECK(contains(wrong_abi, "plugin ABI version 2.0"));
+  CHECK(contains(wrong_abi, "host's ABI version 1.0"));
+
+  const std::string init = error_of(plugins, "init_fails.so");
+  CHECK(contains(init, "init failed: backend library missing (injected)"));
+
+  CHECK(error_of(plugins, "test_processes.so").empty());
+}
+
+TEST_CASE("the good plugin keeps working next to bad ones") {
+  sbx::Host host = host_with_bad_plugins();
+  sbx::Provider p = host.provider("test_processes");
+  CHECK(p.provider_id() == "test_processes");
+  sbx::Sandbox box = p.create({});
+  CHECK(box.exec("echo ok").stdout_text == "ok\n");
+}
+
+TEST_CASE("a plugin file named in a config block is loaded directly") {
+  sbx::Host::Options options;
+  options.use_default_plugin_dirs = false;
+  options.config = sbx::Config::parse(
+      std::string(R"({"providers": {"direct": {"plugin": ")") + SBX_TEST_PLUGIN_DIR +
+      R"(/test_processes.so#test_processes"}, "bad": {"plugin": ")" + SBX_BAD_PLUGIN_DIR +
+      R"(/wrong_abi.so"}}})");
+  sbx::Host host(std::move(options));
+  CHECK(host.provider("direct").create({}).exec("echo direct").stdout_text == "direct\n");
+  try {
+    host.provider("bad");
+    FAIL("a plugin of another ABI major must be refused");
+  } catch (const sbx::PluginLoadError& e) {
+    CHECK(contains(e.what(), "wrong_abi.so"));
+    CHECK(contains(e.what(), "2.0"));
+    CHECK(contains(e.what(), "1.0"));
+  }
+}
+
+TEST_CASE("plugin info lists name, version, ABI and provider ids") {
+  sbx::Host host = host_with_bad_plugins();
+  for (const auto& p : host.plugins()) {
+    if (p.path.filename() != "test_processes.so") continue;
+    CHECK(p.name == "test_processes");
+    CHECK(p.version == "0.1.0");
+    CHECK(p.abi_version.major == SBX_ABI_VERSION_MAJOR);
+    REQUIRE(p.providers.size() == 1);
+    CHECK(p.providers[0].id == "test_processes");
+    CHECK(contains(p.providers[0].config_schema, "\"type\": \"object\""));
+  }
+}
