@@ -6,6 +6,8 @@
 
 #include <sbx/sbx.hpp>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <boost/json.hpp>
 
 #include <atomic>
@@ -235,4 +237,34 @@ TEST_CASE("SandboxSpec and Resources from JSON follow from_mapping") {
                        "Invalid sandbox TCP port: 8000.5", sbx::InvalidArgumentError);
   CHECK_THROWS_AS(sbx::SandboxSpec::from_json(boost::json::parse(R"({"imgae": "x"})")),
                   sbx::InvalidArgumentError);
+}
+
+TEST_CASE("plugin log lines are routed into the host's spdlog loggers") {
+  // The host's loggers are children of "sbx" and share its sinks; attach one that records lines.
+  auto records = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  sbx::Host host(sbx::Host::Options{
+      .config =
+          sbx::Config::parse(R"({"providers": {"log_routing": {"plugin": "test_processes"}}})"),
+      .plugin_dirs = {SBX_TEST_PLUGIN_DIR},
+      .use_default_plugin_dirs = false});
+  auto base = spdlog::get("sbx");
+  if (!base) {
+    host.plugins();  // loading plugins creates the host's logger
+    base = spdlog::get("sbx");
+  }
+  REQUIRE(base);
+  base->sinks().push_back(records);
+  base->set_level(spdlog::level::debug);
+  sbx::Sandbox box = host.provider("log_routing").create({});
+  box.close();
+  base->sinks().pop_back();
+  base->set_level(spdlog::level::info);
+  bool found = false;
+  for (const auto& line : records->last_formatted()) {
+    if (line.find("[provider.log_routing]") != std::string::npos &&
+        line.find("created sandbox " + box.id()) != std::string::npos) {
+      found = true;
+    }
+  }
+  CHECK(found);
 }
