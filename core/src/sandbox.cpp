@@ -36,31 +36,28 @@ struct SandboxRef {
   std::shared_ptr<SandboxState> sandbox;
 };
 
+// Operations without a value (upload, download, close) complete through one thunk; each context
+// says in finish() what success and failure mean for it.
+template <class Ctx>
+void SBX_ABI done_thunk(void* user_data, const sbx_error* error) {
+  CallbackScope scope;
+  std::unique_ptr<Ctx> ctx(static_cast<Ctx*>(user_data));
+  in_callback(*ctx->state, [&] { ctx->finish(error); });
+}
+
 struct DoneCtx : SandboxRef {
   std::shared_ptr<OpState<Unit>> state;
-  static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
-    CallbackScope scope;
-    std::unique_ptr<DoneCtx> ctx(static_cast<DoneCtx*>(user_data));
-    in_callback(*ctx->state, [&] {
-      if (error) return ctx->state->fail(to_exception(error));
-      ctx->state->succeed();
-    });
+  void finish(const sbx_error* error) {
+    if (error) return state->fail(to_exception(error));
+    state->succeed();
   }
 };
 
 // A failed close leaves the sandbox open, so that close can be retried.
-struct CloseCtx : SandboxRef {
-  std::shared_ptr<OpState<Unit>> state;
-  static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
-    CallbackScope scope;
-    std::unique_ptr<CloseCtx> ctx(static_cast<CloseCtx*>(user_data));
-    in_callback(*ctx->state, [&] {
-      if (error) {
-        ctx->sandbox->closed.store(false);
-        return ctx->state->fail(to_exception(error));
-      }
-      ctx->state->succeed();
-    });
+struct CloseCtx : DoneCtx {
+  void finish(const sbx_error* error) {
+    if (error) sandbox->closed.store(false);
+    DoneCtx::finish(error);
   }
 };
 
@@ -120,7 +117,6 @@ struct UploadCtx : DoneCtx {
     if (fd >= 0) ::close(fd);
   }
   static int64_t SBX_ABI read_file(void* c, uint8_t* buffer, size_t capacity) {
-    CallbackScope scope;
     auto* ctx = static_cast<UploadCtx*>(c);
     for (;;) {
       const ssize_t n = ::read(ctx->fd, buffer, capacity);
@@ -129,20 +125,11 @@ struct UploadCtx : DoneCtx {
     }
   }
   static int64_t SBX_ABI read_memory(void* c, uint8_t* buffer, size_t capacity) {
-    CallbackScope scope;
     auto* ctx = static_cast<UploadCtx*>(c);
     const size_t n = std::min(capacity, ctx->memory.size() - ctx->offset);
     std::memcpy(buffer, ctx->memory.data() + ctx->offset, n);
     ctx->offset += n;
     return static_cast<int64_t>(n);
-  }
-  static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
-    CallbackScope scope;
-    std::unique_ptr<UploadCtx> ctx(static_cast<UploadCtx*>(user_data));
-    in_callback(*ctx->state, [&] {
-      if (error) return ctx->state->fail(to_exception(error));
-      ctx->state->succeed();
-    });
   }
 };
 
@@ -157,7 +144,6 @@ struct DownloadCtx : SandboxRef {
 
   ~DownloadCtx() { discard(); }
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
-    CallbackScope scope;
     auto* ctx = static_cast<DownloadCtx*>(c);
     if (ctx->memory) {
       ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
@@ -174,17 +160,13 @@ struct DownloadCtx : SandboxRef {
     }
     return 0;
   }
-  static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
-    CallbackScope scope;
-    std::unique_ptr<DownloadCtx> ctx(static_cast<DownloadCtx*>(user_data));
-    in_callback(*ctx->state, [&] {
-      // Settle the file system first: the caller must never see the outcome while a partial file
-      // is still on disk.
-      std::exception_ptr failure = error ? to_exception(error) : ctx->commit();
-      ctx->discard();
-      if (failure) return ctx->state->fail(failure);
-      ctx->state->succeed();
-    });
+  // Settles the file system before the caller can see the outcome: a partial file is never on
+  // disk once the operation is complete.
+  void finish(const sbx_error* error) {
+    std::exception_ptr failure = error ? to_exception(error) : commit();
+    discard();
+    if (failure) return state->fail(failure);
+    state->succeed();
   }
 
   // Moves the finished temporary file over the target; the error, if that fails.
@@ -323,7 +305,7 @@ Operation<void> start_upload(const std::shared_ptr<detail::SandboxState>& s,
                                    &ctx->stream, 0};
   return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::UploadCtx* raw) {
     const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
-                                       &detail::UploadCtx::on_complete};
+                                       &detail::done_thunk<detail::UploadCtx>};
     return g->provider->upload(g->provider, s->handle, &request, &callbacks);
   });
 }
@@ -376,7 +358,7 @@ Operation<void> start_download(const std::shared_ptr<detail::SandboxState>& s,
                                      &ctx->stream};
   return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::DownloadCtx* raw) {
     const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
-                                       &detail::DownloadCtx::on_complete};
+                                       &detail::done_thunk<detail::DownloadCtx>};
     return g->provider->download(g->provider, s->handle, &request, &callbacks);
   });
 }
@@ -473,7 +455,7 @@ Operation<void> Sandbox::close_async() {
   ctx->sandbox = state_;
   return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::CloseCtx* raw) {
     const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
-                                       &detail::CloseCtx::on_complete};
+                                       &detail::done_thunk<detail::CloseCtx>};
     return g->provider->close(g->provider, state_->handle, &callbacks);
   });
 }
