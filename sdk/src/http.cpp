@@ -324,6 +324,12 @@ Error curl_error(const Transfer& t, CURLcode code) {
                               message + ")");
       }
       return Error::unavailable("cannot connect to " + t.endpoint + ": " + message);
+    case CURLE_GOT_NOTHING:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+      // The peer dropped the connection mid-request: transient from the client's point of view.
+      return Error::unavailable(describe(t) + ": connection lost (" + message + ")");
     default:
       return Error::internal(describe(t) + ": " + message + " (curl error " +
                              std::to_string(static_cast<int>(code)) + ")");

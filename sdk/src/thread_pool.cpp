@@ -39,11 +39,12 @@ void ThreadPool::submit(Task task) {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(task));
     reap_finished_locked(finished);
-    if (idle_ == 0 && workers_.size() < options_.max_threads) {
+    // An idle worker counts as idle until it wakes up, so compare with the queue: more tasks than
+    // idle workers means one of them would wait for a busy worker (maybe one blocked for long).
+    if (idle_ > 0) wake_.notify_one();
+    if (queue_.size() > idle_ && workers_.size() < options_.max_threads) {
       auto it = workers_.emplace(workers_.end());
       it->thread = std::thread([this, it] { run_worker(it); });
-    } else {
-      wake_.notify_one();
     }
   }
   for (Worker& w : finished)

@@ -103,7 +103,8 @@ class Client {
 
   // Starts a request and waits for it. Cancellation through `cancel` aborts the transfer and
   // throws Error::cancelled(). Transport failures throw: Error::unavailable (cannot connect, naming
-  // the URL or unix socket), Error::timeout (deadline), Error::internal (other curl errors).
+  // the URL or unix socket; or the connection was lost mid-request), Error::timeout (deadline),
+  // Error::internal (other curl errors).
   Response send(Request request, const CancelToken& cancel = {});
 
  private:
