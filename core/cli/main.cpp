@@ -40,6 +40,8 @@ Commands:
   plugins     List plugin files and the providers they offer
   providers   List configured providers (and plugin providers usable by id)
   run         Create a sandbox, run one command in it, close it
+  list        List a provider's sandboxes by label
+  reap        Remove a provider's sandboxes by label (e.g. leaks of a crashed run)
 
 Global options:
   --config FILE       Host configuration (JSON); default: $SBX_CONFIG if set
@@ -65,6 +67,29 @@ block shadows (usable by id with their default config).
 
 Options:
   --json   Print a JSON array instead of text
+)";
+
+const char* const kListHelp = R"(Usage: sbx list --provider NAME [--label K=V]... [--json]
+
+Lists the sandboxes of a provider whose labels match every --label (K=V: that value; K: any value).
+Every sandbox sbx creates carries sbx.run, sbx.host and sbx.provider labels plus its metadata.
+
+Options:
+  --provider NAME   Provider block name or provider id
+  --label K=V       Label selector (repeatable)
+  --json            Print a JSON array instead of text
+)";
+
+const char* const kReapHelp = R"(Usage: sbx reap --provider NAME (--label K=V... | --all) [--json]
+
+Force-removes the sandboxes of a provider whose labels match every --label, and prints them.
+Without a selector it refuses to run unless --all is given.
+
+Options:
+  --provider NAME   Provider block name or provider id
+  --label K=V       Label selector (repeatable); e.g. --label sbx.run=3f2a9c0d1e4b
+  --all             Remove every sandbox of the provider
+  --json            Print a JSON array instead of text
 )";
 
 const char* const kRunHelp = R"(Usage: sbx run --provider NAME [options] -- COMMAND [ARG...]
@@ -282,6 +307,59 @@ int cmd_providers(Args& args, Global& g) {
   return 0;
 }
 
+// list and reap share their options and output.
+int cmd_list_or_reap(Args& args, Global& g, bool reap) {
+  std::optional<std::string> provider_name;
+  sbx::StringMap selector;
+  bool json = false, all = false;
+  while (!args.empty()) {
+    if (args.flag("--json")) {
+      json = true;
+    } else if (reap && args.flag("--all")) {
+      all = true;
+    } else if (args.flag("--help") || args.flag("-h")) {
+      std::cout << (reap ? kReapHelp : kListHelp);
+      return 0;
+    } else if (auto v = args.value("--provider")) {
+      provider_name = *v;
+    } else if (auto v = args.value("--label")) {
+      const size_t eq = v->find('=');
+      if (v->empty() || eq == 0) throw UsageError("--label must look like K=V or K");
+      selector[v->substr(0, eq)] = eq == std::string::npos ? "" : v->substr(eq + 1);
+    } else if (!global_option(args, g)) {
+      throw UsageError(std::string("unknown option for ") + (reap ? "reap: " : "list: ") +
+                       args.peek());
+    }
+  }
+  if (reap && selector.empty() && !all) {
+    throw UsageError("reap needs --label K=V (or --all to remove every sandbox of the provider)");
+  }
+  sbx::Host host = make_host(g);
+  sbx::Provider provider = provider_name ? host.provider(*provider_name) : host.default_provider();
+  const auto sandboxes = reap ? provider.reap(selector) : provider.list(selector);
+  if (json) {
+    boost::json::array out;
+    for (const auto& s : sandboxes) {
+      boost::json::object labels;
+      for (const auto& [k, v] : s.labels)
+        labels[k] = v;
+      out.push_back(boost::json::object{{"id", s.id},
+                                        {"status", std::string(sbx::to_string(s.status))},
+                                        {"created_unix_ms", s.created_unix_ms},
+                                        {"labels", std::move(labels)}});
+    }
+    std::cout << boost::json::serialize(out) << "\n";
+    return 0;
+  }
+  for (const auto& s : sandboxes) {
+    const auto run = s.labels.find("sbx.run");
+    std::cout << (reap ? "removed " : "") << s.id << "\t" << sbx::to_string(s.status) << "\t"
+              << (run == s.labels.end() ? "-" : run->second) << "\n";
+  }
+  if (reap) std::cerr << "sbx: removed " << sandboxes.size() << " sandbox(es)\n";
+  return 0;
+}
+
 // Writes all of `bytes` to a file descriptor (stdout/stderr of this process).
 void write_all(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
@@ -480,6 +558,8 @@ int run(std::vector<std::string> argv) {
   if (command == "plugins") return cmd_plugins(sub, g);
   if (command == "providers") return cmd_providers(sub, g);
   if (command == "run") return cmd_run(sub, g);
+  if (command == "list") return cmd_list_or_reap(sub, g, false);
+  if (command == "reap") return cmd_list_or_reap(sub, g, true);
   throw UsageError("unknown command '" + command + "' (try sbx --help)");
 }
 
