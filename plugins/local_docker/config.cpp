@@ -1,0 +1,351 @@
+#include "config.hpp"
+
+#include "docker_api.hpp"
+
+#include <sbx/sdk/error.hpp>
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+namespace sbx::local_docker {
+
+const char kConfigSchemaText[] = R"json({
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "title": "local_docker provider config",
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "socket": {"type": "string", "minLength": 1,
+               "description": "daemon socket; default $DOCKER_HOST or /var/run/docker.sock"},
+    "api_version": {"type": "string", "pattern": "^1\\.[0-9]+$",
+                    "description": "pinned Engine API version; default: negotiated"},
+    "request_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 60},
+    "image_pull_policy": {"enum": ["IfNotPresent", "Always", "Never"], "default": "IfNotPresent"},
+    "create": {
+      "type": "object",
+      "additionalProperties": false,
+      "properties": {
+        "keepalive_shell": {"type": "string", "minLength": 1, "default": "/bin/sh"},
+        "keepalive_cmd": {"type": "string", "minLength": 1,
+                          "default": "while :; do sleep 2147483647; done"},
+        "start_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 600},
+        "init": {"type": "boolean", "default": true},
+        "network": {"type": "string", "minLength": 1, "default": "none"},
+        "read_only": {"type": "boolean", "default": false},
+        "cap_drop": {"type": "array", "items": {"type": "string"}, "default": []},
+        "security_opt": {"type": "array", "items": {"type": "string"}, "default": []},
+        "pids_limit": {"type": ["integer", "null"], "minimum": 1, "default": null},
+        "apply_resource_limits": {"type": "boolean", "default": true},
+        "publish_host": {"type": "string", "description": "IPv4 or IPv6 literal",
+                         "default": "127.0.0.1"},
+        "disk_limit": {"enum": ["error", "warn"], "default": "error"},
+        "name_prefix": {"type": "string", "pattern": "^([a-zA-Z0-9][a-zA-Z0-9_.-]*)?$",
+                        "default": "sbx-"}
+      }
+    },
+    "exec": {
+      "type": "object",
+      "additionalProperties": false,
+      "properties": {
+        "default_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 180},
+        "shell": {"type": ["string", "null"], "minLength": 1, "default": null,
+                  "description": "null: bash if the image has it, else sh"},
+        "concurrency": {"type": "integer", "minimum": 1, "default": 32}
+      }
+    },
+    "probe": {
+      "type": "object",
+      "additionalProperties": false,
+      "properties": {
+        "command": {"type": ["string", "null"], "default": "printf sbx-sandbox-ready"},
+        "expected_stdout": {"type": ["string", "null"], "default": "sbx-sandbox-ready"},
+        "timeout_s": {"type": "number", "default": 30},
+        "deadline_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": null},
+        "stable_count": {"type": "integer", "minimum": 1, "default": 1},
+        "stable_delay_s": {"type": "number", "minimum": 0, "default": 0}
+      }
+    }
+  }
+})json";
+
+namespace {
+
+using sdk::json::ObjectReader;
+
+std::optional<PullPolicy> read_pull_policy(ObjectReader& reader, std::string_view key) {
+  const auto text = reader.string(key);
+  if (!text) return std::nullopt;
+  if (*text == "IfNotPresent") return PullPolicy::if_not_present;
+  if (*text == "Always") return PullPolicy::always;
+  if (*text == "Never") return PullPolicy::never;
+  reader.fail(key, "must be one of IfNotPresent, Always, Never, got '" + *text + "'");
+}
+
+bool is_ip_literal(const std::string& text) {
+  unsigned char buffer[sizeof(struct in6_addr)];
+  return inet_pton(AF_INET, text.c_str(), buffer) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), buffer) == 1;
+}
+
+// Docker container names are [a-zA-Z0-9][a-zA-Z0-9_.-]*; the prefix is followed by hex digits.
+bool is_name_prefix(std::string_view prefix) {
+  if (prefix.empty()) return true;
+  if (!std::isalnum(static_cast<unsigned char>(prefix.front()))) return false;
+  return std::all_of(prefix.begin(), prefix.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
+}
+
+std::string non_empty_string(ObjectReader& reader, std::string_view key, std::string fallback) {
+  std::string value = reader.string(key, std::move(fallback));
+  if (value.empty()) reader.fail(key, "must not be empty");
+  return value;
+}
+
+CreateConfig read_create(ObjectReader& reader) {
+  CreateConfig c;
+  c.keepalive_shell = non_empty_string(reader, "keepalive_shell", c.keepalive_shell);
+  c.keepalive_cmd = non_empty_string(reader, "keepalive_cmd", c.keepalive_cmd);
+  c.start_timeout_s = reader.number("start_timeout_s", 0, 1e9, true).value_or(c.start_timeout_s);
+  c.init = reader.boolean("init", c.init);
+  c.network = non_empty_string(reader, "network", c.network);
+  c.read_only = reader.boolean("read_only", c.read_only);
+  c.cap_drop = reader.string_list("cap_drop").value_or(c.cap_drop);
+  c.security_opt = reader.string_list("security_opt").value_or(c.security_opt);
+  c.pids_limit = reader.integer("pids_limit", 1);
+  c.apply_resource_limits = reader.boolean("apply_resource_limits", c.apply_resource_limits);
+  c.publish_host = reader.string("publish_host", c.publish_host);
+  if (!is_ip_literal(c.publish_host)) {
+    reader.fail("publish_host", "must be an IPv4 or IPv6 literal (e.g. 127.0.0.1 or ::1), got '" +
+                                    c.publish_host + "'");
+  }
+  if (const auto mode = reader.string("disk_limit")) {
+    if (*mode == "error") {
+      c.disk_limit = DiskLimitMode::error;
+    } else if (*mode == "warn") {
+      c.disk_limit = DiskLimitMode::warn;
+    } else {
+      reader.fail("disk_limit", "must be 'error' or 'warn', got '" + *mode + "'");
+    }
+  }
+  c.name_prefix = reader.string("name_prefix", c.name_prefix);
+  if (!is_name_prefix(c.name_prefix)) {
+    reader.fail("name_prefix",
+                "must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (a Docker container name "
+                "prefix), got '" +
+                    c.name_prefix + "'");
+  }
+  reader.finish();
+  return c;
+}
+
+ExecConfig read_exec(ObjectReader& reader) {
+  ExecConfig e;
+  e.default_timeout_s =
+      reader.number("default_timeout_s", 0, 1e9, true).value_or(e.default_timeout_s);
+  e.shell = reader.string("shell");
+  if (e.shell && e.shell->empty()) {
+    reader.fail("shell", "must not be empty (use null to detect the shell per sandbox)");
+  }
+  e.concurrency = reader.integer("concurrency", 1, 1 << 20).value_or(e.concurrency);
+  reader.finish();
+  return e;
+}
+
+// The socket named by $DOCKER_HOST; only unix:// endpoints make sense for a local provider.
+std::optional<std::string> socket_from_docker_host(const char* docker_host) {
+  if (!docker_host || !*docker_host) return std::nullopt;
+  const std::string_view value(docker_host);
+  constexpr std::string_view kUnix = "unix://";
+  if (!value.starts_with(kUnix) || value.size() == kUnix.size()) {
+    throw sdk::Error::invalid_argument(
+        "DOCKER_HOST='" + std::string(value) +
+        "' is not a unix socket (unix:///path); local_docker only talks to a local daemon over "
+        "its unix socket. Set $.socket in the provider config or unset DOCKER_HOST.");
+  }
+  return std::string(value.substr(kUnix.size()));
+}
+
+}  // namespace
+
+std::string_view to_string(PullPolicy policy) noexcept {
+  switch (policy) {
+    case PullPolicy::always:
+      return "Always";
+    case PullPolicy::never:
+      return "Never";
+    case PullPolicy::if_not_present:
+      break;
+  }
+  return "IfNotPresent";
+}
+
+sdk::ProbeConfig Config::default_probe() {
+  sdk::ProbeConfig probe;
+  probe.command = "printf sbx-sandbox-ready";
+  probe.expected_stdout = "sbx-sandbox-ready";
+  probe.timeout_s = 30;
+  probe.deadline_s = std::nullopt;
+  probe.stable_count = 1;
+  probe.stable_delay_s = 0;
+  return probe;
+}
+
+Config Config::parse(const boost::json::object& json, const char* docker_host) {
+  Config config;
+  ObjectReader reader(json);
+  if (auto socket = reader.string("socket")) {
+    if (socket->empty()) reader.fail("socket", "must not be empty");
+    config.socket = std::move(*socket);
+  } else if (auto from_env = socket_from_docker_host(docker_host)) {
+    config.socket = std::move(*from_env);
+  }
+  if (auto version = reader.string("api_version")) {
+    if (!ApiVersion::parse(*version)) {
+      reader.fail("api_version", "must look like \"1.41\", got '" + *version + "'");
+    }
+    const ApiVersion pinned = *ApiVersion::parse(*version);
+    if (pinned < kOldestApi || kNewestApi < pinned) {
+      reader.fail("api_version", "must be between " + kOldestApi.text() + " and " +
+                                     kNewestApi.text() + ", got " + *version);
+    }
+    config.api_version = std::move(*version);
+  }
+  config.request_timeout_s =
+      reader.number("request_timeout_s", 0, 1e9, true).value_or(config.request_timeout_s);
+  config.image_pull_policy =
+      read_pull_policy(reader, "image_pull_policy").value_or(config.image_pull_policy);
+  if (auto create = reader.object("create")) config.create = read_create(*create);
+  if (auto exec = reader.object("exec")) config.exec = read_exec(*exec);
+  config.probe = default_probe();
+  if (auto probe = reader.object("probe")) {
+    config.probe = sdk::ProbeConfig::read(*probe, config.probe);
+    probe->finish();
+  }
+  reader.finish();
+  return config;
+}
+
+// ---- provider_options ---------------------------------------------------------------------------
+
+namespace {
+
+bool is_absolute(std::string_view path) {
+  return !path.empty() && path.front() == '/';
+}
+
+// "src:dst[:ro|rw]" -> the same text, validated (Docker reports bad binds only at start).
+std::string read_bind(std::string_view text, const std::string& path) {
+  std::vector<std::string_view> parts;
+  for (size_t start = 0;;) {
+    const size_t colon = text.find(':', start);
+    parts.push_back(text.substr(start, colon - start));
+    if (colon == std::string_view::npos) break;
+    start = colon + 1;
+  }
+  auto bad = [&](std::string_view why) {
+    throw sdk::Error::invalid_argument(path + ": '" + std::string(text) + "' " + std::string(why) +
+                                       " (expected \"source:target[:ro|rw]\")");
+  };
+  if (parts.size() < 2 || parts.size() > 3) bad("has the wrong number of ':'-separated parts");
+  if (parts[0].empty()) bad("has an empty source");
+  if (!is_absolute(parts[1])) bad("needs an absolute target path");
+  if (parts.size() == 3 && parts[2] != "ro" && parts[2] != "rw") bad("has a mode other than ro/rw");
+  return std::string(text);
+}
+
+Mount read_mount(const boost::json::object& object, const std::string& path) {
+  ObjectReader reader(object, path);
+  Mount mount;
+  const auto source = reader.string("source");
+  const auto target = reader.string("target");
+  if (!source || source->empty()) reader.fail("source", "is required (a host path or volume name)");
+  if (!target || !is_absolute(*target)) reader.fail("target", "is required and must be absolute");
+  mount.source = *source;
+  mount.target = *target;
+  mount.read_only = reader.boolean("read_only", false);
+  reader.finish();
+  return mount;
+}
+
+void read_volumes(const boost::json::value& value, const std::string& path, SandboxOptions& out) {
+  if (!value.is_array()) {
+    throw sdk::Error::invalid_argument(path +
+                                       ": expected an array of \"src:dst[:ro|rw]\" strings "
+                                       "or {source, target, read_only} objects, got " +
+                                       std::string(sdk::json::kind_name(value)));
+  }
+  const auto& items = value.get_array();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string item_path = sdk::json::path_index(path, i);
+    if (items[i].is_string()) {
+      out.binds.push_back(read_bind(items[i].get_string(), item_path));
+    } else if (items[i].is_object()) {
+      out.mounts.push_back(read_mount(items[i].get_object(), item_path));
+    } else {
+      throw sdk::Error::invalid_argument(item_path + ": expected a string or an object, got " +
+                                         std::string(sdk::json::kind_name(items[i])));
+    }
+  }
+}
+
+// {"username","password"[,"serveraddress"]} or {"identitytoken"[,"serveraddress"]}.
+std::string read_registry_auth(ObjectReader& reader) {
+  boost::json::object auth;
+  const auto username = reader.string("username");
+  const auto password = reader.string("password");
+  const auto token = reader.string("identitytoken");
+  const auto server = reader.string("serveraddress");
+  reader.finish();
+  if (token) {
+    if (username || password) {
+      reader.fail("identitytoken", "cannot be combined with username/password");
+    }
+    auth["identitytoken"] = *token;
+  } else if (username && password) {
+    auth["username"] = *username;
+    auth["password"] = *password;
+  } else {
+    throw sdk::Error::invalid_argument(reader.path() +
+                                       ": needs either username and password, or identitytoken");
+  }
+  if (server) auth["serveraddress"] = *server;
+  return base64url(boost::json::serialize(auth));
+}
+
+}  // namespace
+
+SandboxOptions SandboxOptions::parse(const boost::json::object& options) {
+  SandboxOptions out;
+  ObjectReader reader(options, "provider_options");
+  if (const auto* volumes = reader.value("volumes"); volumes && !volumes->is_null()) {
+    read_volumes(*volumes, reader.path_of("volumes"), out);
+  }
+  if (auto auth = reader.object("registry_auth")) out.registry_auth = read_registry_auth(*auth);
+  out.image_pull_policy = read_pull_policy(reader, "image_pull_policy");
+  reader.finish();
+  return out;
+}
+
+std::string base64url(std::string_view bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t chunk = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      chunk = (chunk << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+    }
+    for (size_t k = 0; k < 4; ++k) {
+      out += k <= n ? kAlphabet[(chunk >> (18 - 6 * k)) & 0x3F] : '=';
+    }
+  }
+  return out;
+}
+
+}  // namespace sbx::local_docker

@@ -1,0 +1,428 @@
+#include "containers.hpp"
+
+#include <boost/json/array.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+namespace sbx::local_docker {
+namespace {
+
+namespace json = boost::json;
+
+constexpr int64_t kMiB = 1024 * 1024;
+
+// The longest sleep busybox and coreutils accept without complaint (about 68 years).
+constexpr int64_t kMaxSleepSeconds = 2147483647;
+
+// Runs the spec's entrypoint under the TTL: when it expires the entrypoint gets SIGTERM, then
+// SIGKILL 10 s later, and the shell (the container's main process) exits, which ends the container
+// and lets AutoRemove delete it. Signals sent to the container are passed on to the entrypoint.
+// Arguments: $1 = TTL in seconds, then the entrypoint's argv.
+constexpr std::string_view kTtlWatchdog =
+    "ttl=$1; shift\n"
+    "\"$@\" & p=$!\n"
+    "trap 'kill -TERM $p 2>/dev/null' TERM INT HUP\n"
+    "(sleep \"$ttl\"; kill -TERM $p 2>/dev/null; sleep 10; kill -KILL $p 2>/dev/null) "
+    ">/dev/null 2>&1 </dev/null &\n"
+    "wait $p; r=$?\n"
+    "while kill -0 $p 2>/dev/null; do wait $p; r=$?; done\n"
+    "exit $r\n";
+
+std::string port_key(uint16_t port) {
+  return std::to_string(port) + "/tcp";
+}
+
+int64_t ttl_seconds(std::chrono::milliseconds ttl) {
+  const int64_t ms = ttl.count();
+  const int64_t s = ms / 1000 + (ms % 1000 > 0 ? 1 : 0);  // ceil, without overflow
+  return std::clamp<int64_t>(s, 1, kMaxSleepSeconds);
+}
+
+json::array string_array(const std::vector<std::string>& items) {
+  json::array out;
+  for (const auto& item : items)
+    out.emplace_back(item);
+  return out;
+}
+
+json::object labels_of(const sdk::Spec& spec) {
+  json::object labels;
+  // Metadata first: the host's labels (used to find and reap sandboxes) win over a metadata key
+  // of the same name, and the sandbox marker wins over both.
+  for (const auto& [key, value] : spec.metadata)
+    labels[key] = value;
+  for (const auto& [key, value] : spec.labels)
+    labels[key] = value;
+  labels[kSandboxLabel] = "1";
+  if (spec.ttl) {
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now).count();
+    labels[kExpiresAtLabel] = std::to_string(now_s + ttl_seconds(*spec.ttl));
+  }
+  return labels;
+}
+
+json::array env_of(const sdk::KeyValues& env) {
+  json::array out;
+  for (const auto& [key, value] : env) {
+    if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
+      throw sdk::Error::invalid_argument("spec.env: invalid variable name '" + key + "'");
+    }
+    out.emplace_back(key + "=" + value);
+  }
+  return out;
+}
+
+// Entrypoint and Cmd: the keep-alive process, the spec's entrypoint, or either under the TTL.
+void set_process(json::object& body, json::object& host, const CreateConfig& create,
+                 const sdk::Spec& spec) {
+  const std::string& shell = create.keepalive_shell;
+  if (spec.ttl) {
+    // The container must end by itself even if the host process dies: AutoRemove deletes it when
+    // its main process exits, and the main process exits when the TTL expires.
+    host["AutoRemove"] = true;
+    const std::string ttl = std::to_string(ttl_seconds(*spec.ttl));
+    if (spec.entrypoint) {
+      body["Entrypoint"] = json::array{shell, "-c", kTtlWatchdog, "sbx-ttl-watchdog", ttl};
+      body["Cmd"] = string_array(*spec.entrypoint);
+    } else {
+      body["Entrypoint"] = json::array{shell, "-c", "exec sleep " + ttl};
+    }
+  } else if (spec.entrypoint) {
+    body["Entrypoint"] = string_array(*spec.entrypoint);
+  } else {
+    body["Entrypoint"] = json::array{shell, "-c", create.keepalive_cmd};
+  }
+  // An explicit Entrypoint replaces the image's; an empty Cmd keeps the image's CMD out of argv.
+  if (!body.contains("Cmd")) body["Cmd"] = json::array{};
+}
+
+void set_resources(json::object& host, const CreateConfig& create, const sdk::Resources& r,
+                   bool with_disk_limit) {
+  if (r.gpu_type) {
+    throw sdk::Error::invalid_argument(
+        "resources.gpu_type ('" + *r.gpu_type +
+        "') is not supported by local_docker: Docker cannot choose GPUs by model. Request a "
+        "count with resources.gpu and run on a machine with the GPU you need.");
+  }
+  if (r.cpu && !(*r.cpu > 0)) throw sdk::Error::invalid_argument("resources.cpu must be > 0");
+  if (r.memory_mib && *r.memory_mib <= 0) {
+    throw sdk::Error::invalid_argument("resources.memory_mib must be > 0");
+  }
+  if (r.disk_gib && *r.disk_gib <= 0) {
+    throw sdk::Error::invalid_argument("resources.disk_gib must be > 0");
+  }
+  if (r.memory_mib && *r.memory_mib > INT64_MAX / kMiB) {
+    throw sdk::Error::invalid_argument("resources.memory_mib is too large");
+  }
+  if (create.apply_resource_limits) {
+    if (r.cpu) host["NanoCpus"] = static_cast<int64_t>(std::llround(*r.cpu * 1e9));
+    if (r.memory_mib) {
+      // Swap equal to memory: the limit is a hard cap, the container cannot swap past it.
+      host["Memory"] = *r.memory_mib * kMiB;
+      host["MemorySwap"] = *r.memory_mib * kMiB;
+    }
+  }
+  if (r.gpu && *r.gpu > 0) {
+    host["DeviceRequests"] =
+        json::array{json::object{{"Driver", ""},
+                                 {"Count", *r.gpu},
+                                 {"DeviceIDs", nullptr},
+                                 {"Capabilities", json::array{json::array{"gpu"}}},
+                                 {"Options", json::object{}}}};
+  }
+  if (r.disk_gib && with_disk_limit) {
+    host["StorageOpt"] = json::object{{"size", std::to_string(*r.disk_gib) + "G"}};
+  }
+}
+
+void set_ports(json::object& body, json::object& host, const CreateConfig& create,
+               const std::vector<uint16_t>& ports) {
+  if (ports.empty()) return;
+  if (create.network == "none") {
+    throw sdk::Error::invalid_argument(
+        "spec.ports needs a network: published ports cannot be reached from a container with "
+        "network \"none\". Set create.network in the local_docker config (e.g. \"bridge\").");
+  }
+  json::object exposed;
+  json::object bindings;
+  for (uint16_t port : ports) {
+    exposed[port_key(port)] = json::object{};
+    // An empty HostPort lets the daemon choose a free one.
+    bindings[port_key(port)] =
+        json::array{json::object{{"HostIp", create.publish_host}, {"HostPort", ""}}};
+  }
+  body["ExposedPorts"] = std::move(exposed);
+  // With the host's network the ports are the host's own; there is nothing to publish.
+  if (create.network != "host") host["PortBindings"] = std::move(bindings);
+}
+
+void set_volumes(json::object& host, const SandboxOptions& options) {
+  if (!options.binds.empty()) host["Binds"] = string_array(options.binds);
+  if (options.mounts.empty()) return;
+  json::array mounts;
+  for (const Mount& m : options.mounts) {
+    mounts.emplace_back(json::object{{"Type", m.source.starts_with('/') ? "bind" : "volume"},
+                                     {"Source", m.source},
+                                     {"Target", m.target},
+                                     {"ReadOnly", m.read_only}});
+  }
+  host["Mounts"] = std::move(mounts);
+}
+
+std::string string_of(const json::object& object, std::string_view key) {
+  const auto* v = object.if_contains(key);
+  return v && v->is_string() ? std::string(v->get_string()) : std::string();
+}
+
+const json::object* object_of(const json::object& object, std::string_view key) {
+  const auto* v = object.if_contains(key);
+  return v && v->is_object() ? &v->get_object() : nullptr;
+}
+
+bool contains_ci(std::string_view text, std::string_view needle) {
+  auto lower = [](std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return out;
+  };
+  return lower(text).find(lower(needle)) != std::string::npos;
+}
+
+sdk::SandboxInfo info_from_summary(const json::object& item) {
+  sdk::SandboxInfo info;
+  if (const auto* names = item.if_contains("Names"); names && names->is_array()) {
+    for (const auto& name : names->get_array()) {
+      if (!name.is_string()) continue;
+      std::string_view text = name.get_string();
+      if (text.starts_with('/')) text.remove_prefix(1);
+      // A container linked into another has extra names with a '/'; its own name has none.
+      if (text.find('/') == std::string_view::npos) {
+        info.id = std::string(text);
+        break;
+      }
+    }
+  }
+  if (info.id.empty()) info.id = string_of(item, "Id");
+  info.status = status_from_state(string_of(item, "State"));
+  if (const auto* labels = object_of(item, "Labels")) {
+    for (const auto& member : *labels) {
+      if (member.value().is_string()) {
+        info.labels.emplace(member.key(), std::string(member.value().get_string()));
+      }
+    }
+  }
+  if (const auto* created = item.if_contains("Created"); created && created->is_number()) {
+    info.created_unix_ms = created->to_number<int64_t>() * 1000;
+  }
+  return info;
+}
+
+std::string bracket_ipv6(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
+
+}  // namespace
+
+json::object container_config(const Config& config, const sdk::Spec& spec,
+                              const SandboxOptions& options, const ImageRef& image,
+                              bool with_disk_limit) {
+  const CreateConfig& create = config.create;
+  json::object body;
+  json::object host;
+  body["Image"] = image.name;
+  body["Labels"] = labels_of(spec);
+  body["Env"] = env_of(spec.env);
+  if (spec.workdir) body["WorkingDir"] = *spec.workdir;
+  body["AttachStdin"] = false;
+  body["AttachStdout"] = false;
+  body["AttachStderr"] = false;
+  body["Tty"] = false;
+  body["OpenStdin"] = false;
+  set_process(body, host, create, spec);
+  set_resources(host, create, spec.resources, with_disk_limit);
+  set_ports(body, host, create, spec.ports);
+  set_volumes(host, options);
+  host["Init"] = create.init;
+  host["NetworkMode"] = create.network;
+  host["ReadonlyRootfs"] = create.read_only;
+  if (!create.cap_drop.empty()) host["CapDrop"] = string_array(create.cap_drop);
+  if (!create.security_opt.empty()) host["SecurityOpt"] = string_array(create.security_opt);
+  if (create.pids_limit) host["PidsLimit"] = *create.pids_limit;
+  body["HostConfig"] = std::move(host);
+  return body;
+}
+
+std::string create_container(DockerApi& api, const std::string& name, const json::object& body,
+                             const sdk::Logger& log, const sdk::CancelToken& cancel) {
+  const http::Response response =
+      api.call("POST", "/containers/create?name=" + http::url_encode(name), json::serialize(body),
+               "creating container " + name, cancel);
+  const json::object result = parse_body(response.body, "creating container " + name);
+  if (const auto* warnings = result.if_contains("Warnings"); warnings && warnings->is_array()) {
+    for (const auto& warning : warnings->get_array()) {
+      if (warning.is_string()) log.warn("container ", name, ": ", warning.get_string());
+    }
+  }
+  const std::string id = string_of(result, "Id");
+  if (id.empty())
+    throw sdk::Error::internal("creating container " + name + ": no Id in the answer");
+  return id;
+}
+
+bool is_storage_opt_unsupported(const sdk::Error& error) {
+  // e.g. "--storage-opt is supported only for overlay over xfs with 'pquota' mount option"
+  const std::string_view text = error.what();
+  return error.http_status() >= 400 &&
+         (contains_ci(text, "storage-opt") || contains_ci(text, "storage opt") ||
+          contains_ci(text, "storageopt"));
+}
+
+void start_container(DockerApi& api, const std::string& container,
+                     std::chrono::milliseconds timeout, const sdk::CancelToken& cancel) {
+  api.call("POST", "/containers/" + container + "/start", "", "starting container " + container,
+           cancel, timeout);
+}
+
+ExitWatch::ExitWatch(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel) {
+  http::Request request;
+  request.method = "POST";
+  request.target = "/containers/" + container + "/wait?condition=next-exit";
+  call_ = api.start(std::move(request), cancel);
+}
+
+ExitWatch::~ExitWatch() {
+  call_.cancel();
+  try {
+    call_.get();
+  } catch (...) {  // cancelled, as intended
+  }
+}
+
+std::optional<int64_t> ExitWatch::exit_code(std::chrono::milliseconds limit) const {
+  if (!call_.wait_until(std::chrono::steady_clock::now() + limit)) return std::nullopt;
+  try {
+    const http::Response response = call_.get();
+    if (response.status != 200) return std::nullopt;
+    const json::object body = parse_body(response.body, "waiting for a container");
+    const auto* code = body.if_contains("StatusCode");
+    if (code && code->is_number()) return code->to_number<int64_t>();
+  } catch (const sdk::Error&) {
+  }
+  return std::nullopt;
+}
+
+json::object inspect_container(DockerApi& api, const std::string& container,
+                               const sdk::CancelToken& cancel) {
+  const http::Response response = api.call("GET", "/containers/" + container + "/json", "",
+                                           "inspecting container " + container, cancel);
+  return parse_body(response.body, "inspecting container " + container);
+}
+
+sdk::SandboxStatus status_from_state(std::string_view state) {
+  if (state == "running" || state == "paused") return sdk::SandboxStatus::running;
+  if (state == "created" || state == "restarting") return sdk::SandboxStatus::starting;
+  if (state == "exited" || state == "removing" || state == "dead") {
+    return sdk::SandboxStatus::stopped;
+  }
+  return sdk::SandboxStatus::unknown;
+}
+
+sdk::SandboxStatus container_status(DockerApi& api, const std::string& container,
+                                    const sdk::CancelToken& cancel) {
+  http::Request request;
+  request.target = "/containers/" + container + "/json";
+  const http::Response response = api.send(std::move(request), cancel);
+  if (response.status == 404) return sdk::SandboxStatus::stopped;
+  if (response.status != 200) {
+    throw api_error(response.status, response.body, "inspecting container " + container);
+  }
+  const json::object inspect = parse_body(response.body, "inspecting container " + container);
+  const json::object* state = object_of(inspect, "State");
+  return status_from_state(state ? string_of(*state, "Status") : std::string());
+}
+
+void remove_container(DockerApi& api, const std::string& container,
+                      const sdk::CancelToken& cancel) {
+  http::Request request;
+  request.method = "DELETE";
+  request.target = "/containers/" + container + "?force=1&v=1";
+  const http::Response response = api.send(std::move(request), cancel);
+  if (response.status < 300 || response.status == 404) return;
+  // A container with AutoRemove that just ended is being removed by the daemon already: wait for
+  // that, so that the container is gone when this returns.
+  if (response.status == 409 && contains_ci(docker_message(response.body), "already in progress")) {
+    http::Request wait;
+    wait.method = "POST";
+    wait.target = "/containers/" + container + "/wait?condition=removed";
+    const http::Response waited = api.send(std::move(wait), cancel);
+    if (waited.status < 300 || waited.status == 404) return;
+    throw api_error(waited.status, waited.body,
+                    "waiting for the removal of container " + container);
+  }
+  throw api_error(response.status, response.body, "removing container " + container);
+}
+
+std::vector<sdk::SandboxInfo> list_containers(DockerApi& api, const sdk::KeyValues& selector,
+                                              const sdk::CancelToken& cancel) {
+  json::array label_filters{std::string(kSandboxLabel) + "=1"};
+  for (const auto& [key, value] : selector) {
+    if (key == kSandboxLabel) continue;
+    // Docker's label filter: "key" matches any value, "key=value" that value.
+    label_filters.emplace_back(value.empty() ? key : key + "=" + value);
+  }
+  const json::object filters{{"label", std::move(label_filters)}};
+  const http::Response response = api.call(
+      "GET", "/containers/json?all=1&filters=" + http::url_encode(json::serialize(filters)), "",
+      "listing containers", cancel);
+  boost::system::error_code ec;
+  const json::value list = json::parse(response.body, ec);
+  if (ec || !list.is_array()) {
+    throw sdk::Error::internal("listing containers: unexpected answer: " +
+                               shorten(response.body, 200));
+  }
+  std::vector<sdk::SandboxInfo> out;
+  for (const auto& item : list.get_array()) {
+    if (item.is_object()) out.push_back(info_from_summary(item.get_object()));
+  }
+  return out;
+}
+
+sdk::Endpoint endpoint_from_inspect(const json::object& inspect, uint16_t port,
+                                    const std::string& publish_host, const std::string& container) {
+  const json::object* host_config = object_of(inspect, "HostConfig");
+  if (host_config && string_of(*host_config, "NetworkMode") == "host") {
+    return {"http://" + bracket_ipv6(publish_host) + ":" + std::to_string(port), {}};
+  }
+  const json::object* settings = object_of(inspect, "NetworkSettings");
+  const json::object* ports = settings ? object_of(*settings, "Ports") : nullptr;
+  const auto* bindings = ports ? ports->if_contains(port_key(port)) : nullptr;
+  if (!bindings || !bindings->is_array() || bindings->get_array().empty()) {
+    throw sdk::Error::failed_precondition("container " + container + " has no host binding for " +
+                                          port_key(port) + " (is the sandbox still running?)");
+  }
+  // Prefer the binding on publish_host; Docker may add an IPv6 twin of an IPv4 binding.
+  const json::object* chosen = nullptr;
+  for (const auto& binding : bindings->get_array()) {
+    if (!binding.is_object()) continue;
+    if (!chosen) chosen = &binding.get_object();
+    if (string_of(binding.get_object(), "HostIp") == publish_host) {
+      chosen = &binding.get_object();
+      break;
+    }
+  }
+  const std::string host_port = chosen ? string_of(*chosen, "HostPort") : std::string();
+  if (host_port.empty()) {
+    throw sdk::Error::failed_precondition("container " + container + " reports no host port for " +
+                                          port_key(port));
+  }
+  std::string host_ip = string_of(*chosen, "HostIp");
+  if (host_ip.empty() || host_ip == "0.0.0.0" || host_ip == "::") host_ip = publish_host;
+  return {"http://" + bracket_ipv6(host_ip) + ":" + host_port, {}};
+}
+
+}  // namespace sbx::local_docker

@@ -1,0 +1,84 @@
+// Containers: the create request (labels, env, resources, ports, volumes, entrypoint, TTL), start,
+// inspect, status, remove, list, and endpoint resolution from the published ports.
+#pragma once
+
+#include "config.hpp"
+#include "docker_api.hpp"
+#include "images.hpp"
+
+#include <sbx/sdk/types.hpp>
+
+#include <boost/json/object.hpp>
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::local_docker {
+
+// The label every local_docker container carries; list/reap only consider containers with it.
+inline constexpr std::string_view kSandboxLabel = "sbx.sandbox";
+// Unix time (seconds) after which a container with a TTL ends itself.
+inline constexpr std::string_view kExpiresAtLabel = "sbx.expires_at";
+
+// The body of POST /containers/create for `spec`. Throws INVALID_ARGUMENT for requests Docker
+// cannot honour (ports without a network, gpu_type, non-positive cpu/memory/disk, bad env keys).
+// `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
+boost::json::object container_config(const Config& config, const sdk::Spec& spec,
+                                     const SandboxOptions& options, const ImageRef& image,
+                                     bool with_disk_limit);
+
+// POST /containers/create?name=...; returns the container id. Daemon warnings are logged.
+std::string create_container(DockerApi& api, const std::string& name,
+                             const boost::json::object& body, const sdk::Logger& log,
+                             const sdk::CancelToken& cancel);
+
+// True when `error` (from create_container) says the storage driver cannot apply a size limit.
+bool is_storage_opt_unsupported(const sdk::Error& error);
+
+void start_container(DockerApi& api, const std::string& container,
+                     std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
+
+// Watches a container that is about to start for the exit of its main process (POST
+// /containers/{id}/wait?condition=next-exit), so that a sandbox that dies during startup can say
+// why even when AutoRemove has deleted it already. Cancels the wait when destroyed.
+class ExitWatch {
+ public:
+  ExitWatch(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
+  ~ExitWatch();
+  ExitWatch(const ExitWatch&) = delete;
+  ExitWatch& operator=(const ExitWatch&) = delete;
+  // The main process's exit code, waiting at most `limit` for it; nothing if it did not exit.
+  std::optional<int64_t> exit_code(std::chrono::milliseconds limit) const;
+
+ private:
+  http::Call call_;
+};
+
+// GET /containers/{id}/json; NOT_FOUND when the container is gone.
+boost::json::object inspect_container(DockerApi& api, const std::string& container,
+                                      const sdk::CancelToken& cancel);
+
+// State.Status -> the provider-neutral status (Docker's "paused" counts as running).
+sdk::SandboxStatus status_from_state(std::string_view state);
+
+// The container's status; a container the daemon does not know is STOPPED.
+sdk::SandboxStatus container_status(DockerApi& api, const std::string& container,
+                                    const sdk::CancelToken& cancel);
+
+// Force-removes the container and its anonymous volumes. A container that is gone, or already
+// being removed, counts as removed.
+void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
+
+// Containers with the sandbox label whose labels match `selector` (an empty value matches any
+// value of that key).
+std::vector<sdk::SandboxInfo> list_containers(DockerApi& api, const sdk::KeyValues& selector,
+                                              const sdk::CancelToken& cancel);
+
+// The URL of `port` from an inspect result: the published host port on publish_host (or on the
+// binding's own address when that is specific).
+sdk::Endpoint endpoint_from_inspect(const boost::json::object& inspect, uint16_t port,
+                                    const std::string& publish_host, const std::string& container);
+
+}  // namespace sbx::local_docker

@@ -1,0 +1,323 @@
+#include "exec.hpp"
+
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace sbx::local_docker {
+namespace {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// How often a waiting exec looks at its cancel token (completion wakes it at once).
+constexpr auto kCancelPoll = 50ms;
+// After a kill, how long the rest of the output may take to arrive before the stream is cut.
+constexpr auto kDrainAfterKill = 2s;
+// Bound on the kill exec itself.
+constexpr auto kKillTimeout = 10s;
+// How long the exit code may lag behind the end of the stream.
+constexpr auto kExitCodeWait = 2s;
+
+// When the runtime cannot start the process (no such shell, unknown user...), the daemon writes its
+// error as one stdout frame ending in "\r\n" and closes the stream; only the exit status (Pid 0)
+// tells it apart from output. A first frame of that shape is held until the next frame or the end.
+constexpr size_t kMaxHeldFrame = 4096;
+
+// Kills every process whose environment carries the tag ($1). Reading /proc/<pid>/environ needs
+// only the same uid, so this runs as the user the command ran as; `cat` plus the shell's `case`
+// work in busybox, dash and bash alike (grep in busybox stops at the first NUL of environ).
+// Several passes catch children forked while the parent was being killed. "SBX_EXEC_ID" is
+// kExecIdVar.
+constexpr std::string_view kKillScript =
+    "t=\"SBX_EXEC_ID=$1\"\n"
+    "pass=0; found=1\n"
+    "while [ $found = 1 ] && [ $pass -lt 5 ]; do\n"
+    "  found=0; pass=$((pass+1))\n"
+    "  for e in /proc/[0-9]*/environ; do\n"
+    "    p=${e#/proc/}; p=${p%/environ}\n"
+    "    [ \"$p\" = \"$$\" ] && continue\n"
+    "    case \"$(cat \"$e\" 2>/dev/null)\" in\n"
+    "      *\"$t\"*) kill -9 \"$p\" 2>/dev/null && found=1 ;;\n"
+    "    esac\n"
+    "  done\n"
+    "done\n";
+
+// Delivers frames to the caller's sink, holding back a first frame that may be the runtime's
+// failure message (see kMaxHeldFrame).
+class ExecOutput {
+ public:
+  explicit ExecOutput(sdk::OutputSink& sink) : sink_(sink) {}
+
+  void begin_frame(uint8_t stream, uint64_t size) {
+    release();
+    holding_ = first_ && stream == 1 && size > 0 && size <= kMaxHeldFrame;
+    first_ = false;
+  }
+  void write(uint8_t stream, std::string_view bytes) {
+    if (holding_) {
+      held_.append(bytes);
+      return;
+    }
+    sink_.write(stream == 1 ? sdk::StdStream::out : sdk::StdStream::err, bytes);
+  }
+  void end_frame() {
+    if (holding_ && !held_.ends_with("\r\n")) release();
+    holding_ = false;
+  }
+
+  // Ends the output. When the runtime failed, a held frame is its message and goes to stderr.
+  void finish(bool runtime_failure) {
+    if (held_.empty()) return;
+    sink_.write(runtime_failure ? sdk::StdStream::err : sdk::StdStream::out, held_);
+    held_.clear();
+  }
+
+ private:
+  void release() {
+    if (held_.empty()) return;
+    sink_.write(sdk::StdStream::out, held_);
+    held_.clear();
+  }
+
+  sdk::OutputSink& sink_;
+  std::string held_;
+  bool first_ = true;
+  bool holding_ = false;
+};
+
+// Decodes Docker's multiplexed stream: frames of an 8-byte header (stream byte, three zero bytes,
+// big-endian payload length) and the payload. Accepts any chunking.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(ExecOutput& out) : out_(out) {}
+
+  void feed(std::string_view bytes) {
+    while (!bytes.empty()) {
+      if (remaining_ == 0) {
+        const size_t n = std::min(header_.size() - header_len_, bytes.size());
+        std::memcpy(header_.data() + header_len_, bytes.data(), n);
+        header_len_ += n;
+        bytes.remove_prefix(n);
+        if (header_len_ < header_.size()) return;
+        begin_frame();
+        continue;
+      }
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, bytes.size()));
+      out_.write(stream_, bytes.substr(0, n));
+      remaining_ -= n;
+      bytes.remove_prefix(n);
+      if (remaining_ == 0) out_.end_frame();
+    }
+  }
+
+ private:
+  void begin_frame() {
+    header_len_ = 0;
+    stream_ = header_[0];
+    if (stream_ > 3 || header_[1] != 0 || header_[2] != 0 || header_[3] != 0) {
+      throw sdk::Error::internal("exec output: not a multiplexed stream (bad frame header)");
+    }
+    remaining_ = (uint32_t{header_[4]} << 24) | (uint32_t{header_[5]} << 16) |
+                 (uint32_t{header_[6]} << 8) | uint32_t{header_[7]};
+    if (stream_ == 0) stream_ = 1;  // stdin echo does not happen without a TTY; treat as stdout
+    out_.begin_frame(stream_, remaining_);
+    if (remaining_ == 0) out_.end_frame();
+  }
+
+  ExecOutput& out_;
+  std::array<uint8_t, 8> header_{};
+  size_t header_len_ = 0;
+  uint64_t remaining_ = 0;
+  uint8_t stream_ = 1;
+};
+
+// Ends a started call and waits until its callbacks can no longer run (they use the caller's
+// stack). Idempotent; a finished call is left as it is.
+void settle(const http::Call& call) noexcept {
+  call.cancel();
+  try {
+    call.get();
+  } catch (...) {  // the outcome no longer matters
+  }
+}
+
+struct CallGuard {
+  http::Call call;
+  ~CallGuard() { settle(call); }
+};
+
+std::string describe(const std::string& container) {
+  return "running a command in sandbox " + container;
+}
+
+std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
+                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+  json::object body{
+      {"AttachStdin", false}, {"AttachStdout", true}, {"AttachStderr", true}, {"Tty", false}};
+  json::array argv;
+  for (const auto& arg : params.argv)
+    argv.emplace_back(arg);
+  body["Cmd"] = std::move(argv);
+  json::array env;
+  for (const auto& [key, value] : params.env) {
+    if (key.empty() || key.find('=') != std::string::npos) {
+      throw sdk::Error::invalid_argument("exec env: invalid variable name '" + key + "'");
+    }
+    env.emplace_back(key + "=" + value);
+  }
+  if (tag) env.emplace_back(std::string(kExecIdVar) + "=" + *tag);
+  body["Env"] = std::move(env);
+  if (params.cwd) body["WorkingDir"] = *params.cwd;
+  if (params.user) body["User"] = *params.user;
+  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
+                                           json::serialize(body), describe(container), cancel);
+  const json::object result = parse_body(response.body, describe(container));
+  const auto* id = result.if_contains("Id");
+  if (!id || !id->is_string()) throw sdk::Error::internal(describe(container) + ": no exec Id");
+  return std::string(id->get_string());
+}
+
+struct ExecState {
+  bool running = true;
+  std::optional<int32_t> exit_code;
+  int64_t pid = 0;
+};
+
+ExecState inspect_exec(DockerApi& api, const std::string& exec_id, const std::string& container,
+                       const sdk::CancelToken& cancel) {
+  const http::Response response =
+      api.call("GET", "/exec/" + exec_id + "/json", "", describe(container), cancel);
+  const json::object body = parse_body(response.body, describe(container));
+  ExecState state;
+  if (const auto* v = body.if_contains("Running"); v && v->is_bool()) state.running = v->get_bool();
+  if (const auto* v = body.if_contains("ExitCode"); v && v->is_number()) {
+    state.exit_code = v->to_number<int32_t>();
+  }
+  if (const auto* v = body.if_contains("Pid"); v && v->is_number())
+    state.pid = v->to_number<int64_t>();
+  return state;
+}
+
+// The exit code is recorded just before the stream closes; allow the daemon a moment regardless.
+ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::string& container,
+                         const sdk::CancelToken& cancel) {
+  const auto give_up = Clock::now() + kExitCodeWait;
+  auto pause = 2ms;
+  for (;;) {
+    ExecState state = inspect_exec(api, exec_id, container, cancel);
+    if (!state.running && state.exit_code) return state;
+    if (Clock::now() >= give_up) {
+      throw sdk::Error::internal(describe(container) +
+                                 ": the output ended but Docker reports no exit code");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+// Runs the kill script as `user` with the exec's own shell. Best effort: failures are logged.
+void kill_tagged(DockerApi& api, const std::string& container, const ExecParams& params,
+                 const std::string& tag, const sdk::Logger& log) {
+  const sdk::CancelToken no_cancel;  // the kill must happen even when the exec was cancelled
+  try {
+    ExecParams kill;
+    kill.argv = {params.argv.front(), "-c", std::string(kKillScript), "sbx-kill", tag};
+    kill.user = params.user;
+    const std::string exec_id = create_exec(api, container, kill, std::nullopt, no_cancel);
+    api.call("POST", "/exec/" + exec_id + "/start", R"({"Detach":false,"Tty":false})",
+             "killing a timed-out command in sandbox " + container, no_cancel,
+             std::chrono::duration_cast<std::chrono::milliseconds>(kKillTimeout));
+  } catch (const std::exception& e) {
+    log.warn("could not kill the processes of a stopped command in sandbox ", container, ": ",
+             e.what());
+  }
+}
+
+enum class Stop { finished, timed_out, cancelled };
+
+Stop wait_stream(const http::Call& call, Clock::time_point deadline,
+                 const sdk::CancelToken& cancel) {
+  for (;;) {
+    if (cancel.stop_requested()) return Stop::cancelled;
+    const auto now = Clock::now();
+    if (now >= deadline) return Stop::timed_out;
+    if (call.wait_until(std::min(deadline, now + kCancelPoll))) return Stop::finished;
+  }
+}
+
+}  // namespace
+
+std::string random_hex(size_t bytes) {
+  thread_local std::mt19937_64 engine = [] {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device()};
+    return std::mt19937_64(seed);
+  }();
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes * 2);
+  for (size_t i = 0; i < bytes; ++i) {
+    const auto byte = static_cast<uint8_t>(engine());
+    out += kDigits[byte >> 4];
+    out += kDigits[byte & 0xF];
+  }
+  return out;
+}
+
+sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const ExecParams& params,
+                         sdk::OutputSink& out, const sdk::Logger& log,
+                         const sdk::CancelToken& cancel) {
+  const auto deadline = Clock::now() + std::min(params.timeout, kNoTimeout);  // no overflow
+  const std::string tag = random_hex(16);
+  const std::string exec_id = create_exec(api, container, params, tag, cancel);
+
+  ExecOutput output(out);
+  FrameDecoder decoder(output);
+  long status = 0;
+  std::string error_body;
+  http::Request request;
+  request.method = "POST";
+  request.target = "/exec/" + exec_id + "/start";
+  request.headers.emplace_back("Content-Type", "application/json");
+  request.body = R"({"Detach":false,"Tty":false})";
+  request.on_headers = [&status](long s, const http::Headers&) { status = s; };
+  request.on_body = [&](std::string_view bytes) {
+    if (status == 200) {
+      decoder.feed(bytes);
+    } else if (error_body.size() < 64 * 1024) {
+      error_body.append(bytes);
+    }
+  };
+  CallGuard guard{api.start(std::move(request), cancel)};
+
+  const Stop stop = wait_stream(guard.call, deadline, cancel);
+  if (stop != Stop::finished) {
+    kill_tagged(api, container, params, tag, log);
+    guard.call.wait_until(Clock::now() + kDrainAfterKill);  // the rest of the output, briefly
+    settle(guard.call);
+    output.finish(false);
+    if (stop == Stop::cancelled) {
+      throw sdk::Error::cancelled("exec cancelled; its processes in sandbox " + container +
+                                  " were killed");
+    }
+    return sdk::ExitStatus::timed_out();
+  }
+
+  const http::Response response = api.finish(guard.call);
+  if (response.status != 200) throw api_error(response.status, error_body, describe(container));
+  const ExecState state = wait_exit_code(api, exec_id, container, cancel);
+  // Pid 0 with 126/127: the runtime never started the process (its message was the held frame).
+  const bool runtime_failure =
+      state.pid == 0 && (*state.exit_code == 126 || *state.exit_code == 127);
+  output.finish(runtime_failure);
+  if (runtime_failure) return sdk::ExitStatus::sandbox_failure();
+  return sdk::ExitStatus::exited(*state.exit_code);
+}
+
+}  // namespace sbx::local_docker

@@ -1,0 +1,422 @@
+#include "provider.hpp"
+
+#include "archive.hpp"
+#include "containers.hpp"
+#include "exec.hpp"
+
+#include <sbx/sdk/probe.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+namespace sbx::local_docker {
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+
+// Bound on the `command -v bash` exec that picks a sandbox's shell.
+constexpr milliseconds kShellProbeTimeout = 10s;
+// Room in the pool for everything that is not an exec: execs beyond exec.concurrency wait on the
+// semaphore on their own pool thread, so status, close and file transfers never queue behind them.
+constexpr size_t kPoolThreads = 4096;
+
+milliseconds to_ms(double seconds) {
+  return milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+// Docker resolves "root" through /etc/passwd; uid 0 works in every image.
+std::optional<std::string> docker_user(const std::optional<std::string>& user) {
+  if (user && *user == "root") return std::string("0");
+  return user;
+}
+
+// The probe also finds the shell, saving an exec per create: after the probe command (in a
+// subshell, so its exit status and `exit` keep their meaning) it prints this marker when bash
+// exists, and the marker is taken off stdout before the probe's check.
+constexpr std::string_view kBashMarker = "\n<sbx-shell:bash>";
+
+std::string with_bash_check(const std::string& command) {
+  return "(" + command + "\n); sbx_probe_rc=$?; command -v bash >/dev/null 2>&1 && printf %s '" +
+         std::string(kBashMarker) + "'; exit $sbx_probe_rc";
+}
+
+bool take_bash_marker(std::string& stdout_text) {
+  if (!stdout_text.ends_with(kBashMarker)) return false;
+  stdout_text.resize(stdout_text.size() - kBashMarker.size());
+  return true;
+}
+
+// Thrown by a probe attempt when the container has stopped: polling it further is pointless.
+struct ContainerStopped : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Force-removes a container whose create failed somewhere after the create request was sent
+// (even a cancelled request may have created it). Removal ignores the caller's cancellation.
+class ContainerGuard {
+ public:
+  ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log)
+      : api_(api), name_(std::move(name)), log_(log) {}
+  ContainerGuard(const ContainerGuard&) = delete;
+  ContainerGuard& operator=(const ContainerGuard&) = delete;
+  ~ContainerGuard() {
+    if (state_ == State::dismissed) return;
+    // When the create request got no answer (cancelled, timed out, connection lost) the daemon may
+    // still be creating the container: look again a few times.
+    const int attempts = state_ == State::created ? 1 : 5;
+    for (int i = 0; i < attempts; ++i) {
+      if (i > 0) std::this_thread::sleep_for(400ms);
+      try {
+        // A fresh token: the create's own may be cancelled already. The request timeout bounds it.
+        remove_container(api_, name_, sdk::CancelToken());
+      } catch (const std::exception& e) {
+        log_.error("could not remove container ", name_, " after its create failed: ", e.what());
+        return;
+      }
+    }
+    log_.debug("removed container ", name_, " of a failed create");
+  }
+  void created() { state_ = State::created; }
+  void dismiss() { state_ = State::dismissed; }
+
+ private:
+  enum class State { unknown, created, dismissed };
+  DockerApi& api_;
+  std::string name_;
+  const sdk::Logger& log_;
+  State state_ = State::unknown;
+};
+
+// Errors after the container exists become CREATE_FAILED (with the details kept), except those
+// whose status says more: cancellation, a failed readiness check, an unreachable daemon, a bad
+// request.
+sdk::Error create_error(const sdk::Error& e, const std::string& name) {
+  switch (e.status()) {
+    case SBX_STATUS_CANCELLED:
+    case SBX_STATUS_CREATE_FAILED:
+    case SBX_STATUS_CREATE_VERIFICATION_FAILED:
+    case SBX_STATUS_UNAVAILABLE:
+    case SBX_STATUS_INVALID_ARGUMENT:
+      return e;
+    default:
+      break;
+  }
+  return sdk::Error(SBX_STATUS_CREATE_FAILED,
+                    "creating sandbox " + name + " failed: " + std::string(e.what()), e.details());
+}
+
+std::string join_ports(const std::vector<uint16_t>& ports) {
+  std::string out;
+  for (uint16_t port : ports)
+    out += (out.empty() ? "" : ", ") + std::to_string(port);
+  return out.empty() ? "none" : out;
+}
+
+// Why a container stopped during startup: its exit code (from the watch; the container may be
+// gone already when it has a TTL) and the runtime's error, if any.
+std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch& watch) {
+  std::string reason = "its main process exited";
+  if (const auto code = watch.exit_code(2s)) reason += " with exit code " + std::to_string(*code);
+  try {
+    const auto inspect = inspect_container(api, name, sdk::CancelToken());
+    const auto* state = inspect.if_contains("State");
+    if (const auto* error =
+            state && state->is_object() ? state->get_object().if_contains("Error") : nullptr;
+        error && error->is_string() && !error->get_string().empty()) {
+      reason += ": " + std::string(error->get_string());
+    }
+  } catch (const sdk::Error&) {  // removed already (AutoRemove)
+  }
+  return reason + " (an entrypoint must keep running; without one the keep-alive does)";
+}
+
+}  // namespace
+
+// ---- Semaphore ---------------------------------------------------------------------------------
+
+void Semaphore::acquire(const sdk::CancelToken& cancel) {
+  std::unique_lock lock(mutex_);
+  if (!available_.wait(lock, cancel, [this] { return count_ > 0; })) throw sdk::Error::cancelled();
+  --count_;
+}
+
+void Semaphore::release() {
+  {
+    std::lock_guard lock(mutex_);
+    ++count_;
+  }
+  available_.notify_one();
+}
+
+// ---- Provider ----------------------------------------------------------------------------------
+
+LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
+                                         const boost::json::object& config)
+    : config_(Config::parse(config, std::getenv("DOCKER_HOST"))),
+      log_(context.log),
+      api_(ApiOptions{.socket = config_.socket,
+                      .api_version = config_.api_version,
+                      .request_timeout = to_ms(config_.request_timeout_s),
+                      .max_connections = static_cast<long>(
+                          std::min<int64_t>(config_.exec.concurrency + 64, 4096))},
+           log_),
+      exec_slots_(config_.exec.concurrency) {}
+
+milliseconds LocalDockerProvider::start_timeout() const {
+  return to_ms(config_.create.start_timeout_s);
+}
+
+std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
+                                                          const sdk::CancelToken& cancel) {
+  const auto started = Clock::now();
+  if (!spec.image) {
+    throw sdk::Error::invalid_argument("spec.image is required for the local_docker provider");
+  }
+  // Everything that can be refused is checked before the daemon sees anything.
+  const ImageRef image = parse_image(*spec.image);
+  const SandboxOptions options = SandboxOptions::parse(spec.provider_options);
+  container_config(config_, spec, options, image, true);
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& file : spec.files) {
+    files.emplace_back(container_path(file.path, spec.workdir), file.contents);
+  }
+
+  ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
+               options.registry_auth, start_timeout(), log_, cancel);
+
+  const std::string name = config_.create.name_prefix + random_hex(12);
+  ContainerGuard guard(api_, name, log_);
+  try {
+    try {
+      create_container_for(name, spec, options, image, cancel);
+      guard.created();
+    } catch (const sdk::Error& e) {
+      if (e.http_status() != 0) guard.dismiss();  // the daemon answered: nothing was created
+      throw;
+    }
+    // Before the start: no exec needed, parents created by the daemon, in place for the entrypoint.
+    if (!files.empty()) upload_files(api_, name, files, cancel);
+    std::string shell = resolve_shell(name, start_and_probe(name, spec, cancel), cancel);
+    guard.dismiss();
+    const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
+    log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
+               ms.count(), " ms");
+    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports);
+  } catch (const sdk::Error& e) {
+    throw create_error(e, name);
+  }
+}
+
+std::string LocalDockerProvider::create_container_for(const std::string& name,
+                                                      const sdk::Spec& spec,
+                                                      const SandboxOptions& options,
+                                                      const ImageRef& image,
+                                                      const sdk::CancelToken& cancel) {
+  try {
+    return create_container(api_, name, container_config(config_, spec, options, image, true), log_,
+                            cancel);
+  } catch (const sdk::Error& e) {
+    if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
+    const std::string disk = std::to_string(*spec.resources.disk_gib);
+    if (config_.create.disk_limit == DiskLimitMode::error) {
+      throw sdk::Error::invalid_argument(
+          "resources.disk_gib=" + disk + " cannot be enforced by this Docker daemon's storage " +
+          "driver; set create.disk_limit to \"warn\" in the local_docker config to create " +
+          "sandboxes without a disk limit (" + std::string(e.what()) + ")");
+    }
+    log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
+              ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
+    return create_container(api_, name, container_config(config_, spec, options, image, false),
+                            log_, cancel);
+  }
+}
+
+std::optional<bool> LocalDockerProvider::start_and_probe(const std::string& name,
+                                                         const sdk::Spec& spec,
+                                                         const sdk::CancelToken& cancel) {
+  std::optional<Clock::time_point> ready_deadline;
+  milliseconds timeout = start_timeout();
+  if (spec.ready_timeout) {
+    const milliseconds ready = std::min(*spec.ready_timeout, kNoTimeout);
+    ready_deadline = Clock::now() + ready;
+    timeout = std::min(timeout, ready);
+  }
+  const ExitWatch watch(api_, name, cancel);
+  try {
+    start_container(api_, name, timeout, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_TIMEOUT) throw;
+    throw sdk::Error::create_failed(
+        "sandbox " + name + " did not start within " + std::to_string(timeout.count()) + " ms",
+        true);
+  }
+  try {
+    return probe(name, ready_deadline, cancel);
+  } catch (const ContainerStopped&) {
+    throw sdk::Error::create_failed(
+        "sandbox " + name + " stopped before it was ready: " + stop_reason(api_, name, watch));
+  }
+}
+
+std::optional<bool> LocalDockerProvider::probe(const std::string& name,
+                                               std::optional<Clock::time_point> ready_deadline,
+                                               const sdk::CancelToken& cancel) {
+  sdk::ProbeConfig probe = config_.probe;
+  if (!probe.command) return std::nullopt;
+  if (ready_deadline) {
+    // spec.ready_timeout bounds start and probe together: the probe gets what is left.
+    const double left = std::chrono::duration<double>(*ready_deadline - Clock::now()).count();
+    if (left <= 0) {
+      throw sdk::Error::create_verification_failed("sandbox " + name +
+                                                   " was not ready within spec.ready_timeout");
+    }
+    probe.deadline_s = std::min(left, probe.deadline_s.value_or(probe.timeout_s));
+  }
+  const std::string shell = config_.exec.shell.value_or("sh");
+  const bool detect = !config_.exec.shell;
+  std::optional<bool> has_bash;
+  sdk::run_readiness_probe(
+      probe, name,
+      [&](milliseconds timeout) {
+        ExecParams params;
+        params.argv = {shell, "-c", detect ? with_bash_check(*probe.command) : *probe.command};
+        params.timeout = timeout;
+        CollectingSink sink;
+        sdk::ExitStatus status;
+        try {
+          status = run_exec(api_, name, params, sink, log_, cancel);
+        } catch (const sdk::Error& e) {
+          if (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION) {
+            throw ContainerStopped(e.what());
+          }
+          throw;
+        }
+        if (detect) has_bash = take_bash_marker(sink.stdout_text);
+        return sdk::ProbeAttempt{status.return_code, std::move(sink.stdout_text),
+                                 std::move(sink.stderr_text)};
+      },
+      cancel);
+  return has_bash;  // from the attempt that passed
+}
+
+std::string LocalDockerProvider::resolve_shell(const std::string& name,
+                                               std::optional<bool> has_bash,
+                                               const sdk::CancelToken& cancel) {
+  if (config_.exec.shell) return *config_.exec.shell;
+  if (has_bash) return *has_bash ? "bash" : "sh";
+  try {
+    ExecParams params;
+    params.argv = {"sh", "-c", "command -v bash"};
+    params.timeout = kShellProbeTimeout;
+    CollectingSink sink;
+    const sdk::ExitStatus status = run_exec(api_, name, params, sink, log_, cancel);
+    return status.return_code == 0 && !status.error_type ? "bash" : "sh";
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED) throw;
+    log_.debug("shell detection in ", name, " failed (using sh): ", e.what());
+    return "sh";
+  }
+}
+
+sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
+                                          sdk::OutputSink& out, const sdk::CancelToken& cancel) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  exec_slots_.acquire(cancel);
+  struct Release {
+    Semaphore& slots;
+    ~Release() { slots.release(); }
+  } release{exec_slots_};
+  ExecParams params;
+  params.argv = {box.shell(), "-c", request.command};
+  params.env = request.env;
+  params.cwd = request.cwd;
+  params.user = docker_user(request.user);
+  params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
+  return run_exec(api_, box.container(), params, out, log_, cancel);
+}
+
+void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
+                                 sdk::ByteSource& source, const sdk::CancelToken& cancel) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  upload_file(api_, box.container(), container_path(request.remote_path, box.workdir()),
+              request.mode, source, cancel);
+}
+
+void LocalDockerProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
+                                   sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  download_file(api_, box.container(), container_path(remote_path, box.workdir()), sink, cancel);
+}
+
+sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
+                                               const sdk::CancelToken& cancel) {
+  return container_status(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+}
+
+void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  remove_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+}
+
+void LocalDockerProvider::write_startup_files(sdk::Sandbox&, const std::vector<sdk::StartupFile>&,
+                                              const sdk::CancelToken&) {}
+
+sdk::ThreadPool::Options LocalDockerProvider::pool_options() const {
+  sdk::ThreadPool::Options options;
+  options.max_threads =
+      std::max<size_t>(kPoolThreads, static_cast<size_t>(config_.exec.concurrency) * 2);
+  return options;
+}
+
+sdk::Endpoint LocalDockerProvider::endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                                            const sdk::CancelToken& cancel) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  const auto& ports = box.ports();
+  if (std::find(ports.begin(), ports.end(), port) == ports.end()) {
+    throw sdk::Error::invalid_argument(
+        "Sandbox port " + std::to_string(port) +
+        " was not declared in spec.ports (declared: " + join_ports(ports) + ")");
+  }
+  const auto inspect = inspect_container(api_, box.container(), cancel);
+  return endpoint_from_inspect(inspect, port, config_.create.publish_host, box.container());
+}
+
+std::vector<sdk::SandboxInfo> LocalDockerProvider::list(const sdk::KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  return list_containers(api_, selector, cancel);
+}
+
+std::vector<sdk::SandboxInfo> LocalDockerProvider::reap(const sdk::KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  std::vector<sdk::SandboxInfo> removed;
+  std::string failures;
+  size_t failed = 0;
+  for (auto& info : list_containers(api_, selector, cancel)) {
+    sdk::throw_if_cancelled(cancel);
+    try {
+      remove_container(api_, info.id, cancel);
+      info.status = sdk::SandboxStatus::stopped;
+      removed.push_back(std::move(info));
+    } catch (const sdk::Error& e) {
+      if (e.status() == SBX_STATUS_CANCELLED) throw;
+      if (++failed <= 3) failures += std::string(failures.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (failed > 0) {
+    log_.warn("reap removed ", removed.size(), " sandboxes; ", failed, " could not be removed");
+    throw sdk::Error(SBX_STATUS_INTERNAL,
+                     "reap removed " + std::to_string(removed.size()) + " sandboxes but " +
+                         std::to_string(failed) + " could not be removed: " + failures,
+                     sdk::ErrorDetails{.retryable = true});
+  }
+  log_.info("reaped ", removed.size(), " sandboxes");
+  return removed;
+}
+
+}  // namespace sbx::local_docker
+
+SBX_PLUGIN("local_docker", "0.1.0",
+           "Sandboxes as containers of the local Docker daemon (Engine API over its unix socket)",
+           sbx::sdk::factory<sbx::local_docker::LocalDockerProvider>())

@@ -1,0 +1,118 @@
+// The local_docker provider: sandboxes are containers of the local Docker daemon, driven through
+// the Engine API over its unix socket (never the docker CLI). Blocking style on the SDK's pool.
+#pragma once
+
+#include "config.hpp"
+#include "docker_api.hpp"
+#include "images.hpp"
+
+#include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/plugin.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sbx::local_docker {
+
+// One sandbox: a container, known by its name (which is also the sandbox id).
+class DockerSandbox final : public sdk::Sandbox {
+ public:
+  DockerSandbox(std::string name, std::string shell, std::optional<std::string> workdir,
+                std::vector<uint16_t> ports)
+      : sdk::Sandbox(std::move(name)),
+        shell_(std::move(shell)),
+        workdir_(std::move(workdir)),
+        ports_(std::move(ports)) {}
+
+  const std::string& container() const noexcept { return id(); }
+  const std::string& shell() const noexcept { return shell_; }
+  const std::optional<std::string>& workdir() const noexcept { return workdir_; }
+  const std::vector<uint16_t>& ports() const noexcept { return ports_; }
+
+ private:
+  std::string shell_;  // runs every command: "<shell> -c <command>"
+  std::optional<std::string> workdir_;
+  std::vector<uint16_t> ports_;
+};
+
+// Caps the execs in flight. Waiting can be cancelled.
+class Semaphore {
+ public:
+  explicit Semaphore(int64_t count) : count_(count) {}
+  // Throws Error::cancelled when `cancel` fires first.
+  void acquire(const sdk::CancelToken& cancel);
+  void release();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable_any available_;
+  int64_t count_;
+};
+
+class LocalDockerProvider final : public sdk::BlockingProvider,
+                                  public sdk::BlockingEndpoint,
+                                  public sdk::BlockingListReap {
+ public:
+  static constexpr const char* kId = "local_docker";
+  static constexpr const char* kDescription =
+      "Containers of the local Docker daemon, through the Engine API on its unix socket";
+  static constexpr const char* kConfigSchema = kConfigSchemaText;
+
+  // Validates the config; contacts nothing (the daemon is first used by the first operation).
+  LocalDockerProvider(const sdk::ProviderContext& context, const boost::json::object& config);
+
+  std::unique_ptr<sdk::Sandbox> create(const sdk::Spec& spec,
+                                       const sdk::CancelToken& cancel) override;
+  sdk::ExitStatus exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request, sdk::OutputSink& out,
+                       const sdk::CancelToken& cancel) override;
+  void upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request, sdk::ByteSource& source,
+              const sdk::CancelToken& cancel) override;
+  void download(sdk::Sandbox& sandbox, const std::string& remote_path, sdk::ByteSink& sink,
+                const sdk::CancelToken& cancel) override;
+  sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // Startup files are already in place: create() writes them into the container before it starts
+  // (one archive, no exec needed), so the adapter's later call has nothing to do.
+  void write_startup_files(sdk::Sandbox& sandbox, const std::vector<sdk::StartupFile>& files,
+                           const sdk::CancelToken& cancel) override;
+
+  sdk::ThreadPool::Options pool_options() const override;
+
+  sdk::Endpoint endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                         const sdk::CancelToken& cancel) override;
+  std::vector<sdk::SandboxInfo> list(const sdk::KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+  std::vector<sdk::SandboxInfo> reap(const sdk::KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  std::string create_container_for(const std::string& name, const sdk::Spec& spec,
+                                   const SandboxOptions& options, const ImageRef& image,
+                                   const sdk::CancelToken& cancel);
+  // Start and readiness probe; return whether the image has bash, when the probe found out.
+  std::optional<bool> start_and_probe(const std::string& name, const sdk::Spec& spec,
+                                      const sdk::CancelToken& cancel);
+  std::optional<bool> probe(const std::string& name,
+                            std::optional<Clock::time_point> ready_deadline,
+                            const sdk::CancelToken& cancel);
+  // exec.shell, else bash or sh: from the probe, or from an exec of `command -v bash`.
+  std::string resolve_shell(const std::string& name, std::optional<bool> has_bash,
+                            const sdk::CancelToken& cancel);
+  std::chrono::milliseconds start_timeout() const;
+
+  Config config_;
+  sdk::Logger log_;
+  DockerApi api_;
+  Semaphore exec_slots_;
+};
+
+}  // namespace sbx::local_docker

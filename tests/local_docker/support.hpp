@@ -1,0 +1,81 @@
+// Shared helpers of the local_docker tests: a host with provider blocks for the cases, a raw Docker
+// Engine API client to check from the outside what the plugin did, and small utilities.
+// Everything runs against the real daemon on /var/run/docker.sock (scripts/docker-up.sh).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <sbx/sbx.hpp>
+#include <sbx/sdk/http.hpp>
+
+#include <boost/json.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ldtest {
+
+inline constexpr const char* kBusybox = "sbx-busybox:latest";
+inline constexpr const char* kBash = "sbx-bash:latest";
+inline constexpr const char* kRegistryBusybox = "127.0.0.1:5000/sbx/busybox:latest";
+inline constexpr const char* kDockerSocket = "/var/run/docker.sock";
+
+// Every sandbox these tests create carries this host label, so the final check (leftovers_test)
+// finds anything a test left behind without touching other suites' sandboxes.
+inline constexpr const char* kSuiteLabel = "sbx.test.suite";
+inline constexpr const char* kSuiteValue = "local_docker";
+
+// The Docker Engine API, raw, for checks from outside the plugin.
+class Docker {
+ public:
+  Docker();
+  // GET /containers/{name}/json, or nothing when the daemon does not know the container.
+  std::optional<boost::json::object> inspect(const std::string& container);
+  bool exists(const std::string& container) { return inspect(container).has_value(); }
+  // Names of the containers (any state) with this label filter ("key" or "key=value").
+  std::vector<std::string> containers_with_label(const std::string& filter);
+  void remove(const std::string& container);  // force, missing is fine
+  void kill(const std::string& container);    // SIGKILL, the container stays (exited)
+  bool image_exists(const std::string& image);
+  void untag_image(const std::string& image);  // missing is fine
+  // Waits until the container is gone; false if it is still there at the deadline.
+  bool wait_gone(const std::string& container, std::chrono::seconds limit);
+  // The daemon's storage driver can enforce per-container size limits (overlay2 needs xfs+pquota).
+  bool storage_supports_size_limit();
+
+ private:
+  sbx::sdk::http::Response send(const std::string& method, const std::string& target);
+  sbx::sdk::http::Client client_;
+};
+
+Docker& docker();
+
+// The host of these tests; provider blocks (all plugin local_docker):
+//   docker            defaults (network none)
+//   docker_bridge     network bridge (ports)
+//   docker_disk_warn  create.disk_limit = warn
+//   docker_no_limits  create.apply_resource_limits = false
+//   docker_small      exec.concurrency = 2
+//   docker_sh         exec.shell = sh
+//   docker_noshell    exec.shell = a shell no image has, probe disabled
+//   docker_unreachable socket pointing nowhere
+//   docker_slow_probe probe that needs 3 s
+//   docker_bad_probe  probe that always fails
+sbx::Host& host();
+sbx::Provider provider(const std::string& name = "docker");
+
+// A spec on busybox with a TTL (a crashed run must not leak forever) and a unique test label.
+sbx::SandboxSpec spec(const std::string& image = kBusybox);
+
+// A fresh random token, e.g. for unique label values.
+std::string unique();
+
+// Seconds since `start`.
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+// Sandboxes whose containers carry `key=value` (checks "nothing left behind").
+std::vector<std::string> leftovers(const std::string& key, const std::string& value);
+
+}  // namespace ldtest
