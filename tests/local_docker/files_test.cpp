@@ -1,5 +1,6 @@
 // local_docker file transfer: uploads and downloads through the archive API, refusals that leave
-// no local file, and a 1 GiB round trip with bounded memory (run alone, as local_docker_big_file_test).
+// no local file, and a 1 GiB round trip with bounded memory (run alone, as
+// local_docker_big_file_test).
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
