@@ -62,15 +62,6 @@ class KvList {
   std::vector<sbx_kv> items_;
 };
 
-// The exception for an error a plugin reported.
-inline std::exception_ptr to_exception(const sbx_error* error) {
-  try {
-    throw_error(*error);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 // Collects what a plugin reports through an sbx_error_sink during a synchronous call.
 struct ErrorCollector {
   sbx_status status = SBX_STATUS_OK;

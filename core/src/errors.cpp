@@ -1,12 +1,14 @@
 #include <sbx/core/errors.hpp>
 
+#include <new>
 #include <utility>
 
 namespace sbx {
 
 Error::Error(sbx_status status, const std::string& message, bool retryable, int32_t http_status,
              std::string request_id)
-    : std::runtime_error(message),
+    : std::runtime_error(std::string()),
+      message_(message),
       status_(status),
       retryable_(retryable),
       http_status_(http_status),
@@ -85,10 +87,34 @@ std::string copy(sbx_str s) {
 
 }  // namespace
 
-void throw_error(const sbx_error& error) {
+Error to_error(const sbx_error& error) {
   const bool has_details = error.struct_size >= sizeof(sbx_error);
-  raise_status(error.status, copy(error.message), has_details && error.retryable,
+  return Error(error.status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error.status,
+               copy(error.message), has_details && error.retryable,
                has_details ? error.http_status : 0, has_details ? copy(error.request_id) : "");
+}
+
+Error to_error(const std::exception_ptr& exception) {
+  try {
+    std::rethrow_exception(exception);
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::bad_alloc&) {
+    return Error(SBX_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return Error(SBX_STATUS_INTERNAL, e.what());
+  } catch (...) {
+    return Error(SBX_STATUS_INTERNAL, "unknown exception");
+  }
+}
+
+void throw_error(const Error& error) {
+  raise_status(error.status(), error.what(), error.retryable(), error.http_status(),
+               error.request_id());
+}
+
+void throw_error(const sbx_error& error) {
+  throw_error(to_error(error));
 }
 
 void throw_error(sbx_status status, const std::string& message) {

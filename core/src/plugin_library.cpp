@@ -12,6 +12,21 @@
 namespace sbx::detail {
 namespace {
 
+// RTLD_NOW: unresolved symbols fail the load, not a later call. RTLD_LOCAL: plugins never see each
+// other's symbols. Under ThreadSanitizer plugins also stay resident (RTLD_NODELETE): TSan keeps the
+// shadow state of an unloaded library's memory, so a plugin loaded again at the same address would
+// show races that never happened.
+boost::dll::load_mode::type load_flags() {
+#if defined(__SANITIZE_THREAD__)
+  constexpr unsigned kResident = RTLD_NODELETE;
+#else
+  constexpr unsigned kResident = 0;
+#endif
+  return static_cast<boost::dll::load_mode::type>(
+      static_cast<unsigned>(boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local) |
+      kResident);
+}
+
 std::string version_text(const sbx_version& v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor);
 }
@@ -27,7 +42,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
   lib->path_ = path;
 
   boost::dll::fs::error_code ec;
-  lib->library_.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  lib->library_.load(path, load_flags(), ec);
   if (ec) {
     // Boost.DLL keeps only a generic code; the loader's own message is still in dlerror().
     const char* why = ::dlerror();

@@ -123,8 +123,7 @@ struct CreateCtx {
     std::unique_ptr<CreateCtx> ctx(static_cast<CreateCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!sandbox) {
-        ctx->state->fail(error ? to_exception(error)
-                               : std::make_exception_ptr(InternalError("create failed")));
+        ctx->state->fail(error ? to_error(*error) : InternalError("create failed"));
         return;
       }
       auto s = std::make_shared<SandboxState>();
@@ -168,7 +167,7 @@ struct ListCtx {
     std::unique_ptr<ListCtx> ctx(static_cast<ListCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (error) {
-        ctx->state->fail(to_exception(error));
+        ctx->state->fail(*error);
       } else {
         ctx->state->succeed(std::move(ctx->items));
       }

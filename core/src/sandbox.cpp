@@ -48,7 +48,7 @@ void SBX_ABI done_thunk(void* user_data, const sbx_error* error) {
 struct DoneCtx : SandboxRef {
   std::shared_ptr<OpState<Unit>> state;
   void finish(const sbx_error* error) {
-    if (error) return state->fail(to_exception(error));
+    if (error) return state->fail(*error);
     state->succeed();
   }
 };
@@ -79,8 +79,7 @@ struct ExecCtx : SandboxRef {
     std::unique_ptr<ExecCtx> ctx(static_cast<ExecCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!result) {
-        return ctx->state->fail(error ? to_exception(error)
-                                      : std::make_exception_ptr(InternalError("exec failed")));
+        return ctx->state->fail(error ? to_error(*error) : InternalError("exec failed"));
       }
       ExecResult r;
       r.stdout_text.assign(reinterpret_cast<const char*>(result->stdout_bytes.data),
@@ -100,7 +99,7 @@ struct StatusCtx : SandboxRef {
     CallbackScope scope;
     std::unique_ptr<StatusCtx> ctx(static_cast<StatusCtx*>(user_data));
     in_callback(*ctx->state, [&] {
-      if (error) return ctx->state->fail(to_exception(error));
+      if (error) return ctx->state->fail(*error);
       ctx->state->succeed(to_status(status));
     });
   }
@@ -163,28 +162,27 @@ struct DownloadCtx : SandboxRef {
   // Settles the file system before the caller can see the outcome: a partial file is never on
   // disk once the operation is complete.
   void finish(const sbx_error* error) {
-    std::exception_ptr failure = error ? to_exception(error) : commit();
+    std::optional<Error> failure = error ? std::optional<Error>(to_error(*error)) : commit();
     discard();
-    if (failure) return state->fail(failure);
+    if (failure) return state->fail(*failure);
     state->succeed();
   }
 
   // Moves the finished temporary file over the target; the error, if that fails.
-  std::exception_ptr commit() {
-    if (fd < 0) return nullptr;  // download_bytes: nothing on disk
+  std::optional<Error> commit() {
+    if (fd < 0) return std::nullopt;  // download_bytes: nothing on disk
     const int f = std::exchange(fd, -1);
     const bool written = ::fsync(f) == 0;
     const int write_errno = errno;
     if (::close(f) != 0 || !written) {
-      return std::make_exception_ptr(
-          InternalError("writing " + target.string() + " failed: " + errno_text(write_errno)));
+      return InternalError("writing " + target.string() + " failed: " + errno_text(write_errno));
     }
     if (::rename(temp_path.c_str(), target.c_str()) != 0) {
-      return std::make_exception_ptr(InternalError("renaming the download to " + target.string() +
-                                                   " failed: " + errno_text(errno)));
+      return InternalError("renaming the download to " + target.string() +
+                           " failed: " + errno_text(errno));
     }
     temp_path.clear();
-    return nullptr;
+    return std::nullopt;
   }
   // Closes and removes the temporary file unless it was committed.
   void discard() {
@@ -202,8 +200,7 @@ struct EndpointCtx : SandboxRef {
     std::unique_ptr<EndpointCtx> ctx(static_cast<EndpointCtx*>(user_data));
     in_callback(*ctx->state, [&] {
       if (!endpoint) {
-        return ctx->state->fail(error ? to_exception(error)
-                                      : std::make_exception_ptr(InternalError("endpoint failed")));
+        return ctx->state->fail(error ? to_error(*error) : InternalError("endpoint failed"));
       }
       ctx->state->succeed(Endpoint{copy_of(endpoint->url), copy_of(endpoint->headers)});
     });

@@ -12,7 +12,8 @@ ErrorDetails retryable_if(bool retryable) {
 }  // namespace
 
 Error::Error(sbx_status status, std::string message, ErrorDetails details)
-    : std::runtime_error(std::move(message)),
+    : std::runtime_error(std::string()),
+      message_(std::move(message)),
       status_(status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : status),
       details_(std::move(details)) {}
 

@@ -444,10 +444,11 @@ void SBX_ABI provider_destroy(sbx_provider* p) {
   delete &ProviderBox::from(p);
 }
 
-// ---- Plugin-wide state
-// ----------------------------------------------------------------------------
+// ---- Plugin-wide state ----------------------------------------------------------------------
 
 std::atomic<const sbx_host*> g_plugin_host{nullptr};
+
+}  // namespace
 
 sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* errors) {
   if (!host || host->struct_size < sizeof(sbx_host) ||
@@ -462,8 +463,6 @@ sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* error
 void SBX_ABI plugin_deinit() {
   g_plugin_host.store(nullptr);
 }
-
-}  // namespace
 
 sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log) {
   auto box = std::make_unique<ProviderBox>();
@@ -505,21 +504,6 @@ sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provid
     report(errors, error);
     return error.status();
   }
-}
-
-sbx_plugin make_plugin(const char* name, const char* version, const char* description,
-                       const sbx_provider_factory* const* factories, size_t count) {
-  sbx_plugin plugin{};
-  plugin.struct_size = sizeof(sbx_plugin);
-  plugin.abi_version = SBX_ABI_VERSION_INIT;
-  plugin.name = name;
-  plugin.version = version;
-  plugin.description = description;
-  plugin.init = &plugin_init;
-  plugin.deinit = &plugin_deinit;
-  plugin.factory_count = count;
-  plugin.factories = factories;
-  return plugin;
 }
 
 }  // namespace detail

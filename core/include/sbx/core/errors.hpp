@@ -7,6 +7,7 @@
 #include <sbx/abi/types.h>
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@ class Error : public std::runtime_error {
   Error(sbx_status status, const std::string& message, bool retryable = false,
         int32_t http_status = 0, std::string request_id = {});
 
+  const char* what() const noexcept override { return message_.c_str(); }
   sbx_status status() const noexcept { return status_; }
   std::string_view status_name() const noexcept;
   bool retryable() const noexcept { return retryable_; }
@@ -25,6 +27,10 @@ class Error : public std::runtime_error {
   const std::string& request_id() const noexcept { return request_id_; }
 
  private:
+  // The message lives in a plain std::string, not in std::runtime_error: libstdc++ shares
+  // runtime_error's copy-on-write buffer between copies with reference counts ThreadSanitizer
+  // cannot see, and errors travel from plugin threads to the caller's.
+  std::string message_;
   sbx_status status_;
   bool retryable_;
   int32_t http_status_;
@@ -63,7 +69,13 @@ SBX_DEFINE_ERROR(PluginLoadError, FailedPreconditionError, SBX_STATUS_FAILED_PRE
 
 #undef SBX_DEFINE_ERROR
 
-// Throws the sbx:: exception class matching `error->status` (an sbx_error from a plugin).
+// The error a plugin reported, as a value (status and details kept).
+Error to_error(const sbx_error& error);
+// Any exception as an Error: sbx::Error as is, other exceptions as INTERNAL with their what().
+Error to_error(const std::exception_ptr& exception);
+
+// Throws a new exception of the sbx:: class matching the status, with the same details.
+[[noreturn]] void throw_error(const Error& error);
 [[noreturn]] void throw_error(const sbx_error& error);
 [[noreturn]] void throw_error(sbx_status status, const std::string& message);
 

@@ -23,6 +23,8 @@ class Error : public std::runtime_error {
  public:
   Error(sbx_status status, std::string message, ErrorDetails details = {});
 
+  const char* what() const noexcept override { return message_.c_str(); }
+
   sbx_status status() const noexcept { return status_; }
   bool retryable() const noexcept { return details_.retryable; }
   int32_t http_status() const noexcept { return details_.http_status; }
@@ -42,6 +44,10 @@ class Error : public std::runtime_error {
   static Error create_verification_failed(std::string message);
 
  private:
+  // The message lives in a plain std::string, not in std::runtime_error: libstdc++ shares
+  // runtime_error's copy-on-write buffer between copies with reference counts ThreadSanitizer
+  // cannot see, and errors are copied from one thread to another all the time.
+  std::string message_;
   sbx_status status_;
   ErrorDetails details_;
 };

@@ -39,8 +39,17 @@ sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provid
                            std::unique_ptr<Provider> (*make)(const ProviderContext&,
                                                              const boost::json::object&));
 
-sbx_plugin make_plugin(const char* name, const char* version, const char* description,
-                       const sbx_provider_factory* const* factories, size_t count);
+// The plugin-wide init and deinit every SDK plugin uses (trampolines.cpp).
+sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* errors);
+void SBX_ABI plugin_deinit();
+
+// The descriptor is a compile-time constant: it sits in read-only data, and loading a plugin runs
+// no code of the plugin before init.
+constexpr sbx_plugin make_plugin(const char* name, const char* version, const char* description,
+                                 const sbx_provider_factory* const* factories, size_t count) {
+  return sbx_plugin{sizeof(sbx_plugin), SBX_ABI_VERSION_INIT, name,  version,  description,
+                    &plugin_init,       &plugin_deinit,       count, factories};
+}
 
 template <class T>
 std::unique_ptr<Provider> make_provider(const ProviderContext& context,
@@ -63,12 +72,15 @@ sbx_status SBX_ABI factory_create(const sbx_provider_factory*, const sbx_host* h
 
 }  // namespace detail
 
-// The factory of provider class T (static storage; one per T).
 template <class T>
-const sbx_provider_factory* factory() {
-  static const sbx_provider_factory instance{sizeof(sbx_provider_factory), T::kId, T::kDescription,
-                                             T::kConfigSchema, &detail::factory_create<T>};
-  return &instance;
+inline constexpr sbx_provider_factory factory_descriptor{sizeof(sbx_provider_factory), T::kId,
+                                                         T::kDescription, T::kConfigSchema,
+                                                         &detail::factory_create<T>};
+
+// The factory of provider class T (a constant; one per T).
+template <class T>
+constexpr const sbx_provider_factory* factory() {
+  return &factory_descriptor<T>;
 }
 
 // The host given to the plugin's init (plugin-wide logging); null before init and after deinit.
@@ -79,8 +91,8 @@ const sbx_host* plugin_host() noexcept;
 // Defines the plugin's one exported symbol, sbx_plugin_entry. Use once per plugin.
 #define SBX_PLUGIN(NAME, VERSION, DESCRIPTION, ...)                                          \
   extern "C" SBX_EXPORT const sbx_plugin* SBX_ABI sbx_plugin_entry(void) {                   \
-    static const sbx_provider_factory* const sbx_factories_[] = {__VA_ARGS__};               \
-    static const sbx_plugin sbx_plugin_ =                                                    \
+    static constexpr const sbx_provider_factory* sbx_factories_[] = {__VA_ARGS__};           \
+    static constexpr sbx_plugin sbx_plugin_ =                                                \
         ::sbx::sdk::detail::make_plugin(NAME, VERSION, DESCRIPTION, sbx_factories_,          \
                                         sizeof(sbx_factories_) / sizeof(sbx_factories_[0])); \
     return &sbx_plugin_;                                                                     \

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sbx/abi/provider.h>
+#include <sbx/core/errors.hpp>
 
 #include <condition_variable>
 #include <exception>
@@ -68,9 +69,13 @@ class OpState {
   void succeed(A&&... args) {
     finish([&] { value_.emplace(std::forward<A>(args)...); });
   }
-  void fail(std::exception_ptr error) {
-    finish([&] { error_ = std::move(error); });
+  // Errors are kept as values and thrown anew by each get(): an exception object is never shared
+  // between the completing thread and the waiting one.
+  void fail(const Error& error) {
+    finish([&] { error_.emplace(error); });
   }
+  void fail(const std::exception_ptr& error) { fail(to_error(error)); }
+  void fail(const sbx_error& error) { fail(to_error(error)); }
 
   bool ready() const {
     std::lock_guard lock(mutex_);
@@ -90,7 +95,7 @@ class OpState {
   T take() {
     wait();
     std::lock_guard lock(mutex_);
-    if (error_) std::rethrow_exception(error_);
+    if (error_) throw_error(*error_);
     if (!value_) throw std::logic_error("sbx::Operation::get() called twice");
     T out = std::move(*value_);
     value_.reset();
@@ -133,7 +138,7 @@ class OpState {
   bool cancel_requested_ = false;
   bool done_ = false;
   std::optional<T> value_;
-  std::exception_ptr error_;
+  std::optional<Error> error_;
   std::function<void()> continuation_;
   std::shared_ptr<OpState> self_;
 };
