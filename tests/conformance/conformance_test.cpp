@@ -9,7 +9,6 @@
 // Paths inside sandboxes are absolute and under the spec's workdir (/work), and commands use only
 // POSIX sh and utilities every image has (busybox is enough).
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sbx/sbx.hpp>

@@ -1,7 +1,6 @@
 // The C ABI under load, without the core library: 1,000 concurrent operations through the
 // test_processes plugin, some cancelled, each completing exactly once. Built for TSan too.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sbx/abi.h>

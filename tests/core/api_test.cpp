@@ -1,7 +1,6 @@
 // The sbx:: host API over the test_processes plugin: async completion, inline completion,
 // cancellation, errors and exceptions from the plugin, RAII, and the seed's validation messages.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sbx/sbx.hpp>

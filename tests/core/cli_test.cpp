@@ -1,7 +1,6 @@
 // The `sbx` command, run as a real process: plugins, providers, run (streams, exit codes, files),
 // help, and usage errors.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <boost/json.hpp>

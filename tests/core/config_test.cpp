@@ -1,7 +1,6 @@
 // Config files: named provider blocks, errors naming the JSON path, env substitution, unknown
 // provider names listing the available ones, default_metadata and labels.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sbx/sbx.hpp>

@@ -1,7 +1,6 @@
 // The loader refuses files that are not usable plugins, with a message naming the file (and both
 // versions for an ABI mismatch), while the other plugins keep working.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <sbx/sbx.hpp>

@@ -1,7 +1,6 @@
 // local_docker create: TTL, entrypoint, startup files, resources, ports and endpoints, volumes,
 // pull policies, provider options, config validation, and every failure path leaving nothing.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
 
 #include <sbx/sdk/http.hpp>

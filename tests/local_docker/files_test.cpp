@@ -2,7 +2,6 @@
 // no local file, and a 1 GiB round trip with bounded memory (run alone, as
 // local_docker_big_file_test).
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
 
 #include <fcntl.h>

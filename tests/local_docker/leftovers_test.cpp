@@ -1,7 +1,6 @@
 // Runs after the other local_docker tests (ctest fixture cleanup): no sandbox of theirs may remain.
 // Anything found is reaped, so one failed run does not leak into the next, and the test fails.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
 
 #include <thread>

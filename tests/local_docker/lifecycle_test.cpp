@@ -1,7 +1,6 @@
 // local_docker through the host API: lifecycle, exec semantics, streaming, timeouts, cancellation,
 // concurrency, shell detection, labels, containers that vanish, list and reap.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
 
 #include <atomic>
