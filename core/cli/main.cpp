@@ -100,7 +100,8 @@ sandbox, also when something fails or on Ctrl-C. Exits with the command's return
 the sandbox could not run it (timeout, backend error); 2 for usage errors; 130 when interrupted.
 
 Options:
-  --provider NAME          Provider block name, or a plugin's provider id (default config)
+  --provider NAME          Provider block name, or a plugin's provider id (default config);
+                           default: the config's default provider, else local_docker
   --image IMAGE            Sandbox image
   --env K=V                Environment variable of the sandbox (repeatable)
   --workdir DIR            Working directory of the command

@@ -269,8 +269,17 @@ Provider Host::default_provider() {
   const Config& c = impl_->options.config;
   if (c.default_provider) return provider(*c.default_provider);
   if (c.providers.size() == 1) return provider(c.providers.begin()->first);
+  if (c.providers.empty()) {
+    bool offered;
+    {
+      std::lock_guard lock(impl_->mutex);
+      impl_->scan_locked();
+      offered = !impl_->offering(kDefaultProviderId).empty();
+    }
+    if (offered) return provider(kDefaultProviderId);
+  }
   throw InvalidArgumentError(
-      "no provider named: set \"default_provider\" in the config or name one");
+      "no provider named: name one, or set \"default_provider\" in the config");
 }
 
 }  // namespace sbx

@@ -121,3 +121,9 @@ TEST_CASE("list and reap need a provider with the list-reap extension and a sele
   CHECK(no_selector.exit_code == 2);
   CHECK(has(no_selector.out, "--all"));
 }
+
+TEST_CASE("with no provider named and no config, run uses local_docker") {
+  const Run r = sbx("run -- true");
+  CHECK(r.exit_code == 125);
+  CHECK(has(r.out, "spec.image is required for the local_docker provider"));
+}

@@ -75,8 +75,10 @@ class Host {
   // a, b") for other names, ConfigError/InvalidArgumentError for a config the provider refuses,
   // PluginLoadError when the plugin cannot be used. Providers are created once and cached.
   Provider provider(std::string_view name);
-  // The default provider: config.default_provider, else the only configured block.
+  // The default provider: config.default_provider, else the only configured block, else (with no
+  // blocks) the project's default provider id, local_docker, when a plugin offers it.
   Provider default_provider();
+  static constexpr const char* kDefaultProviderId = "local_docker";
 
   // The labels every sandbox gets: sbx.run (this process's run id), sbx.host, plus configured ones.
   const StringMap& labels() const;
