@@ -27,8 +27,8 @@ fi
 
 step "configure (cmake --preset default)"
 cmake --preset default "${launcher[@]}"
-step "build (cmake --build --preset default)"
-cmake --build --preset default
+step "build the sbx command and the local_docker plugin (cmake --build --preset default --target sbx local_docker)"
+cmake --build --preset default --target sbx local_docker
 
 sbx=build/bin/sbx
 [[ -x ${sbx} ]] || die "${sbx} was not built"
