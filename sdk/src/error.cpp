@@ -49,34 +49,7 @@ Error Error::create_verification_failed(std::string m) {
 }
 
 std::string_view status_name(sbx_status status) noexcept {
-  switch (status) {
-    case SBX_STATUS_OK:
-      return "OK";
-    case SBX_STATUS_INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case SBX_STATUS_NOT_FOUND:
-      return "NOT_FOUND";
-    case SBX_STATUS_TIMEOUT:
-      return "TIMEOUT";
-    case SBX_STATUS_CANCELLED:
-      return "CANCELLED";
-    case SBX_STATUS_UNAVAILABLE:
-      return "UNAVAILABLE";
-    case SBX_STATUS_RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case SBX_STATUS_FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case SBX_STATUS_UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case SBX_STATUS_PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case SBX_STATUS_CREATE_FAILED:
-      return "CREATE_FAILED";
-    case SBX_STATUS_CREATE_VERIFICATION_FAILED:
-      return "CREATE_VERIFICATION_FAILED";
-    default:
-      return "INTERNAL";
-  }
+  return sbx_status_name(status);
 }
 
 }  // namespace sbx::sdk

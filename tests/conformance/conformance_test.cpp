@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/test_helpers.hpp"
+
 #include <sbx/sbx.hpp>
 
 #include <atomic>
@@ -60,28 +62,11 @@ sbx::SandboxSpec base_spec() {
   return spec;
 }
 
-// A unique local temp directory per test, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "sbx-conformance-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+using sbx::testing::read_file;
+using sbx::testing::write_file;
+struct TempDir : sbx::testing::TempDir {
+  TempDir() : sbx::testing::TempDir("sbx-conformance") {}
 };
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const fs::path& p, const std::string& contents) {
-  std::ofstream(p, std::ios::binary) << contents;
-}
 
 std::string all_bytes() {
   std::string s;

@@ -2,6 +2,7 @@
 // no local file, and a 1 GiB round trip with bounded memory (run alone, as
 // local_docker_big_file_test).
 
+#include "../common/test_helpers.hpp"
 #include "support.hpp"
 
 #include <fcntl.h>
@@ -16,27 +17,11 @@ using ldtest::provider;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "sbx-ld-files-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+using sbx::testing::read_file;
+using sbx::testing::write_file;
+struct TempDir : sbx::testing::TempDir {
+  TempDir() : sbx::testing::TempDir("sbx-ld-files") {}
 };
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const fs::path& p, const std::string& contents) {
-  std::ofstream(p, std::ios::binary) << contents;
-}
 
 // Peak resident set size of this process (the plugin runs in it), in KiB.
 long peak_rss_kib() {

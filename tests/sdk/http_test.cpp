@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "../common/test_helpers.hpp"
+
 #include <sbx/sdk/http.hpp>
 
 #include <arpa/inet.h>
@@ -319,13 +321,7 @@ struct TempDir {
 
 template <typename Fn>
 Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error;
-  }
-  FAIL("expected an sbx::sdk::Error");
-  return Error::internal("unreachable");
+  return sbx::testing::error_of<Error>(std::forward<Fn>(fn));
 }
 
 http::Request get(std::string target) {

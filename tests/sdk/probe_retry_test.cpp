@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "../common/test_helpers.hpp"
+
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/retry.hpp>
 
@@ -21,13 +23,7 @@ namespace {
 
 template <typename Fn>
 Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error;
-  }
-  FAIL("expected an sbx::sdk::Error");
-  return Error::internal("unreachable");
+  return sbx::testing::error_of<Error>(std::forward<Fn>(fn));
 }
 
 bool contains(const std::string& text, std::string_view part) {

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "../common/test_helpers.hpp"
+
 #include <sbx/sdk/tar.hpp>
 
 #include <sys/stat.h>
@@ -178,13 +180,7 @@ const std::string kEnd(1024, '\0');
 
 template <typename Fn>
 Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error;
-  }
-  FAIL("expected an sbx::sdk::Error");
-  return Error::internal("unreachable");
+  return sbx::testing::error_of<Error>(std::forward<Fn>(fn));
 }
 
 // A temporary directory removed at scope exit.

@@ -84,6 +84,26 @@ typedef int32_t sbx_status;
 #define SBX_STATUS_CREATE_FAILED 11      /* NeMo Gym SandboxCreateError */
 #define SBX_STATUS_CREATE_VERIFICATION_FAILED 12 /* NeMo Gym SandboxCreateVerificationError */
 
+/* The name of a status code, e.g. "INVALID_ARGUMENT"; "INTERNAL" for codes this version does not
+ * know. The returned string is static. */
+static inline const char* sbx_status_name(sbx_status status) {
+  switch (status) {
+    case SBX_STATUS_OK: return "OK";
+    case SBX_STATUS_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case SBX_STATUS_NOT_FOUND: return "NOT_FOUND";
+    case SBX_STATUS_TIMEOUT: return "TIMEOUT";
+    case SBX_STATUS_CANCELLED: return "CANCELLED";
+    case SBX_STATUS_UNAVAILABLE: return "UNAVAILABLE";
+    case SBX_STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case SBX_STATUS_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case SBX_STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case SBX_STATUS_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case SBX_STATUS_CREATE_FAILED: return "CREATE_FAILED";
+    case SBX_STATUS_CREATE_VERIFICATION_FAILED: return "CREATE_VERIFICATION_FAILED";
+    default: return "INTERNAL";
+  }
+}
+
 /* ---- The error object --------------------------------------------------------------------------
  * Always BORROWED by whoever receives it: valid only until the function or callback it was passed
  * to returns. Copy what you need. Plugins classify failures (`status`, `retryable`); retry policy

@@ -1,0 +1,55 @@
+// Small helpers shared by the test programs: temporary directories, whole-file reads and writes,
+// and catching the error a call must throw.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+namespace sbx::testing {
+
+// A fresh directory under the system temp directory, removed with its contents at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+
+  explicit TempDir(const std::string& prefix = "sbx-test") {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_file(const std::filesystem::path& path, const std::string& contents) {
+  std::ofstream(path, std::ios::binary) << contents;
+}
+
+// Runs `fn`, which must throw an `E`, and returns that error (fails the test otherwise).
+template <class E, class Fn>
+E error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& error) {
+    return error;
+  }
+  FAIL("expected an exception");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace sbx::testing
