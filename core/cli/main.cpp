@@ -477,7 +477,13 @@ int cmd_run(Args& args, Global& g) {
 
   sbx::Operation<sbx::Sandbox> creating = provider.create_async(spec);
   interrupts.on_interrupt([creating] { creating.cancel(); });
-  sbx::Sandbox sandbox = creating.get();  // a sandbox created after a cancel is closed by RAII
+  sbx::Sandbox sandbox;
+  try {
+    sandbox = creating.get();  // a sandbox created despite a cancel is closed by RAII below
+  } catch (const sbx::CancelledError&) {
+    std::cerr << "sbx: interrupted while creating the sandbox\n";
+    return kExitInterrupted;
+  }
   interrupts.on_interrupt({});
   if (interrupts.interrupted()) return kExitInterrupted;
 
