@@ -1,8 +1,13 @@
 #include <sbx/sdk/json.hpp>
 
+#include <boost/json/basic_parser_impl.hpp>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <optional>
+#include <set>
+#include <string>
 #include <utility>
 
 namespace sbx::sdk::json {
@@ -43,6 +48,86 @@ std::string type_error(std::string_view expected, const boost::json::value& got)
   return "expected " + std::string(expected) + ", got " + std::string(kind_name(got));
 }
 
+// Finds the first key repeated within one object. Boost.JSON's parser quietly keeps the last of
+// duplicate keys; in a configuration that hides a mistake, so parse_object refuses them. A SAX
+// handler for boost::json::basic_parser that tracks the JSON path as it goes.
+class DuplicateKeyFinder {
+ public:
+  static constexpr std::size_t max_object_size = std::size_t(-1);
+  static constexpr std::size_t max_array_size = std::size_t(-1);
+  static constexpr std::size_t max_key_size = std::size_t(-1);
+  static constexpr std::size_t max_string_size = std::size_t(-1);
+
+  std::optional<std::string> duplicate;  // the JSON path of the repeated key
+
+  bool on_document_begin(boost::system::error_code&) { return true; }
+  bool on_document_end(boost::system::error_code&) { return true; }
+  bool on_object_begin(boost::system::error_code&) { return open(true); }
+  bool on_object_end(std::size_t, boost::system::error_code&) { return close(); }
+  bool on_array_begin(boost::system::error_code&) { return open(false); }
+  bool on_array_end(std::size_t, boost::system::error_code&) { return close(); }
+  bool on_key_part(boost::json::string_view part, std::size_t, boost::system::error_code&) {
+    key_.append(part.data(), part.size());
+    return true;
+  }
+  bool on_key(boost::json::string_view part, std::size_t, boost::system::error_code& ec) {
+    key_.append(part.data(), part.size());
+    Frame& frame = frames_.back();
+    frame.key = std::move(key_);
+    key_.clear();
+    if (!frame.keys.insert(frame.key).second) {
+      duplicate = path();
+      ec = boost::json::error::syntax;  // stops the parse; `duplicate` says why
+      return false;
+    }
+    return true;
+  }
+  bool on_string_part(boost::json::string_view, std::size_t, boost::system::error_code&) {
+    return true;
+  }
+  bool on_string(boost::json::string_view, std::size_t, boost::system::error_code&) {
+    return value();
+  }
+  bool on_number_part(boost::json::string_view, boost::system::error_code&) { return true; }
+  bool on_int64(int64_t, boost::json::string_view, boost::system::error_code&) { return value(); }
+  bool on_uint64(uint64_t, boost::json::string_view, boost::system::error_code&) { return value(); }
+  bool on_double(double, boost::json::string_view, boost::system::error_code&) { return value(); }
+  bool on_bool(bool, boost::system::error_code&) { return value(); }
+  bool on_null(boost::system::error_code&) { return value(); }
+  bool on_comment_part(boost::json::string_view, boost::system::error_code&) { return true; }
+  bool on_comment(boost::json::string_view, boost::system::error_code&) { return true; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;   // objects: the member being read
+    size_t index = 0;  // arrays: the element being read
+  };
+  bool open(bool object) {
+    frames_.push_back({object, {}, {}, 0});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return value();
+  }
+  // A value ended: an array moves on to its next element.
+  bool value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  std::string path() const {
+    std::string out = "$";
+    for (const Frame& f : frames_)
+      out = f.object ? path_join(out, f.key) : path_index(out, f.index);
+    return out;
+  }
+
+  std::vector<Frame> frames_;
+  std::string key_;
+};
+
 }  // namespace
 
 boost::json::object parse_object(std::string_view text, std::string_view what) {
@@ -66,6 +151,12 @@ boost::json::object parse_object(std::string_view text, std::string_view what) {
   if (ec) {
     throw Error::invalid_argument(std::string(what) + ": " + ec.message() + " at " +
                                   position_of(text, consumed));
+  }
+  boost::json::basic_parser<DuplicateKeyFinder> keys{boost::json::parse_options{}};
+  keys.write_some(false, text.data(), text.size(), ec);
+  if (keys.handler().duplicate) {
+    throw Error::invalid_argument(std::string(what) + ": " + *keys.handler().duplicate +
+                                  ": duplicate key");
   }
   boost::json::value value = parser.release();
   if (!value.is_object()) {

@@ -131,3 +131,8 @@ TEST_CASE("host labels: sbx.run and sbx.host are always there, config labels add
   CHECK(host.labels().at("sbx.run").size() >= 1);
   CHECK_FALSE(host.labels().at("sbx.host").empty());
 }
+
+TEST_CASE("a provider block named twice is an error, not the last one silently") {
+  CHECK(parse_error(R"({"providers": {"a": {"plugin": "p"}, "a": {"plugin": "q"}}})") ==
+        "test.json: JSON: $.providers.a: duplicate key");
+}

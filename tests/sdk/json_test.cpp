@@ -192,3 +192,12 @@ TEST_CASE("kind_name") {
   CHECK(json::kind_name(boost::json::value(boost::json::array{})) == "array");
   CHECK(json::kind_name(boost::json::value(boost::json::object{})) == "object");
 }
+
+TEST_CASE("duplicate keys are refused with their path, at any depth") {
+  CHECK(error_of([] { json::parse_object(R"({"a": 1, "a": 2})", "config"); }) ==
+        "config: $.a: duplicate key");
+  CHECK(error_of([] { json::parse_object(R"({"x": [{"k": 1}, {"k": 1, "k": 2}]})", "config"); }) ==
+        "config: $.x[1].k: duplicate key");
+  // The same key in different objects is fine.
+  CHECK_NOTHROW(json::parse_object(R"({"a": {"k": 1}, "b": {"k": 1}, "k": [1, 1]})", "config"));
+}

@@ -16,7 +16,8 @@
 namespace sbx::sdk::json {
 
 // Parses `text` as a JSON object. Empty text gives an empty object. Errors throw
-// Error::invalid_argument("<what>: <reason> at line L, column C").
+// Error::invalid_argument("<what>: <reason> at line L, column C"); a key repeated within one
+// object is an error too ("<what>: $.a.b: duplicate key"), since keeping one would hide a mistake.
 boost::json::object parse_object(std::string_view text, std::string_view what);
 
 // Appends a key to a JSON path: path_join("$.a", "b") == "$.a.b"; keys that are not identifiers
