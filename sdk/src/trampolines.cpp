@@ -515,11 +515,13 @@ const sbx_host* plugin_host() noexcept {
 // ---- Completion<void>, ByteSource, ByteSink
 // -------------------------------------------------------
 
-Completion<void>::Completion(detail::Op<void>* op) : op_(op) {
+namespace detail {
+
+CompletionBase::CompletionBase(OpBase* op) : op_(op) {
   op_->add_ref();
 }
 
-Completion<void>& Completion<void>::operator=(Completion&& other) noexcept {
+CompletionBase& CompletionBase::operator=(CompletionBase&& other) noexcept {
   if (this != &other) {
     reset();
     op_ = std::exchange(other.op_, nullptr);
@@ -527,35 +529,39 @@ Completion<void>& Completion<void>::operator=(Completion&& other) noexcept {
   return *this;
 }
 
-Completion<void>::~Completion() {
+CompletionBase::~CompletionBase() {
   reset();
 }
 
-void Completion<void>::reset() noexcept {
+void CompletionBase::reset() noexcept {
   if (auto* op = std::exchange(op_, nullptr)) {
     op->on_dropped();
     op->release();
   }
 }
 
-void Completion<void>::succeed() {
-  auto* op = std::exchange(op_, nullptr);
-  if (op->claim()) op->deliver_value();
-  op->release();
-}
-
-void Completion<void>::fail(const Error& error) {
+void CompletionBase::fail(const Error& error) {
   auto* op = std::exchange(op_, nullptr);
   op->fail(error);
   op->release();
 }
 
-void Completion<void>::fail_current_exception() {
-  fail(detail::current_exception_to_error());
+void CompletionBase::fail_current_exception() {
+  fail(current_exception_to_error());
 }
 
-CancelToken Completion<void>::cancel_token() const {
+CancelToken CompletionBase::cancel_token() const {
   return op_ ? op_->token() : CancelToken();
+}
+
+}  // namespace detail
+
+Completion<void>::Completion(detail::Op<void>* op) : detail::CompletionBase(op) {}
+
+void Completion<void>::succeed() {
+  auto* op = static_cast<detail::Op<void>*>(take());
+  if (op->claim()) op->deliver_value();
+  op->release();
 }
 
 size_t ByteSource::read(char* buffer, size_t capacity) {

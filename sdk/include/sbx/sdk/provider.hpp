@@ -81,48 +81,47 @@ template <class T>
 class Op;
 }  // namespace detail
 
-// Completes one operation exactly once, with a value or an error. Move-only. A Completion that is
-// destroyed without completing fails the operation with an INTERNAL error (so a provider bug cannot
-// leave the host waiting forever). Completing twice is impossible (succeed/fail consume it).
-template <class T>
-class Completion {
+namespace detail {
+// What every Completion shares: one reference to the operation, failing it, and its cancellation.
+class CompletionBase {
  public:
-  explicit Completion(detail::Op<T>* op);
-  Completion(Completion&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
-  Completion& operator=(Completion&& other) noexcept;
-  ~Completion();
+  CompletionBase(CompletionBase&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
+  CompletionBase& operator=(CompletionBase&& other) noexcept;
+  ~CompletionBase();
 
-  void succeed(T value);
   void fail(const Error& error);
   // Inside a catch block: fails with the exception being handled (any type).
   void fail_current_exception();
-
   // Cancellation requested by the host for this operation.
   CancelToken cancel_token() const;
   explicit operator bool() const noexcept { return op_ != nullptr; }
 
+ protected:
+  explicit CompletionBase(OpBase* op);
+  // Gives up the reference, for succeed(); the caller releases it after delivering.
+  OpBase* take() noexcept { return std::exchange(op_, nullptr); }
+
  private:
   void reset() noexcept;
-  detail::Op<T>* op_ = nullptr;
+  OpBase* op_ = nullptr;
+};
+}  // namespace detail
+
+// Completes one operation exactly once, with a value or an error. Move-only. A Completion that is
+// destroyed without completing fails the operation with an INTERNAL error (so a provider bug cannot
+// leave the host waiting forever). Completing twice is impossible (succeed/fail consume it).
+template <class T>
+class Completion : public detail::CompletionBase {
+ public:
+  explicit Completion(detail::Op<T>* op);
+  void succeed(T value);
 };
 
 template <>
-class Completion<void> {
+class Completion<void> : public detail::CompletionBase {
  public:
   explicit Completion(detail::Op<void>* op);
-  Completion(Completion&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
-  Completion& operator=(Completion&& other) noexcept;
-  ~Completion();
-
   void succeed();
-  void fail(const Error& error);
-  void fail_current_exception();
-  CancelToken cancel_token() const;
-  explicit operator bool() const noexcept { return op_ != nullptr; }
-
- private:
-  void reset() noexcept;
-  detail::Op<void>* op_ = nullptr;
 };
 
 // An exec's completion plus the sink for its output.

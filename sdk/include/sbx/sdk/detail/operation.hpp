@@ -77,54 +77,13 @@ class Op<void> : public OpBase {
 namespace sbx::sdk {
 
 template <class T>
-Completion<T>::Completion(detail::Op<T>* op) : op_(op) {
-  op_->add_ref();
-}
-
-template <class T>
-Completion<T>& Completion<T>::operator=(Completion&& other) noexcept {
-  if (this != &other) {
-    reset();
-    op_ = std::exchange(other.op_, nullptr);
-  }
-  return *this;
-}
-
-template <class T>
-Completion<T>::~Completion() {
-  reset();
-}
-
-template <class T>
-void Completion<T>::reset() noexcept {
-  if (auto* op = std::exchange(op_, nullptr)) {
-    op->on_dropped();
-    op->release();
-  }
-}
+Completion<T>::Completion(detail::Op<T>* op) : detail::CompletionBase(op) {}
 
 template <class T>
 void Completion<T>::succeed(T value) {
-  auto* op = std::exchange(op_, nullptr);
+  auto* op = static_cast<detail::Op<T>*>(take());
   if (op->claim()) op->deliver_value(std::move(value));
   op->release();
-}
-
-template <class T>
-void Completion<T>::fail(const Error& error) {
-  auto* op = std::exchange(op_, nullptr);
-  op->fail(error);
-  op->release();
-}
-
-template <class T>
-void Completion<T>::fail_current_exception() {
-  fail(detail::current_exception_to_error());
-}
-
-template <class T>
-CancelToken Completion<T>::cancel_token() const {
-  return op_ ? op_->token() : CancelToken();
 }
 
 }  // namespace sbx::sdk
