@@ -66,7 +66,7 @@ class KvList {
 struct ErrorCollector {
   sbx_status status = SBX_STATUS_OK;
   std::string message;
-  sbx_error_sink sink{this, &ErrorCollector::report};
+  sbx_error_sink sink{sizeof(sbx_error_sink), this, &ErrorCollector::report};
 
   ErrorCollector() = default;
   ErrorCollector(const ErrorCollector&) = delete;

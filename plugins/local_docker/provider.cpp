@@ -5,6 +5,7 @@
 #include "exec.hpp"
 
 #include <sbx/sdk/probe.hpp>
+#include <sbx/sdk/time.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +25,7 @@ constexpr milliseconds kShellProbeTimeout = 10s;
 constexpr size_t kPoolThreads = 4096;
 
 milliseconds to_ms(double seconds) {
-  return milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+  return sdk::seconds_to_ms(seconds);
 }
 
 // Docker resolves "root" through /etc/passwd; uid 0 works in every image.

@@ -34,6 +34,7 @@ class BlockingAdapter final : public Provider, public EndpointExtension, public 
   void create(Spec spec, Completion<std::unique_ptr<Sandbox>> done) override {
     run(std::move(done), [this, spec = std::move(spec)](const CancelToken& cancel) {
       std::unique_ptr<Sandbox> sandbox = impl_->create(spec, cancel);
+      if (!sandbox) throw Error::internal("the provider created no sandbox");
       if (!spec.files.empty()) write_files_or_close(*sandbox, spec.files, cancel);
       return sandbox;
     });

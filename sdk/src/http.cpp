@@ -1,5 +1,7 @@
 #include <sbx/sdk/http.hpp>
 
+#include <sbx/sdk/time.hpp>
+
 #include <curl/curl.h>
 #include <pthread.h>
 
@@ -270,6 +272,7 @@ void set_up(Transfer& t, const ClientOptions& options) {
   set(t.easy, CURLOPT_URL, t.url.c_str());
   set(t.easy, CURLOPT_PROTOCOLS_STR, "http,https");
   set(t.easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+  set(t.easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);  // a proxy's CONNECT reply is not the response
   set(t.easy, CURLOPT_NOSIGNAL, 1L);
   set(t.easy, CURLOPT_ERRORBUFFER, t.error_buffer);
   set(t.easy, CURLOPT_USERAGENT, options.user_agent.c_str());
@@ -367,7 +370,7 @@ struct Client::Loop {
     auto state = std::make_shared<CallState>();
     state->shared = shared;
     auto transfer = std::make_unique<Transfer>();
-    if (request.timeout.count() > 0) transfer->deadline = Clock::now() + request.timeout;
+    if (request.timeout.count() > 0) transfer->deadline = deadline_after(request.timeout);
     transfer->url = options.base_url + request.target;
     transfer->endpoint = options.unix_socket.empty() ? transfer->url : options.unix_socket;
     transfer->request = std::move(request);
@@ -421,7 +424,8 @@ struct Client::Loop {
         throw Error::internal(std::string("http: curl_multi_add_handle: ") +
                               curl_multi_strerror(code));
       }
-    } catch (const Error& error) {
+    } catch (...) {
+      const Error error = sdk::detail::current_exception_to_error();
       complete(*transfer, &error);
       return;
     }

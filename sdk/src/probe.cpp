@@ -1,6 +1,7 @@
 #include <sbx/sdk/probe.hpp>
 
 #include <sbx/sdk/retry.hpp>
+#include <sbx/sdk/time.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -22,7 +23,7 @@ std::string format_seconds(double seconds) {
 }
 
 milliseconds to_ms(double seconds) {
-  return std::chrono::ceil<milliseconds>(std::chrono::duration<double>(seconds));
+  return seconds_to_ms(seconds);
 }
 
 // At most kExcerptChars bytes of `text`, cut on a UTF-8 character boundary, trailing whitespace
@@ -103,7 +104,7 @@ void run_readiness_probe(const ProbeConfig& config, std::string_view sandbox_id,
                          const CancelToken& cancel, milliseconds poll_interval) {
   if (!config.command) return;
   const double deadline_s = config.deadline_s.value_or(config.timeout_s);
-  const auto deadline = Clock::now() + to_ms(deadline_s);
+  const auto deadline = deadline_after(to_ms(deadline_s));
   int passes = 0, attempts = 0;
   std::string last_failure;
 

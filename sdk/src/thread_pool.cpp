@@ -1,6 +1,7 @@
 #include <sbx/sdk/thread_pool.hpp>
 
 #include <algorithm>
+#include <exception>
 
 namespace sbx::sdk {
 
@@ -35,20 +36,37 @@ void ThreadPool::reap_finished_locked(std::list<Worker>& out) {
 
 void ThreadPool::submit(Task task) {
   std::list<Worker> finished;
+  std::exception_ptr no_thread;
+  Task unrun;
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
     reap_finished_locked(finished);
+    queue_.push_back(std::move(task));
     // An idle worker counts as idle until it wakes up, so compare with the queue: more tasks than
     // idle workers means one of them would wait for a busy worker (maybe one blocked for long).
     if (idle_ > 0) wake_.notify_one();
     if (queue_.size() > idle_ && workers_.size() < options_.max_threads) {
       auto it = workers_.emplace(workers_.end());
-      it->thread = std::thread([this, it] { run_worker(it); });
+      try {
+        it->thread = std::thread([this, it] { run_worker(it); });
+      } catch (...) {
+        // No new thread (e.g. EAGAIN at the process's thread limit). A live worker will get to the
+        // task later; with none, the task leaves the queue and the caller gets the error.
+        workers_.erase(it);
+        if (workers_.empty()) {
+          no_thread = std::current_exception();
+          unrun = std::move(queue_.back());
+          queue_.pop_back();
+        }
+      }
     }
   }
   for (Worker& w : finished)
     w.thread.join();  // already exited; joining is immediate
+  if (no_thread) {
+    unrun = Task();  // destroyed here, outside the lock, before the caller hears of the failure
+    std::rethrow_exception(no_thread);
+  }
 }
 
 void ThreadPool::run_worker(std::list<Worker>::iterator self) {

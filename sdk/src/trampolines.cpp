@@ -8,9 +8,14 @@
 #include <sbx/sdk/plugin.hpp>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
+#include <thread>
+#include <variant>
 
 namespace sbx::sdk {
 namespace detail {
@@ -32,7 +37,9 @@ Error exception_to_error(const std::exception_ptr& error) noexcept {
 }
 
 Error current_exception_to_error() noexcept {
-  return exception_to_error(std::current_exception());
+  const std::exception_ptr error = std::current_exception();
+  return error ? exception_to_error(error)
+               : Error::internal("failed outside of an exception handler");
 }
 
 namespace {
@@ -51,7 +58,7 @@ void with_c_error(const Error& error, F&& fn) noexcept {
 }
 
 void report(const sbx_error_sink* sink, const Error& error) noexcept {
-  if (sink && sink->report) {
+  if (sink && SBX_HAS_FIELD(sink, sbx_error_sink, report) && sink->report) {
     with_c_error(error, [&](const sbx_error* e) { sink->report(sink->ctx, e); });
   }
 }
@@ -141,9 +148,10 @@ struct SandboxBox {
 };
 
 // A start call without usable callbacks cannot report anything: it starts nothing and returns NULL.
+// Every callbacks struct ends with on_complete in ABI 1.0; a larger struct is from a later minor.
 template <class Callbacks>
 bool usable(const Callbacks* callbacks) {
-  return callbacks && callbacks->struct_size >= sizeof(Callbacks) && callbacks->on_complete;
+  return callbacks && SBX_HAS_FIELD(callbacks, Callbacks, on_complete) && callbacks->on_complete;
 }
 
 class CreateOp final : public Op<std::unique_ptr<Sandbox>> {
@@ -167,37 +175,103 @@ class CreateOp final : public Op<std::unique_ptr<Sandbox>> {
   sbx_create_callbacks cb_;
 };
 
+// Output and completion reach the host one call at a time and in order, without a lock of ours held
+// during the call (a host may cancel from inside on_output, and cancelling may run the provider's
+// stop callbacks, which may write or complete on this very thread). A write or completion made
+// re-entrantly from inside our own on_output is queued and delivered when that call returns.
 class ExecOp final : public Op<ExitStatus>, public OutputSink {
  public:
   explicit ExecOp(const sbx_exec_callbacks* cb) : cb_(*cb) {}
 
   void write(StdStream stream, std::string_view bytes) override {
     if (bytes.empty()) return;
-    std::lock_guard lock(output_mutex_);
+    std::unique_lock lock(mutex_);
     if (completed()) return;  // output after completion is dropped, never delivered late
-    if (cb_.on_output) {
-      cb_.on_output(cb_.user_data, static_cast<int32_t>(stream), to_bytes(bytes));
-    } else {
+    if (!cb_.on_output) {
       (stream == StdStream::err ? stderr_ : stdout_).append(bytes);
+      return;
     }
+    if (delivering_ && deliverer_ == std::this_thread::get_id()) {
+      queued_.push_back({stream, std::string(bytes)});
+      return;
+    }
+    turn_.wait(lock, [&] { return !delivering_; });
+    if (completed()) return;
+    begin_turn();
+    lock.unlock();
+    cb_.on_output(cb_.user_data, static_cast<int32_t>(stream), to_bytes(bytes));
+    lock.lock();
+    end_turn(lock);
   }
   void deliver_value(ExitStatus&& status) noexcept override {
-    std::lock_guard lock(output_mutex_);  // waits for a write() in progress
+    if (wait_for_turn(status)) complete(status);
+  }
+  void deliver_error(const Error& error) noexcept override {
+    if (wait_for_turn(error)) complete(error);
+  }
+
+ private:
+  using Outcome = std::variant<ExitStatus, Error>;
+  struct Chunk {
+    StdStream stream;
+    std::string bytes;
+  };
+
+  void begin_turn() {
+    delivering_ = true;
+    deliverer_ = std::this_thread::get_id();
+  }
+  // Called with the lock held after on_output returned: delivers what was queued meanwhile, then
+  // hands the turn on (and the completion, if it arrived re-entrantly).
+  void end_turn(std::unique_lock<std::mutex>& lock) noexcept {
+    while (!queued_.empty()) {
+      const Chunk chunk = std::move(queued_.front());
+      queued_.pop_front();
+      lock.unlock();
+      cb_.on_output(cb_.user_data, static_cast<int32_t>(chunk.stream), to_bytes(chunk.bytes));
+      lock.lock();
+    }
+    delivering_ = false;
+    std::optional<Outcome> outcome = std::exchange(parked_, std::nullopt);
+    lock.unlock();
+    turn_.notify_all();
+    if (outcome) std::visit([&](const auto& o) { complete(o); }, *outcome);
+  }
+  // The operation is claimed (completed() is true), so no new write starts. Returns false when the
+  // outcome was parked for the on_output call this thread is inside of.
+  template <class T>
+  bool wait_for_turn(const T& outcome) noexcept {
+    std::unique_lock lock(mutex_);
+    if (delivering_ && deliverer_ == std::this_thread::get_id()) {
+      try {
+        parked_.emplace(outcome);
+      } catch (...) {
+        parked_.emplace(Error(SBX_STATUS_RESOURCE_EXHAUSTED, "out of memory"));
+      }
+      return false;
+    }
+    turn_.wait(lock, [&] { return !delivering_; });
+    return true;
+  }
+  void complete(const ExitStatus& status) noexcept {
     const sbx_exec_result result{
         sizeof(sbx_exec_result), status.return_code,
         status.error_type ? to_sbx(*status.error_type) : sbx_str{nullptr, 0}, to_bytes(stdout_),
         to_bytes(stderr_)};
     cb_.on_complete(cb_.user_data, &result, nullptr);
   }
-  void deliver_error(const Error& error) noexcept override {
-    std::lock_guard lock(output_mutex_);
+  void complete(const Error& error) noexcept {
     with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, nullptr, e); });
   }
 
- private:
   sbx_exec_callbacks cb_;
-  std::mutex output_mutex_;
-  std::string stdout_;
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  bool delivering_ = false;  // an on_output call is in progress
+  std::thread::id deliverer_;
+  std::deque<Chunk> queued_;
+  std::optional<Outcome> parked_;
+  std::string stdout_;  // accumulated when the host did not ask for streaming
   std::string stderr_;
 };
 
@@ -249,13 +323,14 @@ class EndpointOp final : public Op<Endpoint> {
  public:
   explicit EndpointOp(const sbx_endpoint_callbacks* cb) : cb_(*cb) {}
   void deliver_value(Endpoint&& endpoint) noexcept override {
+    std::optional<KvListView> headers;
     try {
-      const KvListView headers(endpoint.headers);
-      const sbx_endpoint c{sizeof(sbx_endpoint), to_sbx(endpoint.url), headers.list()};
-      cb_.on_complete(cb_.user_data, &c, nullptr);
+      headers.emplace(endpoint.headers);
     } catch (...) {
-      deliver_error(current_exception_to_error());
+      return deliver_error(current_exception_to_error());
     }
+    const sbx_endpoint c{sizeof(sbx_endpoint), to_sbx(endpoint.url), headers->list()};
+    cb_.on_complete(cb_.user_data, &c, nullptr);
   }
   void deliver_error(const Error& error) noexcept override {
     with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, nullptr, e); });
@@ -311,12 +386,52 @@ Sandbox& sandbox_of(sbx_sandbox* s) {
   return SandboxBox::from(s);
 }
 
+// When not even the operation can be allocated, the host hears of it at once, with no handle.
+void fail_unstarted(const sbx_create_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, nullptr, e);
+}
+void fail_unstarted(const sbx_exec_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, nullptr, e);
+}
+void fail_unstarted(const sbx_done_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, e);
+}
+void fail_unstarted(const sbx_status_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, SBX_SANDBOX_UNKNOWN, e);
+}
+void fail_unstarted(const sbx_endpoint_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, nullptr, e);
+}
+void fail_unstarted(const sbx_list_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, e);
+}
+void fail_unstarted(const sbx_reap_callbacks& cb, const sbx_error* e) {
+  cb.on_complete(cb.user_data, e);
+}
+
+// Allocates an operation; on failure (out of memory) completes it at once and returns NULL.
+template <class OpT, class Callbacks, class... Args>
+OpT* new_op(const Callbacks* cb, Args&&... args) noexcept {
+  try {
+    return new OpT(cb, std::forward<Args>(args)...);
+  } catch (...) {
+    static const char kMessage[] = "out of memory starting the operation";
+    const sbx_error e{
+        sizeof(sbx_error), SBX_STATUS_RESOURCE_EXHAUSTED, {kMessage, sizeof(kMessage) - 1}, true, 0,
+        {nullptr, 0}};
+    fail_unstarted(*cb, &e);
+    return nullptr;
+  }
+}
+
 sbx_operation* SBX_ABI provider_create(sbx_provider* p, const sbx_spec* spec,
                                        const sbx_create_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new CreateOp(cb);
+  auto* op = new_op<CreateOp>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<std::unique_ptr<Sandbox>> done(op);
+    if (!spec) throw Error::invalid_argument("create needs a spec");
     Spec copy = to_spec(*spec);
     ProviderBox::from(p).impl->create(std::move(copy), std::move(done));
   });
@@ -325,9 +440,11 @@ sbx_operation* SBX_ABI provider_create(sbx_provider* p, const sbx_spec* spec,
 sbx_operation* SBX_ABI provider_exec(sbx_provider* p, sbx_sandbox* s, const sbx_exec_request* req,
                                      const sbx_exec_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new ExecOp(cb);
+  auto* op = new_op<ExecOp>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     ExecCompletion done(op, op);
+    if (!req) throw Error::invalid_argument("exec needs a request");
     ExecRequest copy = to_exec_request(*req);
     ProviderBox::from(p).impl->exec(sandbox_of(s), std::move(copy), std::move(done));
   });
@@ -336,27 +453,31 @@ sbx_operation* SBX_ABI provider_exec(sbx_provider* p, sbx_sandbox* s, const sbx_
 using UploadOp = TransferOp<ByteSource, sbx_input_stream>;
 using DownloadOp = TransferOp<ByteSink, sbx_output_stream>;
 
-template <class T>
-const T& require_struct(const T* value, const char* name) {
-  if (!value || value->struct_size < sizeof(T)) {
-    throw Error::invalid_argument(std::string(name) + " is missing or too small");
-  }
-  return *value;
+// The host's stream, if the request carries a usable one (checked before the op exists, because
+// the op keeps a copy); otherwise a stand-in, and the op fails inside start().
+const sbx_input_stream* source_of(const sbx_upload_request* req) {
+  if (!req || !SBX_HAS_FIELD(req, sbx_upload_request, mode)) return nullptr;
+  const sbx_input_stream* s = req->source;
+  return s && SBX_HAS_FIELD(s, sbx_input_stream, read) && s->read ? s : nullptr;
+}
+const sbx_output_stream* sink_of(const sbx_download_request* req) {
+  if (!req || !SBX_HAS_FIELD(req, sbx_download_request, sink)) return nullptr;
+  const sbx_output_stream* s = req->sink;
+  return s && SBX_HAS_FIELD(s, sbx_output_stream, write) && s->write ? s : nullptr;
 }
 
 sbx_operation* SBX_ABI provider_upload(sbx_provider* p, sbx_sandbox* s,
                                        const sbx_upload_request* req,
                                        const sbx_done_callbacks* cb) {
-  // The stream is validated inside start() so that a bad one completes the op with an error.
   if (!usable(cb)) return nullptr;
-  static const sbx_input_stream empty{sizeof(sbx_input_stream), nullptr, 0, nullptr};
-  const bool stream_ok = req && req->source && req->source->struct_size >= sizeof(sbx_input_stream);
-  auto* op = new UploadOp(cb, stream_ok ? *req->source : empty);
+  static const sbx_input_stream none{sizeof(sbx_input_stream), nullptr, 0, nullptr};
+  const sbx_input_stream* source = source_of(req);
+  auto* op = new_op<UploadOp>(cb, source ? *source : none);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<void> done(op);
-    const auto& r = require_struct(req, "sbx_upload_request");
-    if (!stream_ok || !r.source->read) throw Error::invalid_argument("upload has no source stream");
-    UploadRequest copy{std::string(view(r.remote_path)), r.mode == 0 ? 0644u : r.mode};
+    if (!source) throw Error::invalid_argument("upload needs a request with a source stream");
+    UploadRequest copy{std::string(view(req->remote_path)), req->mode == 0 ? 0644u : req->mode};
     ProviderBox::from(p).impl->upload(sandbox_of(s), std::move(copy), op->stream, std::move(done));
   });
 }
@@ -365,22 +486,23 @@ sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* s,
                                          const sbx_download_request* req,
                                          const sbx_done_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  static const sbx_output_stream empty{sizeof(sbx_output_stream), nullptr, nullptr};
-  const bool stream_ok = req && req->sink && req->sink->struct_size >= sizeof(sbx_output_stream);
-  auto* op = new DownloadOp(cb, stream_ok ? *req->sink : empty);
+  static const sbx_output_stream none{sizeof(sbx_output_stream), nullptr, nullptr};
+  const sbx_output_stream* sink = sink_of(req);
+  auto* op = new_op<DownloadOp>(cb, sink ? *sink : none);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<void> done(op);
-    const auto& r = require_struct(req, "sbx_download_request");
-    if (!stream_ok || !r.sink->write) throw Error::invalid_argument("download has no sink stream");
-    ProviderBox::from(p).impl->download(sandbox_of(s), std::string(view(r.remote_path)), op->stream,
-                                        std::move(done));
+    if (!sink) throw Error::invalid_argument("download needs a request with a sink stream");
+    ProviderBox::from(p).impl->download(sandbox_of(s), std::string(view(req->remote_path)),
+                                        op->stream, std::move(done));
   });
 }
 
 sbx_operation* SBX_ABI provider_status(sbx_provider* p, sbx_sandbox* s,
                                        const sbx_status_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new StatusOp(cb);
+  auto* op = new_op<StatusOp>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<SandboxStatus> done(op);
     ProviderBox::from(p).impl->status(sandbox_of(s), std::move(done));
@@ -390,7 +512,8 @@ sbx_operation* SBX_ABI provider_status(sbx_provider* p, sbx_sandbox* s,
 sbx_operation* SBX_ABI provider_close(sbx_provider* p, sbx_sandbox* s,
                                       const sbx_done_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new DoneOp(cb);
+  auto* op = new_op<DoneOp>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<void> done(op);
     ProviderBox::from(p).impl->close(sandbox_of(s), std::move(done));
@@ -404,7 +527,8 @@ void SBX_ABI provider_release_sandbox(sbx_provider*, sbx_sandbox* s) {
 sbx_operation* SBX_ABI endpoint_get(sbx_provider* p, sbx_sandbox* s, uint16_t port,
                                     const sbx_endpoint_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new EndpointOp(cb);
+  auto* op = new_op<EndpointOp>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<Endpoint> done(op);
     ProviderBox::from(p).endpoint->endpoint(sandbox_of(s), port, std::move(done));
@@ -414,7 +538,8 @@ sbx_operation* SBX_ABI endpoint_get(sbx_provider* p, sbx_sandbox* s, uint16_t po
 template <class Callbacks, bool kReap>
 sbx_operation* SBX_ABI list_or_reap(sbx_provider* p, sbx_kv_list selector, const Callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new InfoListOp<Callbacks>(cb);
+  auto* op = new_op<InfoListOp<Callbacks>>(cb);
+  if (!op) return nullptr;
   return start(op, [&] {
     Completion<std::vector<SandboxInfo>> done(op);
     auto& ext = *ProviderBox::from(p).list_reap;
@@ -448,12 +573,20 @@ void SBX_ABI provider_destroy(sbx_provider* p) {
 
 std::atomic<const sbx_host*> g_plugin_host{nullptr};
 
+// The host struct as ABI 1.0 defined it ends with get_extension; a later minor appends to it.
+bool usable(const sbx_host* host) {
+  return host && SBX_HAS_FIELD(host, sbx_host, get_extension);
+}
+
 }  // namespace
 
 sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* errors) {
-  if (!host || host->struct_size < sizeof(sbx_host) ||
-      !sbx_version_is_compatible(host->abi_version)) {
-    report(errors, Error::failed_precondition("the host's ABI is not compatible with this plugin"));
+  if (!usable(host) || !sbx_version_is_compatible(host->abi_version)) {
+    try {
+      report(errors,
+             Error::failed_precondition("the host's ABI is not compatible with this plugin"));
+    } catch (...) {  // out of memory for the message: the status says enough
+    }
     return SBX_STATUS_FAILED_PRECONDITION;
   }
   g_plugin_host.store(host);
@@ -492,7 +625,7 @@ sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provid
   try {
     if (!out) throw Error::invalid_argument("no output pointer for the provider");
     *out = nullptr;
-    if (!host || host->struct_size < sizeof(sbx_host)) {
+    if (!usable(host)) {
       throw Error::invalid_argument("the provider needs a host");
     }
     const boost::json::object config = json::parse_object(view(config_json), "config");
@@ -542,6 +675,7 @@ void CompletionBase::reset() noexcept {
 
 void CompletionBase::fail(const Error& error) {
   auto* op = std::exchange(op_, nullptr);
+  if (!op) return;  // already completed, or moved from
   op->fail(error);
   op->release();
 }
@@ -560,6 +694,7 @@ Completion<void>::Completion(detail::Op<void>* op) : detail::CompletionBase(op) 
 
 void Completion<void>::succeed() {
   auto* op = static_cast<detail::Op<void>*>(take());
+  if (!op) return;  // already completed, or moved from
   if (op->claim()) op->deliver_value();
   op->release();
 }

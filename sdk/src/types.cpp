@@ -5,10 +5,11 @@
 namespace sbx::sdk {
 namespace {
 
-template <class T>
-void require_struct(const T& value, std::string_view name) {
-  if (value.struct_size < sizeof(T)) {
-    throw Error::invalid_argument(std::string(name) + " is smaller than this ABI version requires");
+// `complete` says whether the writer's struct reaches the last field ABI 1.0 defined (a later minor
+// appends fields, so larger structs are fine).
+void require_struct(bool complete, std::string_view name) {
+  if (!complete) {
+    throw Error::invalid_argument(std::string(name) + " is smaller than ABI 1.0 defines it");
   }
 }
 
@@ -29,7 +30,7 @@ KeyValues to_key_values(sbx_kv_list list) {
 }
 
 Spec to_spec(const sbx_spec& c) {
-  require_struct(c, "sbx_spec");
+  require_struct(SBX_HAS_FIELD(&c, sbx_spec, labels), "sbx_spec");
   Spec spec;
   spec.image = optional_string(c.image);
   spec.ttl = optional_ms(c.ttl_ms);
@@ -44,7 +45,7 @@ Spec to_spec(const sbx_spec& c) {
   }
   spec.metadata = to_key_values(c.metadata);
   if (c.resources) {
-    require_struct(*c.resources, "sbx_resources");
+    require_struct(SBX_HAS_FIELD(c.resources, sbx_resources, gpu_type), "sbx_resources");
     const sbx_resources& r = *c.resources;
     if (r.cpu.set) spec.resources.cpu = r.cpu.value;
     if (r.memory_mib.set) spec.resources.memory_mib = r.memory_mib.value;
@@ -67,7 +68,7 @@ Spec to_spec(const sbx_spec& c) {
 }
 
 ExecRequest to_exec_request(const sbx_exec_request& c) {
-  require_struct(c, "sbx_exec_request");
+  require_struct(SBX_HAS_FIELD(&c, sbx_exec_request, user), "sbx_exec_request");
   ExecRequest r;
   r.command = std::string(view(c.command));
   r.cwd = optional_string(c.cwd);

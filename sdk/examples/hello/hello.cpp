@@ -1,6 +1,8 @@
 // A complete sbx plugin in a few dozen lines: sandboxes are temporary directories on the host and
 // commands run there with /bin/sh (no isolation; an example, not a sandbox). The SDK's blocking
 // adapter runs each method on its own thread pool; exceptions become errors for the host.
+// Left out to stay short: stderr is merged into stdout, and exec's timeout, cwd, env and user are
+// ignored. tests/plugins/test_processes is a full implementation of the same idea.
 #include <sbx/sdk/plugin.hpp>
 
 #include <sys/wait.h>
@@ -11,6 +13,14 @@
 
 namespace fs = std::filesystem;
 using namespace sbx::sdk;
+
+// `path` inside the sandbox directory; ".." is refused so that no path leaves it.
+fs::path inside(const Sandbox& box, const std::string& path) {
+  const fs::path relative = fs::path(path).relative_path();
+  for (const auto& part : relative)
+    if (part == "..") throw Error::invalid_argument("path leaves the sandbox: " + path);
+  return fs::path(box.id()) / relative;
+}
 
 class HelloProvider : public BlockingProvider {
  public:
@@ -38,19 +48,21 @@ class HelloProvider : public BlockingProvider {
     char buf[4096];
     for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;)
       out.write(StdStream::out, {buf, n});
-    return ExitStatus::exited(WEXITSTATUS(pclose(pipe)));
+    const int status = pclose(pipe);
+    return ExitStatus::exited(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
   void upload(Sandbox& box, const UploadRequest& req, ByteSource& in, const CancelToken&) override {
-    const fs::path target = fs::path(box.id()) / fs::path(req.remote_path).relative_path();
+    const fs::path target = inside(box, req.remote_path);
     fs::create_directories(target.parent_path());
     std::ofstream file(target, std::ios::binary);
     char buf[4096];
     for (size_t n; (n = in.read(buf, sizeof buf)) > 0;)
       file.write(buf, static_cast<long>(n));
+    if (!file.flush()) throw Error::internal("writing " + req.remote_path + " failed");
   }
   void download(Sandbox& box, const std::string& path, ByteSink& sink,
                 const CancelToken&) override {
-    std::ifstream file(fs::path(box.id()) / fs::path(path).relative_path(), std::ios::binary);
+    std::ifstream file(inside(box, path), std::ios::binary);
     if (!file) throw Error::not_found("no such file: " + path);
     char buf[4096];
     while (file.read(buf, sizeof buf) || file.gcount() > 0)

@@ -10,10 +10,14 @@
  *   - The start function returns an sbx_operation handle the host can cancel, or NULL when the
  *     operation cannot be cancelled (for example because it already completed). A non-NULL handle
  *     is released by the host exactly once with `release`, before or after completion.
+ *   - Callbacks that are NULL, have a NULL on_complete, or whose struct_size does not reach
+ *     on_complete cannot be reported to: the start function starts nothing and returns NULL.
  *   - The host keeps callback `user_data`, and the streams of upload/download, valid until
  *     on_complete has returned.
  *   - Once it has called on_complete, the plugin no longer touches the operation's arguments or
  *     its sandbox: the host may release the sandbox from inside that callback.
+ *   - `cancel` may complete the operation on the calling thread before it returns, and may be
+ *     called from inside the operation's own callbacks (e.g. on_output, to stop a chatty command).
  * Plugins never hold a lock of their own while calling a host callback, so a host may start new
  * operations from inside a callback. Callbacks must not block for long; they run on threads the
  * plugin needs for other work.

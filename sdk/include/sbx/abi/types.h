@@ -121,6 +121,7 @@ typedef struct sbx_error {
  * OWNERSHIP: the sink is host-owned and BORROWED for the duration of the call that receives it;
  * `report` may be called at most once per call, on the calling thread. `error` is borrowed. */
 typedef struct sbx_error_sink {
+  uint32_t struct_size;
   void* ctx;
   void(SBX_ABI* report)(void* ctx, const sbx_error* error);
 } sbx_error_sink;

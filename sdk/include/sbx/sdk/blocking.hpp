@@ -33,7 +33,7 @@ class BlockingProvider {
 
   // Writes the spec's startup files into a sandbox create() just returned. The default uploads them
   // one by one; override to do better (e.g. one archive). If it throws, the adapter closes the
-  // sandbox and fails the create with CREATE_FAILED.
+  // sandbox and fails the create with CREATE_FAILED (CANCELLED if the create was cancelled).
   virtual void write_startup_files(Sandbox& sandbox, const std::vector<StartupFile>& files,
                                    const CancelToken& cancel);
 

@@ -5,6 +5,7 @@
 #include <sbx/abi/types.h>
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -55,5 +56,12 @@ class Error : public std::runtime_error {
 // The name of a status code, e.g. "INVALID_ARGUMENT"; "UNKNOWN(<n>)" style text is not returned:
 // unknown codes give "INTERNAL".
 std::string_view status_name(sbx_status status) noexcept;
+
+namespace detail {
+// Maps an exception to an Error: sdk::Error as is, std::bad_alloc to RESOURCE_EXHAUSTED, any other
+// exception to INTERNAL. The second form takes the exception being handled (INTERNAL if none).
+Error exception_to_error(const std::exception_ptr& error) noexcept;
+Error current_exception_to_error() noexcept;
+}  // namespace detail
 
 }  // namespace sbx::sdk

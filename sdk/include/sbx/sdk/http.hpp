@@ -6,7 +6,8 @@
 //
 // THREADING: Client is thread-safe. Request callbacks (on_headers, on_body, body_source and the
 // completion) run on the client's loop thread, one at a time; they must not block and must not call
-// Call::get()/wait on the same client (that would deadlock the loop).
+// Call::get()/wait on the same client (that would deadlock the loop). A request started on a client
+// that is already closed completes at once, on the calling thread.
 #pragma once
 
 #include <sbx/sdk/cancel.hpp>

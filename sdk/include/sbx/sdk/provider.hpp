@@ -109,7 +109,8 @@ class CompletionBase {
 
 // Completes one operation exactly once, with a value or an error. Move-only. A Completion that is
 // destroyed without completing fails the operation with an INTERNAL error (so a provider bug cannot
-// leave the host waiting forever). Completing twice is impossible (succeed/fail consume it).
+// leave the host waiting forever). succeed/fail consume it: a second call, or a call on a
+// moved-from Completion, does nothing (check with `operator bool`).
 template <class T>
 class Completion : public detail::CompletionBase {
  public:

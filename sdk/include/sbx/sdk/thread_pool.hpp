@@ -51,6 +51,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Queues a task. [thread-safe] A task must not throw (the adapter's tasks catch everything).
+  // If no thread can be started the task waits for a live one; if there is none, submit throws
+  // std::system_error and the task is destroyed unrun.
   void submit(Task task);
 
   size_t thread_count() const;

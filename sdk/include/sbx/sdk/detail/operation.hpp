@@ -12,11 +12,6 @@
 
 namespace sbx::sdk::detail {
 
-// Maps the exception being handled to an Error: sdk::Error as is, std::bad_alloc to
-// RESOURCE_EXHAUSTED, other std::exception and unknown exceptions to INTERNAL.
-Error current_exception_to_error() noexcept;
-Error exception_to_error(const std::exception_ptr& error) noexcept;
-
 // Reference counted: one reference for the starting trampoline, one for the host's handle, one per
 // live Completion. Completion is claimed exactly once (claim()).
 class OpBase {
@@ -82,6 +77,7 @@ Completion<T>::Completion(detail::Op<T>* op) : detail::CompletionBase(op) {}
 template <class T>
 void Completion<T>::succeed(T value) {
   auto* op = static_cast<detail::Op<T>*>(take());
+  if (!op) return;  // already completed, or moved from
   if (op->claim()) op->deliver_value(std::move(value));
   op->release();
 }
