@@ -17,7 +17,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -182,6 +185,15 @@ std::pair<std::string, std::string> split_pair(const std::string& text, char sep
     throw UsageError(std::string(what) + " must look like A" + sep + "B, got '" + text + "'");
   }
   return {text.substr(0, at), text.substr(at + 1)};
+}
+
+int64_t parse_integer(const std::string& text, std::string_view what) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    throw UsageError(std::string(what) + " must be a whole number, got '" + text + "'");
+  }
+  return v;
 }
 
 double parse_number(const std::string& text, std::string_view what) {
@@ -361,37 +373,34 @@ int cmd_list_or_reap(Args& args, Global& g, bool reap) {
   return 0;
 }
 
-// Writes all of `bytes` to a file descriptor (stdout/stderr of this process).
-void write_all(int fd, std::string_view bytes) {
+// Writes all of `bytes` to a file descriptor (stdout/stderr of this process). False when the
+// reader has gone (EPIPE: SIGPIPE is ignored, see main) or the descriptor fails otherwise.
+bool write_all(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
     const ssize_t n = ::write(fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n <= 0) return false;
     bytes.remove_prefix(static_cast<size_t>(n));
   }
+  return true;
 }
 
-// Cancels whatever run is doing when SIGINT or SIGTERM arrives (signals are blocked in every
-// thread and taken by sigwait here, so no handler races with the rest of the program).
+// Stops a run: SIGINT, SIGTERM or SIGHUP (exit 130), or output nobody reads any more (exit 141,
+// as a shell reports a pipeline member killed by SIGPIPE). Signals are blocked in every thread and
+// taken by sigwait here, so no handler races with the rest of the program. The step in progress is
+// cancelled; a step that starts after the stop is cancelled as soon as it registers.
 class Interrupts {
  public:
   Interrupts() {
     sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGUSR1);  // used to stop the watcher
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1})  // SIGUSR1 stops the watcher
+      sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     thread_ = std::thread([this] {
       for (;;) {
         int sig = 0;
         if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) return;
-        interrupted_ = true;
-        std::function<void()> cancel;
-        {
-          std::lock_guard lock(mutex_);
-          cancel = cancel_;
-        }
-        if (cancel) cancel();
+        stop(kExitInterrupted);
       }
     });
   }
@@ -399,19 +408,49 @@ class Interrupts {
     pthread_kill(thread_.native_handle(), SIGUSR1);
     thread_.join();
   }
-  void on_interrupt(std::function<void()> cancel) {
-    std::lock_guard lock(mutex_);
-    cancel_ = std::move(cancel);
+  Interrupts(const Interrupts&) = delete;
+  Interrupts& operator=(const Interrupts&) = delete;
+
+  void stop(int exit_code) {
+    int none = 0;
+    exit_code_.compare_exchange_strong(none, exit_code);
+    std::function<void()> cancel;
+    {
+      std::lock_guard lock(mutex_);
+      cancel = cancel_;
+    }
+    if (cancel) cancel();
   }
-  bool interrupted() const { return interrupted_; }
+  // The exit code of the stop, or 0 while running.
+  int stopped() const { return exit_code_; }
+
+  // Runs one step of the session; a stop cancels it (and one that came before cancels it at once).
+  template <class T>
+  T step(sbx::Operation<T> op) {
+    {
+      std::lock_guard lock(mutex_);
+      cancel_ = [op] { op.cancel(); };
+    }
+    if (stopped()) op.cancel();
+    struct Clear {
+      Interrupts& self;
+      ~Clear() {
+        std::lock_guard lock(self.mutex_);
+        self.cancel_ = nullptr;
+      }
+    } clear{*this};
+    return op.get();
+  }
 
  private:
   sigset_t set_;
   std::thread thread_;
   std::mutex mutex_;
   std::function<void()> cancel_;
-  std::atomic<bool> interrupted_{false};
+  std::atomic<int> exit_code_{0};
 };
+
+constexpr int kExitBrokenPipe = 128 + SIGPIPE;
 
 int cmd_run(Args& args, Global& g) {
   std::optional<std::string> provider_name;
@@ -446,7 +485,7 @@ int cmd_run(Args& args, Global& g) {
     } else if (auto v = args.value("--cpu")) {
       spec.resources.cpu = parse_number(*v, "--cpu");
     } else if (auto v = args.value("--memory")) {
-      spec.resources.memory_mib = static_cast<int64_t>(parse_number(*v, "--memory"));
+      spec.resources.memory_mib = parse_integer(*v, "--memory");
     } else if (auto v = args.value("--upload")) {
       uploads.push_back(split_pair(*v, ':', "--upload"));
     } else if (auto v = args.value("--download")) {
@@ -470,58 +509,68 @@ int cmd_run(Args& args, Global& g) {
       shell_command += (shell_command.empty() ? "" : " ") + shell_quote(word);
     }
   }
+  // Everything that can be checked here is, before a sandbox exists.
+  try {
+    spec.validate();
+    exec.validate();
+  } catch (const sbx::InvalidArgumentError& e) {
+    throw UsageError(e.what());
+  }
+  for (const auto& [local, remote] : uploads) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(local, ec) || ::access(local.c_str(), R_OK) != 0) {
+      throw UsageError("--upload: " + local + " is not a readable file");
+    }
+  }
 
   Interrupts interrupts;
   sbx::Host host = make_host(g);
   sbx::Provider provider = provider_name ? host.provider(*provider_name) : host.default_provider();
 
-  sbx::Operation<sbx::Sandbox> creating = provider.create_async(spec);
-  interrupts.on_interrupt([creating] { creating.cancel(); });
-  sbx::Sandbox sandbox;
+  sbx::Sandbox sandbox;  // closed by RAII on every way out, also a sandbox created despite a stop
   try {
-    sandbox = creating.get();  // a sandbox created despite a cancel is closed by RAII below
-  } catch (const sbx::CancelledError&) {
-    std::cerr << "sbx: interrupted while creating the sandbox\n";
-    return kExitInterrupted;
-  }
-  interrupts.on_interrupt({});
-  if (interrupts.interrupted()) return kExitInterrupted;
+    sandbox = interrupts.step(provider.create_async(spec));
+    if (interrupts.stopped()) return interrupts.stopped();
 
-  for (const auto& [local, remote] : uploads)
-    sandbox.upload(local, remote);
+    for (const auto& [local, remote] : uploads)
+      interrupts.step(sandbox.upload_async(local, remote));
 
-  exec.on_output = [](sbx::OutputStream stream, std::string_view bytes) {
-    write_all(stream == sbx::OutputStream::err ? STDERR_FILENO : STDOUT_FILENO, bytes);
-  };
-  sbx::Operation<sbx::ExecResult> running = sandbox.exec_async(shell_command, exec);
-  interrupts.on_interrupt([running] { running.cancel(); });
-  int exit_code;
-  try {
-    const sbx::ExecResult result = running.get();
-    exit_code = result.return_code;
+    exec.on_output = [&interrupts](sbx::OutputStream stream, std::string_view bytes) {
+      if (interrupts.stopped() == kExitBrokenPipe) return;
+      if (!write_all(stream == sbx::OutputStream::err ? STDERR_FILENO : STDOUT_FILENO, bytes) &&
+          errno == EPIPE) {
+        interrupts.stop(kExitBrokenPipe);  // nobody reads the output: stop the command
+      }
+    };
+    const sbx::ExecResult result = interrupts.step(sandbox.exec_async(shell_command, exec));
+    int exit_code = result.return_code;
     if (result.error_type) {
       std::cerr << "sbx: "
                 << (result.timed_out() ? "the command timed out"
                                        : "the sandbox could not run the command")
                 << " (error_type=" << *result.error_type << ")\n";
     }
-  } catch (const sbx::CancelledError&) {
-    std::cerr << "sbx: interrupted; closing the sandbox\n";
-    sandbox.close();
-    return kExitInterrupted;
-  }
-  interrupts.on_interrupt({});
+    if (interrupts.stopped()) return interrupts.stopped();
 
-  for (const auto& [remote, local] : downloads) {
-    try {
-      sandbox.download(remote, local);
-    } catch (const sbx::Error& e) {
-      std::cerr << "sbx: download of " << remote << " failed: " << e.what() << "\n";
-      if (exit_code == 0) exit_code = kExitFailure;
+    for (const auto& [remote, local] : downloads) {
+      try {
+        interrupts.step(sandbox.download_async(remote, local));
+      } catch (const sbx::CancelledError&) {
+        throw;
+      } catch (const sbx::Error& e) {
+        std::cerr << "sbx: download of " << remote << " failed: " << e.what() << "\n";
+        if (exit_code == 0) exit_code = kExitFailure;
+      }
     }
+    interrupts.step(sandbox.close_async());
+    return exit_code;
+  } catch (const sbx::CancelledError&) {
+    if (!interrupts.stopped()) throw;
+    if (interrupts.stopped() == kExitInterrupted) {
+      std::cerr << "sbx: interrupted; closing the sandbox\n";
+    }
+    return interrupts.stopped();
   }
-  sandbox.close();
-  return exit_code;
 }
 
 void setup_logging(const std::string& level) {
@@ -573,6 +622,9 @@ int run(std::vector<std::string> argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdout is an EPIPE from write(), handled where output is written (sbx run stops the
+  // command and closes the sandbox); the default SIGPIPE would kill sbx with the sandbox alive.
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const UsageError& e) {

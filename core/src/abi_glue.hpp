@@ -8,6 +8,7 @@
 #include <sbx/core/errors.hpp>
 #include <sbx/core/operation.hpp>
 
+#include <cmath>
 #include <exception>
 #include <memory>
 #include <string>
@@ -15,6 +16,15 @@
 #include <vector>
 
 namespace sbx::detail {
+
+// Seconds (validated: finite, > 0) as the ABI's milliseconds, rounded up and capped at about 31
+// years, so that no value overflows the int64_t or a plugin's deadline arithmetic.
+inline sbx_opt_i64 to_abi_ms(const std::optional<double>& seconds) {
+  constexpr double kMaxMs = 1e12;
+  if (!seconds) return {false, 0};
+  const double ms = std::ceil(*seconds * 1000.0);
+  return {true, ms >= kMaxMs ? static_cast<int64_t>(kMaxMs) : static_cast<int64_t>(ms)};
+}
 
 inline sbx_str view_of(std::string_view s) {
   return sbx_str{s.data(), s.size()};

@@ -63,10 +63,12 @@ std::string copy(sbx_str s) {
 }  // namespace
 
 Error to_error(const sbx_error& error) {
-  const bool has_details = error.struct_size >= sizeof(sbx_error);
+  // ABI 1.0 defines every field; a smaller struct keeps what it has.
   return Error(error.status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error.status,
-               copy(error.message), has_details && error.retryable,
-               has_details ? error.http_status : 0, has_details ? copy(error.request_id) : "");
+               SBX_HAS_FIELD(&error, sbx_error, message) ? copy(error.message) : "",
+               SBX_HAS_FIELD(&error, sbx_error, retryable) && error.retryable,
+               SBX_HAS_FIELD(&error, sbx_error, http_status) ? error.http_status : 0,
+               SBX_HAS_FIELD(&error, sbx_error, request_id) ? copy(error.request_id) : "");
 }
 
 Error to_error(const std::exception_ptr& exception) {

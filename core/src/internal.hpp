@@ -57,7 +57,8 @@ std::shared_ptr<T> make_deferred_shared(T* object) {
 class PluginLibrary {
  public:
   // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol, the descriptor's size and the
-  // ABI major version, then calls init. Throws PluginLoadError naming the file.
+  // ABI major version, then calls init. Throws PluginLoadError naming the file. A file already
+  // loaded in this process (by any Host) gives the same library.
   static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path);
   ~PluginLibrary();
 
@@ -68,6 +69,7 @@ class PluginLibrary {
 
  private:
   PluginLibrary() = default;
+  static std::shared_ptr<PluginLibrary> open(const std::filesystem::path& path);
   std::filesystem::path path_;
   boost::dll::shared_library library_;
   const sbx_plugin* plugin_ = nullptr;

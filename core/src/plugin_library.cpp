@@ -9,6 +9,10 @@
 
 #include <dlfcn.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
+
 namespace sbx::detail {
 namespace {
 
@@ -35,9 +39,26 @@ std::string version_text(const sbx_version& v) {
   throw PluginLoadError(path.string() + ": " + why);
 }
 
+// Every library loaded in this process, by path. dlopen returns the image already loaded for a
+// file, so two hosts loading one plugin share one PluginLibrary: init runs once, and deinit after
+// the last user is gone. Loading and unloading are serialised, so an image is never initialised
+// while its deinit runs. Recursive: a failed load destroys its library while the lock is held.
+std::recursive_mutex g_loaded_mutex;
+std::map<std::filesystem::path, std::weak_ptr<PluginLibrary>> g_loaded;
+
 }  // namespace
 
 std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path) {
+  std::lock_guard lock(g_loaded_mutex);
+  if (auto it = g_loaded.find(path); it != g_loaded.end()) {
+    if (auto lib = it->second.lock()) return lib;
+  }
+  std::shared_ptr<PluginLibrary> lib = open(path);
+  g_loaded[path] = lib;
+  return lib;
+}
+
+std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& path) {
   std::shared_ptr<PluginLibrary> lib = make_deferred_shared(new PluginLibrary());
   lib->path_ = path;
 
@@ -65,10 +86,11 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
                      " is not compatible with this host's ABI version " + version_text(host_abi) +
                      " (major versions differ)");
   }
-  if (plugin->struct_size < sizeof(sbx_plugin)) {
+  // Every struct check below asks for the fields of ABI 1.0: a plugin built against any 1.x works.
+  if (!SBX_HAS_FIELD(plugin, sbx_plugin, factories)) {
     refuse(path, "its plugin descriptor has " + std::to_string(plugin->struct_size) +
-                     " bytes; ABI " + version_text(host_abi) + " needs at least " +
-                     std::to_string(sizeof(sbx_plugin)));
+                     " bytes; ABI 1.0 defines " +
+                     std::to_string(offsetof(sbx_plugin, factories) + sizeof(plugin->factories)));
   }
   if (!plugin->init || !plugin->deinit || (plugin->factory_count && !plugin->factories) ||
       !plugin->name) {
@@ -76,7 +98,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
   }
   for (size_t i = 0; i < plugin->factory_count; ++i) {
     const sbx_provider_factory* f = plugin->factories[i];
-    if (!f || f->struct_size < sizeof(sbx_provider_factory) || !f->id || !f->create) {
+    if (!f || !SBX_HAS_FIELD(f, sbx_provider_factory, create) || !f->id || !f->create) {
       refuse(path, "provider factory #" + std::to_string(i) + " is incomplete");
     }
   }
@@ -95,8 +117,12 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
 }
 
 PluginLibrary::~PluginLibrary() {
+  std::lock_guard lock(g_loaded_mutex);
   if (initialised_) plugin_->deinit();
-  // library_ unloads when destroyed (after this body).
+  library_.unload();
+  if (auto it = g_loaded.find(path_); it != g_loaded.end() && it->second.expired()) {
+    g_loaded.erase(it);
+  }
 }
 
 const sbx_provider_factory* PluginLibrary::factory(std::string_view provider_id) const {

@@ -36,19 +36,16 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
     throw_error(status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : status,
                 "provider '" + block.name + "' (" + factory.id + "): " + why);
   }
-  if (provider->struct_size < sizeof(sbx_provider)) {
+  if (!SBX_HAS_FIELD(provider, sbx_provider, destroy)) {
+    // `destroy` is the table's last field, so it cannot be called either: the provider leaks.
     throw PluginLoadError("provider '" + block.name + "' (" + factory.id +
-                          "): its function table is smaller than this ABI version requires");
+                          "): its function table is smaller than ABI 1.0 defines it");
   }
   generation->provider = provider;
   return generation;
 }
 
 namespace {
-
-int64_t to_ms(double seconds) {
-  return static_cast<int64_t>(std::ceil(seconds * 1000.0));
-}
 
 // Borrowed C views of a SandboxSpec, valid while this object lives.
 class CSpec {
@@ -82,9 +79,8 @@ class CSpec {
 
     c_.struct_size = sizeof(sbx_spec);
     c_.image = optional_view(spec.image);
-    c_.ttl_ms = {spec.ttl_s.has_value(), spec.ttl_s ? to_ms(*spec.ttl_s) : 0};
-    c_.ready_timeout_ms = {spec.ready_timeout_s.has_value(),
-                           spec.ready_timeout_s ? to_ms(*spec.ready_timeout_s) : 0};
+    c_.ttl_ms = to_abi_ms(spec.ttl_s);
+    c_.ready_timeout_ms = to_abi_ms(spec.ready_timeout_s);
     c_.workdir = optional_view(spec.workdir);
     c_.env = env_.get();
     c_.files = {files_.data(), files_.size()};
@@ -222,7 +218,7 @@ template <class Callbacks, class Start>
 std::vector<SandboxInfo> list_or_reap(const std::shared_ptr<detail::Generation>& g,
                                       const StringMap& selector, Start start) {
   const auto* ext = static_cast<const sbx_provider_list_reap*>(g->extension(SBX_EXT_LIST_REAP));
-  if (!ext || ext->struct_size < sizeof(sbx_provider_list_reap)) {
+  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_list_reap, reap)) {
     throw UnimplementedError("provider '" + g->name + "' does not support listing and reaping");
   }
   using Ctx = detail::ListCtx<Callbacks>;

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace sbx {
 namespace detail {
@@ -20,6 +22,20 @@ namespace {
 
 std::string errno_text(int err) {
   return std::strerror(err);
+}
+
+// What open(O_CREAT, 0666) would give a new file: 0666 less the process's umask, read from
+// /proc/self/status (calling umask() to read it would change it for other threads meanwhile).
+mode_t new_file_mode() {
+  static const mode_t mode = [] {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Umask:", 0) == 0)
+        return static_cast<mode_t>(0666 & ~std::stoul(line.substr(6), nullptr, 8));
+    }
+    return static_cast<mode_t>(0644);
+  }();
+  return mode;
 }
 
 // A completed operation, for answers the host knows without asking the plugin.
@@ -65,13 +81,20 @@ struct ExecCtx : SandboxRef {
   std::shared_ptr<OpState<ExecResult>> state;
   std::function<void(OutputStream, std::string_view)> on_output;
 
+  // A caller's callback that throws ends the exec with that error: the command is cancelled and
+  // the callback sees no further output (the caller may have returned from exec() already).
   static void SBX_ABI output(void* user_data, int32_t stream, sbx_bytes chunk) {
     CallbackScope scope;
     auto* ctx = static_cast<ExecCtx*>(user_data);
-    in_callback(*ctx->state, [&] {
+    if (ctx->state->ready()) return;
+    try {
       ctx->on_output(stream == SBX_STREAM_STDERR ? OutputStream::err : OutputStream::out,
                      std::string_view(reinterpret_cast<const char*>(chunk.data), chunk.len));
-    });
+    } catch (...) {
+      const std::exception_ptr error = std::current_exception();
+      ctx->state->cancel();  // before fail(): a completed state ignores cancel
+      ctx->state->fail(error);
+    }
   }
   static void SBX_ABI on_complete(void* user_data, const sbx_exec_result* result,
                                   const sbx_error* error) {
@@ -145,7 +168,11 @@ struct DownloadCtx : SandboxRef {
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
     auto* ctx = static_cast<DownloadCtx*>(c);
     if (ctx->memory) {
-      ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
+      try {
+        ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
+      } catch (...) {  // out of memory: abort the download rather than throw into the plugin
+        return -1;
+      }
       return 0;
     }
     const auto* p = data.data;
@@ -270,14 +297,12 @@ Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions optio
   const bool streamed = static_cast<bool>(ctx->on_output);
   if (!options.cwd) options.cwd = state_->workdir;
   const detail::KvList env(options.env);
-  const sbx_exec_request request{
-      sizeof(sbx_exec_request),
-      detail::view_of(command),
-      detail::optional_view(options.cwd),
-      env.get(),
-      {options.timeout_s.has_value(),
-       options.timeout_s ? static_cast<int64_t>(std::ceil(*options.timeout_s * 1000)) : 0},
-      detail::optional_view(options.user)};
+  const sbx_exec_request request{sizeof(sbx_exec_request),
+                                 detail::view_of(command),
+                                 detail::optional_view(options.cwd),
+                                 env.get(),
+                                 detail::to_abi_ms(options.timeout_s),
+                                 detail::optional_view(options.user)};
   return start_operation<ExecResult>(g, std::move(ctx), [&](detail::ExecCtx* raw) {
     const sbx_exec_callbacks callbacks{sizeof(sbx_exec_callbacks), raw,
                                        streamed ? &detail::ExecCtx::output : nullptr,
@@ -379,7 +404,7 @@ Operation<void> Sandbox::download_async(std::string remote_path, std::filesystem
                                detail::errno_text(errno));
   }
   ctx->temp_path = temp;
-  ::fchmod(ctx->fd, 0644);
+  ::fchmod(ctx->fd, detail::new_file_mode());  // mkostemp made it 0600
   return start_download(state_, std::move(ctx), remote_path);
 }
 
@@ -428,7 +453,7 @@ Endpoint Sandbox::endpoint(int64_t port) {
   }
   const auto& g = state_->generation;
   const auto* ext = static_cast<const sbx_provider_endpoint*>(g->extension(SBX_EXT_ENDPOINT));
-  if (!ext || ext->struct_size < sizeof(sbx_provider_endpoint)) {
+  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_endpoint, get)) {
     throw UnimplementedError("provider '" + g->name + "' does not support service endpoints");
   }
   require_open(*state_);

@@ -105,7 +105,7 @@ int64_t to_port(const boost::json::value& v) {
 }
 
 void require_positive(const std::optional<double>& value, std::string_view what) {
-  if (value && !(*value > 0)) {
+  if (value && !(*value > 0 && std::isfinite(*value))) {
     throw InvalidArgumentError(std::string(what) + " must be > 0, got " + number_text(*value));
   }
 }
@@ -177,7 +177,7 @@ void SandboxSpec::validate() const {
   }
   require_positive(ttl_s, "Sandbox ttl_s");
   require_positive(ready_timeout_s, "Sandbox ready_timeout_s");
-  if (resources.cpu && !(*resources.cpu >= 0)) {
+  if (resources.cpu && !(*resources.cpu >= 0 && std::isfinite(*resources.cpu))) {
     throw InvalidArgumentError("Sandbox resource cpu must be >= 0, got " +
                                number_text(*resources.cpu));
   }

@@ -115,6 +115,7 @@ void set_resources(json::object& host, const CreateConfig& create, const sdk::Re
   if (r.disk_gib && *r.disk_gib <= 0) {
     throw sdk::Error::invalid_argument("resources.disk_gib must be > 0");
   }
+  if (r.cpu && !(*r.cpu <= 1e6)) throw sdk::Error::invalid_argument("resources.cpu is too large");
   if (r.memory_mib && *r.memory_mib > INT64_MAX / kMiB) {
     throw sdk::Error::invalid_argument("resources.memory_mib is too large");
   }

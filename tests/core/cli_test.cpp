@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,54 @@ Run run_cli(const std::string& args) {
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// Runs a bash script (for pipelines and PIPESTATUS); returns what it printed.
+std::string run_bash(const fs::path& dir, const std::string& script) {
+  const fs::path file = dir / "script.sh";
+  sbx::testing::write_file(file, script);
+  FILE* pipe = ::popen(("bash " + file.string() + " 2>&1").c_str(), "r");
+  REQUIRE(pipe);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0)
+    out.append(buf.data(), n);
+  ::pclose(pipe);
+  return out;
+}
+
+// Starts `sbx ARGS...` with TMPDIR set (where test_processes makes its sandbox directories).
+pid_t spawn_cli(const fs::path& tmpdir, std::vector<std::string> args) {
+  std::string cli = SBX_CLI;
+  args.insert(args.begin(), {cli, "--plugin-dir", SBX_TEST_PLUGIN_DIR});
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = {"TMPDIR=" + tmpdir.string(), "PATH=/usr/bin:/bin"};
+  std::vector<char*> envp;
+  for (auto& e : env_strings)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, cli.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
+  return pid;
+}
+
+// waitpid with a bound: a run that does not stop is a failure, not a hung test.
+std::optional<int> wait_exit(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -136,22 +185,7 @@ TEST_CASE("with no provider named and no config, run uses local_docker") {
 
 TEST_CASE("Ctrl-C cancels the command, closes the sandbox and exits 130") {
   sbx::testing::TempDir root("sbx-cli-interrupt");
-  const std::string tmpdir = "TMPDIR=" + root.path.string();
-  std::string cli = SBX_CLI;
-  std::vector<std::string> args = {cli,   "--plugin-dir", SBX_TEST_PLUGIN_DIR,
-                                   "run", "--provider",   "test_processes",
-                                   "--",  "sleep 30"};
-  std::vector<char*> argv;
-  for (auto& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings = {tmpdir, "PATH=/usr/bin:/bin"};
-  std::vector<char*> envp;
-  for (auto& e : env_strings)
-    envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  REQUIRE(::posix_spawn(&pid, cli.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
+  const pid_t pid = spawn_cli(root.path, {"run", "--provider", "test_processes", "--", "sleep 30"});
   // Wait until the sandbox exists (its directory appears), then interrupt.
   bool started = false;
   for (int i = 0; i < 100 && !started; ++i) {
@@ -166,4 +200,49 @@ TEST_CASE("Ctrl-C cancels the command, closes the sandbox and exits 130") {
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 130);
   CHECK(fs::is_empty(root.path));  // the sandbox was closed
+}
+
+TEST_CASE("a signal during create cancels it at once; SIGHUP counts as an interrupt") {
+  sbx::testing::TempDir root("sbx-cli-hup");
+  sbx::testing::write_file(root.path / "slow.json", R"({"providers": {"slow": {
+      "plugin": "test_processes", "config": {"create_delay_ms": 600000}}}})");
+  const pid_t pid = spawn_cli(root.path, {"--config", (root.path / "slow.json").string(), "run",
+                                          "--provider", "slow", "--", "true"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // maybe before create started
+  ::kill(pid, SIGHUP);
+  CHECK(wait_exit(pid, std::chrono::seconds(30)) == 130);  // not after the 10-minute create
+  fs::remove(root.path / "slow.json");
+  CHECK(fs::is_empty(root.path));
+}
+
+TEST_CASE("output nobody reads stops the command: the sandbox is closed, exit 141 (SIGPIPE)") {
+  sbx::testing::TempDir root("sbx-cli-pipe");
+  const std::string out = run_bash(
+      root.path, "export TMPDIR=" + root.path.string() + "\n" + SBX_CLI + " --plugin-dir " +
+                     SBX_TEST_PLUGIN_DIR + " run --provider test_processes -- yes | head -c 4\n" +
+                     "echo \" rc=${PIPESTATUS[0]}\"\n");
+  CHECK(out == "y\ny\n rc=141\n");
+  fs::remove(root.path / "script.sh");
+  CHECK(fs::is_empty(root.path));  // the sandbox was closed
+}
+
+TEST_CASE("bad run options are usage errors found before any sandbox exists") {
+  sbx::testing::TempDir root("sbx-cli-early");
+  auto run_in = [&](const std::string& args) {
+    const std::string out = run_bash(
+        root.path, "export TMPDIR=" + root.path.string() + "\n" + SBX_CLI + " --plugin-dir " +
+                       SBX_TEST_PLUGIN_DIR + " " + args + "\necho \" rc=$?\"\n");
+    fs::remove(root.path / "script.sh");
+    CHECK(fs::is_empty(root.path));  // no sandbox was made
+    return out;
+  };
+  const std::string timeout = run_in("run --provider test_processes --timeout -5 -- true");
+  CHECK(has(timeout, "exec timeout_s must be > 0, got -5"));
+  CHECK(has(timeout, "rc=2"));
+  CHECK(has(run_in("run --provider test_processes --ttl inf -- true"), "rc=2"));
+  CHECK(has(run_in("run --provider test_processes --memory 4096.5 -- true"), "rc=2"));
+  const std::string upload =
+      run_in("run --provider test_processes --upload /nonexistent/x:/x -- true");
+  CHECK(has(upload, "/nonexistent/x is not a readable file"));
+  CHECK(has(upload, "rc=2"));
 }

@@ -48,7 +48,7 @@ class Operation {
   void cancel() const { state_->cancel(); }
 
   // Runs `fn` once the operation is complete: immediately on this thread if it already is,
-  // otherwise on the completing thread.
+  // otherwise on the completing thread. Several continuations run in the order they were added.
   void then(std::function<void(Operation<T>&)> fn) const {
     state_->then([op = *this, fn = std::move(fn)]() mutable { fn(op); });
   }

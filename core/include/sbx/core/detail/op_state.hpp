@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 namespace sbx::detail {
 
@@ -106,7 +107,7 @@ class OpState {
     {
       std::lock_guard lock(mutex_);
       if (!done_) {
-        continuation_ = std::move(fn);
+        continuations_.push_back(std::move(fn));
         return;
       }
     }
@@ -116,18 +117,19 @@ class OpState {
  private:
   template <class F>
   void finish(F&& store) {
-    std::function<void()> continuation;
+    std::vector<std::function<void()>> continuations;
     std::shared_ptr<OpState> self;
     {
       std::lock_guard lock(mutex_);
-      if (done_) return;  // exactly once, even if a plugin misbehaves
+      if (done_) return;  // the first outcome wins (e.g. a throwing output callback's error)
       store();
       done_ = true;
-      continuation = std::move(continuation_);
+      continuations.swap(continuations_);
       self = std::move(self_);
     }
     cv_.notify_all();
-    if (continuation) continuation();
+    for (auto& continuation : continuations)
+      continuation();
     // `self` drops here, possibly destroying this state (and releasing the plugin's handle).
   }
 
@@ -139,7 +141,7 @@ class OpState {
   bool done_ = false;
   std::optional<T> value_;
   std::optional<Error> error_;
-  std::function<void()> continuation_;
+  std::vector<std::function<void()>> continuations_;
   std::shared_ptr<OpState> self_;
 };
 
