@@ -43,7 +43,8 @@ const char kConfigSchemaText[] = R"json({
                          "default": "127.0.0.1"},
         "disk_limit": {"enum": ["error", "warn"], "default": "error"},
         "name_prefix": {"type": "string", "pattern": "^([a-zA-Z0-9][a-zA-Z0-9_.-]*)?$",
-                        "default": "sbx-"}
+                        "default": "sbx-"},
+        "concurrency": {"type": "integer", "minimum": 1, "default": 32}
       }
     },
     "exec": {
@@ -132,6 +133,7 @@ CreateConfig read_create(ObjectReader& reader) {
     }
   }
   c.name_prefix = reader.string("name_prefix", c.name_prefix);
+  c.concurrency = reader.integer("concurrency", 1, 1 << 20).value_or(c.concurrency);
   if (!is_name_prefix(c.name_prefix)) {
     reader.fail("name_prefix",
                 "must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (a Docker container name "

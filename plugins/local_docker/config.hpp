@@ -38,6 +38,7 @@ struct CreateConfig {
   std::string publish_host = "127.0.0.1";  // an IPv4 or IPv6 literal
   DiskLimitMode disk_limit = DiskLimitMode::error;
   std::string name_prefix = "sbx-";
+  int64_t concurrency = 32;  // creates in flight per provider instance (pull to ready)
 };
 
 struct ExecConfig {

@@ -108,7 +108,11 @@ void set_resources(json::object& host, const CreateConfig& create, const sdk::Re
         "') is not supported by local_docker: Docker cannot choose GPUs by model. Request a "
         "count with resources.gpu and run on a machine with the GPU you need.");
   }
-  if (r.cpu && !(*r.cpu > 0)) throw sdk::Error::invalid_argument("resources.cpu must be > 0");
+  // Docker's smallest CPU quota is 0.01 CPUs; a smaller value would round to NanoCpus 0, which
+  // Docker reads as "no limit".
+  if (r.cpu && !(*r.cpu >= 0.01)) {
+    throw sdk::Error::invalid_argument("resources.cpu must be >= 0.01 (Docker's smallest quota)");
+  }
   if (r.memory_mib && *r.memory_mib <= 0) {
     throw sdk::Error::invalid_argument("resources.memory_mib must be > 0");
   }

@@ -26,8 +26,20 @@ constexpr auto kExitCodeWait = 2s;
 
 // When the runtime cannot start the process (no such shell, unknown user...), the daemon writes its
 // error as one stdout frame ending in "\r\n" and closes the stream; only the exit status (Pid 0)
-// tells it apart from output. A first frame of that shape is held until the next frame or the end.
+// tells it apart from output. A first frame of that shape that starts like one of the runtime's
+// messages is held until the next frame or the end (so it can go to stderr); any other first line,
+// "ready\r\n" from a server say, streams at once.
 constexpr size_t kMaxHeldFrame = 4096;
+constexpr std::string_view kRuntimeErrorPrefixes[] = {
+    "OCI runtime exec failed", "unable to find user", "exec failed", "Error response from daemon"};
+
+bool looks_like_runtime_error(std::string_view frame) {
+  if (!frame.ends_with("\r\n")) return false;
+  for (std::string_view prefix : kRuntimeErrorPrefixes) {
+    if (frame.starts_with(prefix)) return true;
+  }
+  return false;
+}
 
 // Kills every process whose environment carries the tag ($1). Reading /proc/<pid>/environ needs
 // only the same uid, so this runs as the user the command ran as; `cat` plus the shell's `case`
@@ -67,7 +79,7 @@ class ExecOutput {
     sink_.write(stream == 1 ? sdk::StdStream::out : sdk::StdStream::err, bytes);
   }
   void end_frame() {
-    if (holding_ && !held_.ends_with("\r\n")) release();
+    if (holding_ && !looks_like_runtime_error(held_)) release();
     holding_ = false;
   }
 

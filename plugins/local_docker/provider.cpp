@@ -24,6 +24,12 @@ constexpr milliseconds kShellProbeTimeout = 10s;
 // semaphore on their own pool thread, so status, close and file transfers never queue behind them.
 constexpr size_t kPoolThreads = 4096;
 
+// Enough connections that nothing waits for one: an exec holds one (its stream) and a create two
+// (the exit watch's long poll and the probe's exec), plus room for status, close, inspect, files.
+int64_t max_connections(const Config& config) {
+  return std::min<int64_t>(config.exec.concurrency + 2 * config.create.concurrency + 64, 4096);
+}
+
 milliseconds to_ms(double seconds) {
   return sdk::seconds_to_ms(seconds);
 }
@@ -161,10 +167,10 @@ LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
       api_(ApiOptions{.socket = config_.socket,
                       .api_version = config_.api_version,
                       .request_timeout = to_ms(config_.request_timeout_s),
-                      .max_connections = static_cast<long>(
-                          std::min<int64_t>(config_.exec.concurrency + 64, 4096))},
+                      .max_connections = static_cast<long>(max_connections(config_))},
            log_),
-      exec_slots_(config_.exec.concurrency) {}
+      exec_slots_(config_.exec.concurrency),
+      create_slots_(config_.create.concurrency) {}
 
 milliseconds LocalDockerProvider::start_timeout() const {
   return to_ms(config_.create.start_timeout_s);
@@ -184,6 +190,8 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   for (const auto& file : spec.files) {
     files.emplace_back(container_path(file.path, spec.workdir), file.contents);
   }
+
+  const Semaphore::Slot slot(create_slots_, cancel);
 
   ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
                options.registry_auth, start_timeout(), log_, cancel);
@@ -325,11 +333,7 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name,
 sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
   const auto& box = static_cast<DockerSandbox&>(sandbox);
-  exec_slots_.acquire(cancel);
-  struct Release {
-    Semaphore& slots;
-    ~Release() { slots.release(); }
-  } release{exec_slots_};
+  const Semaphore::Slot slot(exec_slots_, cancel);
   ExecParams params;
   params.argv = {box.shell(), "-c", request.command};
   params.env = request.env;

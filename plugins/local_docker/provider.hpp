@@ -41,13 +41,27 @@ class DockerSandbox final : public sdk::Sandbox {
   std::vector<uint16_t> ports_;
 };
 
-// Caps the execs in flight. Waiting can be cancelled.
+// Caps the execs (or creates) in flight. Waiting can be cancelled.
 class Semaphore {
  public:
   explicit Semaphore(int64_t count) : count_(count) {}
   // Throws Error::cancelled when `cancel` fires first.
   void acquire(const sdk::CancelToken& cancel);
   void release();
+
+  // One unit, held for a scope.
+  class Slot {
+   public:
+    Slot(Semaphore& semaphore, const sdk::CancelToken& cancel) : semaphore_(semaphore) {
+      semaphore_.acquire(cancel);
+    }
+    ~Slot() { semaphore_.release(); }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+
+   private:
+    Semaphore& semaphore_;
+  };
 
  private:
   std::mutex mutex_;
@@ -113,6 +127,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   sdk::Logger log_;
   DockerApi api_;
   Semaphore exec_slots_;
+  Semaphore create_slots_;
 };
 
 }  // namespace sbx::local_docker

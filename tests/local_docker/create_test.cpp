@@ -182,6 +182,9 @@ TEST_CASE("invalid resource values are INVALID_ARGUMENT and leave nothing behind
   CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
   t.spec.resources.cpu = 0;
   CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  t.spec.resources.cpu = 1e-10;  // would round to NanoCpus 0, which Docker reads as unlimited
+  CHECK_THROWS_WITH_AS(provider().create(t.spec), doctest::Contains("0.01"),
+                       sbx::InvalidArgumentError);
   CHECK(t.left().empty());
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -148,6 +149,25 @@ TEST_CASE("output streams as it is produced, stdout and stderr apart") {
   REQUIRE_FALSE(arrival.empty());
   CHECK(total - arrival.front() >= 1.5);  // "one" came two seconds before the end
   CHECK(total >= 2.0);
+  box.close();
+}
+
+TEST_CASE("a first line ending in CRLF streams at once (a server's \"ready\r\n\")") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  std::mutex m;
+  std::optional<double> arrived;
+  const auto start = std::chrono::steady_clock::now();
+  sbx::ExecOptions options;
+  options.on_output = [&](sbx::OutputStream, std::string_view) {
+    std::lock_guard lock(m);
+    if (!arrived) arrived = seconds_since(start);
+  };
+  const auto r = box.exec_async("printf 'ready\\r\\n'; sleep 2", options).get();
+  const double total = seconds_since(start);
+  CHECK(r.return_code == 0);
+  std::lock_guard lock(m);
+  REQUIRE(arrived);
+  CHECK(total - *arrived >= 1.5);  // not held back until the end
   box.close();
 }
 
