@@ -100,11 +100,13 @@ const char* const kRunHelp = R"(Usage: sbx run --provider NAME [options] -- COMM
 Creates a sandbox, uploads files, runs COMMAND (through the sandbox's shell; several words are
 quoted and joined), prints its stdout and stderr as they arrive, downloads files, and closes the
 sandbox, also when something fails or on Ctrl-C. Exits with the command's return code; 125 when
-the sandbox could not run it (timeout, backend error); 2 for usage errors; 130 when interrupted.
+the sandbox could not run it (timeout, backend error); 2 for usage errors; 130 when interrupted
+(SIGINT, SIGTERM, SIGHUP); 141 when the output's reader went away (the command is stopped).
 
 Options:
   --provider NAME          Provider block name, or a plugin's provider id (default config);
-                           default: the config's default provider, else local_docker
+                           default: the config's default_provider, else its only block,
+                           else local_docker when the config has none
   --image IMAGE            Sandbox image
   --env K=V                Environment variable of the sandbox (repeatable)
   --workdir DIR            Working directory of the command
@@ -258,7 +260,13 @@ int cmd_plugins(Args& args, Global& g) {
         o["abi_version"] = version_text(p.abi_version);
         boost::json::array ids;
         for (const auto& k : p.providers) {
-          ids.push_back(boost::json::object{{"id", k.id}, {"description", k.description}});
+          boost::json::value schema(boost::json::string(k.config_schema));
+          try {
+            schema = boost::json::parse(k.config_schema);
+          } catch (const std::exception&) {  // not JSON: shown as the plugin gave it
+          }
+          ids.push_back(boost::json::object{
+              {"id", k.id}, {"description", k.description}, {"config_schema", schema}});
         }
         o["providers"] = std::move(ids);
       } else {

@@ -35,12 +35,20 @@ void substitute_env(boost::json::value& value, const std::string& path) {
   }
 }
 
-ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name) {
+ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name,
+                         std::string_view source, const std::filesystem::path& base_dir) {
   ProviderBlock block;
   block.name = name;
   auto plugin = r.string("plugin");
   if (!plugin || plugin->empty()) r.fail("plugin", "required: a provider id or a plugin file");
   block.plugin = *plugin;
+  // A file path (see host.cpp: it has a '/' or ends in .so) is relative to the config file.
+  const std::string file = block.plugin.substr(0, block.plugin.find('#'));
+  const bool is_file = file.find('/') != std::string::npos || file.ends_with(".so");
+  if (is_file && std::filesystem::path(file).is_relative() && !base_dir.empty()) {
+    block.plugin = (base_dir / block.plugin).string();
+  }
+  block.config_path = std::string(source) + ": " + r.path_of("config");
   if (const auto* config = r.value("config")) {
     if (!config->is_object()) r.fail("config", "must be an object");
     boost::json::value copy = *config;
@@ -74,7 +82,7 @@ Config Config::parse(std::string_view json_text, std::string_view source,
         if (!member.value().is_object()) providers->fail(name, "must be an object");
         sdk::json::ObjectReader block(member.value().get_object(), providers->path_of(name));
         providers->value(name);  // known
-        config.providers.emplace(name, read_block(block, name));
+        config.providers.emplace(name, read_block(block, name, source, base_dir));
       }
       providers->finish();
     }

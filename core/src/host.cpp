@@ -136,6 +136,39 @@ struct Host::Impl {
     return out;
   }
 
+  // Like PATH: a plugin in an earlier directory shadows one offering the same id in a later one
+  // (so --plugin-dir and $SBX_PLUGIN_PATH can override build/plugins). Two in one directory are
+  // ambiguous.
+  std::shared_ptr<detail::PluginLibrary> first_in_search_order(
+      const std::vector<std::shared_ptr<detail::PluginLibrary>>& candidates,
+      const std::string& block_name, const std::string& id) const {
+    const std::vector<fs::path> search = dirs();
+    auto rank = [&](const detail::PluginLibrary& lib) {
+      for (size_t i = 0; i < search.size(); ++i) {
+        std::error_code ec;
+        if (fs::equivalent(search[i], lib.path().parent_path(), ec)) return i;
+      }
+      return search.size();
+    };
+    std::vector<std::pair<size_t, std::shared_ptr<detail::PluginLibrary>>> ranked;
+    for (const auto& c : candidates)
+      ranked.emplace_back(rank(*c), c);
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (ranked.size() > 1 && ranked[0].first == ranked[1].first) {
+      std::string paths;
+      for (const auto& [r, c] : ranked)
+        if (r == ranked[0].first) paths += (paths.empty() ? "" : ", ") + c->path().string();
+      throw ConfigError("provider '" + block_name + "': provider id '" + id +
+                        "' is offered by several plugins in one directory: " + paths);
+    }
+    for (size_t i = 1; i < ranked.size(); ++i) {
+      detail::logger()->info("provider id '{}': {} shadows {}", id,
+                             ranked[0].second->path().string(), ranked[i].second->path().string());
+    }
+    return ranked.front().second;
+  }
+
   std::vector<std::string> available_names() {
     std::set<std::string> names;
     for (const auto& [name, block] : options.config.providers)
@@ -167,14 +200,7 @@ struct Host::Impl {
         throw ConfigError("provider '" + block.name + "': no plugin offers provider id '" + id +
                           "' (searched: " + dirs_text() + ")");
       }
-      if (candidates.size() > 1) {
-        std::string paths;
-        for (const auto& c : candidates)
-          paths += (paths.empty() ? "" : ", ") + c->path().string();
-        throw ConfigError("provider '" + block.name + "': provider id '" + id +
-                          "' is offered by several plugins: " + paths);
-      }
-      lib = candidates.front();
+      lib = first_in_search_order(candidates, block.name, id);
     }
     const sbx_provider_factory* factory = lib->factory(id);
     if (!factory) {
@@ -278,8 +304,12 @@ Provider Host::default_provider() {
     }
     if (offered) return provider(kDefaultProviderId);
   }
+  std::string names;
+  for (const auto& [name, block] : c.providers)
+    names += (names.empty() ? "" : ", ") + name;
   throw InvalidArgumentError(
-      "no provider named: name one, or set \"default_provider\" in the config");
+      "no provider named: name one (configured: " + (names.empty() ? "none" : names) +
+      "), or set \"default_provider\" in the config");
 }
 
 }  // namespace sbx

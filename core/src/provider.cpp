@@ -31,8 +31,11 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
   const sbx_status status =
       factory.create(&factory, generation->host->get(), view_of(config), &provider, &errors.sink);
   if (status != SBX_STATUS_OK || !provider) {
-    const std::string why =
-        errors.message.empty() ? "status " + std::to_string(status) : errors.message;
+    std::string why = errors.message.empty() ? "status " + std::to_string(status) : errors.message;
+    // A plugin names JSON paths from its config's root ("$.root"); say where that root is.
+    if (why.starts_with("$") && !block.config_path.empty()) {
+      why = block.config_path + why.substr(1);
+    }
     throw_error(status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : status,
                 "provider '" + block.name + "' (" + factory.id + "): " + why);
   }

@@ -111,7 +111,9 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
     if (p.at("name") == "test_processes") {
       found = true;
       CHECK(p.at("abi_version") == "1.0");
-      CHECK(p.at("providers").as_array().at(0).at("id") == "test_processes");
+      const auto& kind = p.at("providers").as_array().at(0);
+      CHECK(kind.at("id") == "test_processes");
+      CHECK(kind.at("config_schema").at("type") == "object");  // the schema, as JSON
     }
   }
   CHECK(found);

@@ -94,9 +94,19 @@ TEST_CASE("a provider's own config errors come back with the JSON path") {
     host.provider("bad");
     FAIL("expected an error");
   } catch (const sbx::InvalidArgumentError& e) {
-    CHECK(std::string(e.what()).find("$.no_such_key") != std::string::npos);
-    CHECK(std::string(e.what()).find("bad") != std::string::npos);
+    // The path from the file's root, as for every other config error.
+    CHECK(std::string(e.what()).find("test.json: $.providers.bad.config.no_such_key") !=
+          std::string::npos);
+    CHECK(std::string(e.what()).find("provider 'bad'") != std::string::npos);
   }
+}
+
+TEST_CASE("a relative plugin file path is relative to the config file, not the working dir") {
+  const auto config = sbx::Config::parse(
+      R"({"providers": {"a": {"plugin": "plugins/mine.so#x"}, "b": {"plugin": "local_docker"}}})",
+      "/etc/sbx/sbx.json", "/etc/sbx");
+  CHECK(config.providers.at("a").plugin == "/etc/sbx/plugins/mine.so#x");
+  CHECK(config.providers.at("b").plugin == "local_docker");  // an id stays an id
 }
 
 TEST_CASE("a block naming an unknown provider id says which directories were searched") {

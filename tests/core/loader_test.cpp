@@ -5,7 +5,11 @@
 
 #include <sbx/sbx.hpp>
 
+#include "../common/test_helpers.hpp"
+
 #include <algorithm>
+#include <filesystem>
+#include <memory>
 #include <string>
 
 namespace {
@@ -93,4 +97,32 @@ TEST_CASE("plugin info lists name, version, ABI and provider ids") {
     CHECK(p.providers[0].id == "test_processes");
     CHECK(contains(p.providers[0].config_schema, "\"type\": \"object\""));
   }
+}
+
+TEST_CASE("an earlier plugin directory shadows a later one offering the same provider id") {
+  sbx::testing::TempDir first("sbx-shadow");
+  const auto copy = first.path / "test_processes_copy.so";
+  std::filesystem::copy_file(std::filesystem::path(SBX_TEST_PLUGIN_DIR) / "test_processes.so",
+                             copy);
+  sbx::Host::Options options;
+  options.plugin_dirs = {first.path, SBX_TEST_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  sbx::Host host(std::move(options));
+  sbx::Provider p = host.provider("test_processes");
+  CHECK(std::filesystem::equivalent(p.plugin_path(), copy));
+  CHECK(p.create({}).exec("echo ok").stdout_text == "ok\n");
+}
+
+TEST_CASE("two hosts in one process use one plugin; destroying one leaves the other working") {
+  sbx::Host::Options options;
+  options.plugin_dirs = {SBX_TEST_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  auto a = std::make_unique<sbx::Host>(options);
+  sbx::Host b(options);
+  sbx::Sandbox from_a = a->provider("test_processes").create({});
+  sbx::Provider p = b.provider("test_processes");
+  from_a.close();
+  from_a = sbx::Sandbox();
+  a.reset();  // the library stays initialised for b
+  CHECK(p.create({}).exec("echo still here").stdout_text == "still here\n");
 }

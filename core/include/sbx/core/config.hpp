@@ -34,9 +34,14 @@ namespace sbx {
 
 struct ProviderBlock {
   std::string name;
-  std::string plugin;  // provider id, or a plugin file path with an optional "#provider_id"
+  // A provider id, or a plugin file path (relative: to the config file's directory) with an
+  // optional "#provider_id".
+  std::string plugin;
   boost::json::object config;
   StringMap default_metadata;
+  // Where `config` sits, e.g. "sbx.json: $.providers.a.config", so that a plugin's complaint about
+  // "$.root" reads "sbx.json: $.providers.a.config.root". Empty for a block made from a bare id.
+  std::string config_path;
 };
 
 struct Config {
