@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -17,6 +18,9 @@ using namespace std::chrono_literals;
 
 // How often a waiting exec looks at its cancel token (completion wakes it at once).
 constexpr auto kCancelPoll = 50ms;
+// Output bytes waiting for the caller's sink before the stream pauses (and the daemon, then the
+// command, wait for the caller).
+constexpr size_t kPulledOutputLimit = 256 * 1024;
 // After a kill, how long the rest of the output may take to arrive before the stream is cut.
 constexpr auto kDrainAfterKill = 2s;
 // Bound on the kill exec itself.
@@ -253,13 +257,15 @@ void kill_tagged(DockerApi& api, const std::string& container, const ExecParams&
 
 enum class Stop { finished, timed_out, cancelled };
 
-Stop wait_stream(const http::Call& call, Clock::time_point deadline,
-                 const sdk::CancelToken& cancel) {
+// Feeds the stream to `take` (which returns true once it took the last bytes) until it ends, the
+// deadline passes or the caller cancels.
+template <class Take>
+Stop pull_stream(Take& take, Clock::time_point deadline, const sdk::CancelToken& cancel) {
   for (;;) {
     if (cancel.stop_requested()) return Stop::cancelled;
     const auto now = Clock::now();
     if (now >= deadline) return Stop::timed_out;
-    if (call.wait_until(std::min(deadline, now + kCancelPoll))) return Stop::finished;
+    if (take(std::min(deadline, now + kCancelPoll))) return Stop::finished;
   }
 }
 
@@ -289,9 +295,12 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   const std::string tag = random_hex(16);
   const std::string exec_id = create_exec(api, container, params, tag, cancel);
 
+  // The stream is pulled and decoded here, on the caller's thread, never on the HTTP client's loop:
+  // the caller's output sink may be slow (a full pipe, a busy interpreter), and that must slow
+  // this exec alone, not every request of the provider.
   ExecOutput output(out);
   FrameDecoder decoder(output);
-  long status = 0;
+  std::atomic<long> status{0};
   std::string error_body;
   http::Request request;
   request.method = "POST";
@@ -299,19 +308,25 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   request.headers.emplace_back("Content-Type", "application/json");
   request.body = R"({"Detach":false,"Tty":false})";
   request.on_headers = [&status](long s, const http::Headers&) { status = s; };
-  request.on_body = [&](std::string_view bytes) {
-    if (status == 200) {
-      decoder.feed(bytes);
-    } else if (error_body.size() < 64 * 1024) {
-      error_body.append(bytes);
-    }
-  };
+  request.pull_body_limit = kPulledOutputLimit;
   CallGuard guard{api.start(std::move(request), cancel)};
+  std::string chunk;
+  auto take = [&](Clock::time_point until) {
+    const bool done = guard.call.read_body(chunk, until);
+    if (status == 200) {
+      decoder.feed(chunk);
+    } else if (error_body.size() < 64 * 1024) {
+      error_body.append(chunk);
+    }
+    return done;
+  };
 
-  const Stop stop = wait_stream(guard.call, deadline, cancel);
+  const Stop stop = pull_stream(take, deadline, cancel);
   if (stop != Stop::finished) {
     kill_tagged(api, container, params, tag, log);
-    guard.call.wait_until(Clock::now() + kDrainAfterKill);  // the rest of the output, briefly
+    const auto drain_until = Clock::now() + kDrainAfterKill;  // the rest of the output, briefly
+    while (Clock::now() < drain_until && !take(drain_until)) {
+    }
     settle(guard.call);
     output.finish(false);
     if (stop == Stop::cancelled) {

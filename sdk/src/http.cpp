@@ -79,8 +79,10 @@ struct Shared;
 struct CallState {
   std::shared_ptr<Shared> shared;
   std::mutex mutex;
-  std::condition_variable finished;
+  std::condition_variable finished;  // also signalled when pulled body bytes arrive
   bool done = false;
+  std::string body;     // pulled body bytes not yet read (Request::pull_body_limit)
+  bool paused = false;  // the transfer waits for read_body to make room
   std::optional<Response> response;
   std::optional<Error> error;
 
@@ -123,6 +125,7 @@ struct Shared {
   bool closed = false;    // the loop has taken its last requests; later ones fail at once
   std::vector<std::unique_ptr<Transfer>> incoming;
   std::vector<std::shared_ptr<CallState>> cancels;
+  std::vector<std::shared_ptr<CallState>> resumes;  // paused transfers whose reader made room
 };
 
 }  // namespace detail
@@ -199,7 +202,16 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
   const size_t bytes = size * count;
   try {
     if (!transfer.headers_done) deliver_headers(transfer);
-    if (transfer.request.on_body) {
+    if (transfer.request.pull_body_limit > 0 && !transfer.request.on_body) {
+      CallState& state = *transfer.state;
+      std::lock_guard lock(state.mutex);
+      if (!state.body.empty() && state.body.size() + bytes > transfer.request.pull_body_limit) {
+        state.paused = true;  // libcurl hands the same bytes again after the resume
+        return CURL_WRITEFUNC_PAUSE;
+      }
+      state.body.append(data, bytes);
+      state.finished.notify_all();
+    } else if (transfer.request.on_body) {
       transfer.request.on_body({data, bytes});
     } else {
       transfer.response.body.append(data, bytes);
@@ -404,16 +416,24 @@ struct Client::Loop {
   bool take_commands() {
     std::vector<std::unique_ptr<Transfer>> incoming;
     std::vector<std::shared_ptr<CallState>> cancels;
+    std::vector<std::shared_ptr<CallState>> resumes;
     {
       std::lock_guard lock(shared->mutex);
       if (shared->stopping) return false;
       incoming.swap(shared->incoming);
       cancels.swap(shared->cancels);
+      resumes.swap(shared->resumes);
     }
     for (auto& transfer : incoming)
       add(std::move(transfer));
     for (auto& state : cancels)
       abort(state.get());
+    for (auto& state : resumes) {
+      // May call on_body_bytes at once, with the bytes it held back.
+      if (auto it = active.find(state.get()); it != active.end()) {
+        curl_easy_pause(it->second->easy, CURLPAUSE_CONT);
+      }
+    }
     return true;
   }
 
@@ -540,6 +560,29 @@ bool Call::wait_until(std::chrono::steady_clock::time_point deadline) const {
   if (!state_) return false;
   std::unique_lock lock(state_->mutex);
   return state_->finished.wait_until(lock, deadline, [&] { return state_->done; });
+}
+
+bool Call::read_body(std::string& out, std::chrono::steady_clock::time_point deadline) const {
+  out.clear();
+  if (!state_) return true;
+  bool done, resume;
+  {
+    std::unique_lock lock(state_->mutex);
+    state_->finished.wait_until(lock, deadline,
+                                [&] { return state_->done || !state_->body.empty(); });
+    out.swap(state_->body);
+    done = state_->done;
+    resume = std::exchange(state_->paused, false);
+  }
+  if (resume) {
+    Shared& shared = *state_->shared;
+    std::lock_guard lock(shared.mutex);
+    if (!shared.closed) {
+      shared.resumes.push_back(state_);
+      curl_multi_wakeup(shared.multi);
+    }
+  }
+  return done;
 }
 
 Response Call::get() const {

@@ -171,6 +171,28 @@ TEST_CASE("a first line ending in CRLF streams at once (a server's \"ready\r\n\"
   box.close();
 }
 
+TEST_CASE("a slow output consumer slows its own exec only, not the provider's other sandboxes") {
+  sbx::Sandbox a = provider().create(ldtest::spec());
+  sbx::Sandbox b = provider().create(ldtest::spec());
+  std::atomic<bool> a_started{false};
+  sbx::ExecOptions slow;
+  slow.on_output = [&](sbx::OutputStream, std::string_view) {
+    a_started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a full pipe, a busy caller
+  };
+  auto running = a.exec_async("for i in 1 2 3 4 5 6; do echo $i; sleep 0.1; done", slow);
+  while (!a_started)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Three seconds of A's callbacks to come; B's command must not wait for them.
+  const auto r = b.exec("echo hi", {.timeout_s = 2});
+  CHECK(r.return_code == 0);
+  CHECK_FALSE(r.error_type);
+  CHECK(r.stdout_text == "hi\n");
+  CHECK(running.get().return_code == 0);
+  a.close();
+  b.close();
+}
+
 TEST_CASE("a large output arrives whole") {
   sbx::Sandbox box = provider().create(ldtest::spec());
   const auto r =

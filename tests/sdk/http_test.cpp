@@ -5,6 +5,7 @@
 #include <sbx/sdk/http.hpp>
 
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -287,6 +289,19 @@ class TestServer {
       }
       shutdown(c.fd, SHUT_WR);
       return false;
+    } else if (request.path == "/bytes") {
+      // A raw stream of `n` bytes counting 0..255 over and over, then close.
+      c.send_all("HTTP/1.1 200 OK\r\nContent-Type: application/vnd.docker.raw-stream\r\n\r\n");
+      std::string block(64 * 1024, '\0');
+      for (size_t i = 0; i < block.size(); ++i)
+        block[i] = static_cast<char>(i % 256);
+      for (int left = query_int(request, "n", 0); left > 0;) {
+        const int n = std::min<int>(left, static_cast<int>(block.size()));
+        c.send_all(block.substr(0, static_cast<size_t>(n)));
+        left -= n;
+      }
+      shutdown(c.fd, SHUT_WR);
+      return false;
     } else if (request.path == "/slow") {
       if (!wait_unless_gone(c, query_int(request, "ms", 5000))) return false;
       c.send_all(fixed(200, "slow"));
@@ -494,6 +509,36 @@ TEST_CASE("a Docker-style hijacked stream is delivered through on_body as it arr
   // The first bytes came long before the end: streamed, not buffered until close.
   CHECK(completed_at - pieces.front().first >= 300ms);
   CHECK(pieces.back().first - pieces.front().first >= 300ms);
+}
+
+TEST_CASE("a pulled body pauses its transfer while unread; the client's other requests go on") {
+  TestServer server;
+  http::Client client(server.options());
+  constexpr int kTotal = 8 * 1024 * 1024;
+  constexpr size_t kLimit = 64 * 1024;
+  http::Request request = post("/bytes?n=" + std::to_string(kTotal), "");
+  request.pull_body_limit = kLimit;
+  http::Call call = client.start(std::move(request));
+
+  // Nobody reads for a while: the transfer pauses instead of buffering megabytes, and the
+  // client's loop is free for other requests meanwhile.
+  std::this_thread::sleep_for(300ms);
+  CHECK(client.send(get("/fixed")).body == "hello");
+
+  std::string chunk;
+  size_t received = 0, largest = 0;
+  bool in_order = true, done = false;
+  while (!done) {
+    done = call.read_body(chunk, Clock::now() + 10s);
+    largest = std::max(largest, chunk.size());
+    for (char c : chunk)
+      in_order = in_order && static_cast<unsigned char>(c) == received++ % 256;
+  }
+  CHECK(call.get().status == 200);
+  CHECK(call.get().body.empty());
+  CHECK(received == static_cast<size_t>(kTotal));
+  CHECK(in_order);
+  CHECK(largest <= kLimit + CURL_MAX_WRITE_SIZE);  // never more than the limit plus one write
 }
 
 TEST_CASE("chunked responses stream too, and leave the connection reusable") {

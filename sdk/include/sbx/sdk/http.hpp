@@ -51,6 +51,11 @@ struct Request {
   // Streamed response body: when set, body bytes go here instead of into Response::body.
   // Throwing aborts the request with that error.
   std::function<void(std::string_view bytes)> on_body;
+  // Pulled response body, when on_body is unset and this is > 0: body bytes wait in the Call (about
+  // this many at most) until Call::read_body takes them, and the transfer pauses while they wait.
+  // A slow consumer then slows only its own transfer, where a slow on_body (which runs on the
+  // loop thread) would stall every request of the client.
+  size_t pull_body_limit = 0;
 };
 
 struct Response {
@@ -82,6 +87,10 @@ class Call {
   // Waits for completion and returns the response, or throws the sdk::Error that ended it.
   // A response with any HTTP status (also 4xx/5xx) is a success here.
   Response get() const;
+  // For a pulled body (Request::pull_body_limit): replaces `out` with the body bytes received so
+  // far, waiting until there are some, the call is done, or `deadline`. Returns true once the call
+  // is done and `out` holds the last of its bytes (get() then gives the outcome). One reader.
+  bool read_body(std::string& out, std::chrono::steady_clock::time_point deadline) const;
 
  private:
   std::shared_ptr<detail::CallState> state_;
