@@ -4,6 +4,7 @@
 
 #include "docker_api.hpp"
 
+#include <sbx/sdk/log.hpp>
 #include <sbx/sdk/provider.hpp>
 
 #include <optional>
@@ -19,10 +20,16 @@ namespace sbx::local_docker {
 // for an empty path or one that names the root.
 std::string container_path(std::string_view path, const std::optional<std::string>& workdir);
 
-// Streams `source` into the container as `path` (absolute, normalized) with `mode`; missing parent
-// directories are created (0755, root). Memory stays bounded whatever the size.
+// Streams `source` into the running container as `path` (absolute, normalized) with `mode`;
+// missing parent directories are created (0755, root). Memory stays bounded whatever the size.
+// All or nothing: the file streams under a temporary name in the target's directory, and one exec
+// renames it over the target once the daemon has all of it; any failure (daemon error, source
+// error, cancellation) removes it again and leaves a previous file untouched. A directory at `path`
+// is INVALID_ARGUMENT, a read-only file system there (the read-only root outside volumes, a
+// read-only volume) FAILED_PRECONDITION. The rename needs `sh` in the sandbox.
 void upload_file(DockerApi& api, const std::string& container, const std::string& path,
-                 uint32_t mode, sdk::ByteSource& source, const sdk::CancelToken& cancel);
+                 uint32_t mode, sdk::ByteSource& source, const sdk::Logger& log,
+                 const sdk::CancelToken& cancel);
 
 // Writes several small files (absolute paths -> contents) with one archive, e.g. startup files
 // before the container starts.

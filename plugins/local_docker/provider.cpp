@@ -347,7 +347,7 @@ void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = static_cast<DockerSandbox&>(sandbox);
   upload_file(api_, box.container(), container_path(request.remote_path, box.workdir()),
-              request.mode, source, cancel);
+              request.mode, source, log_, cancel);
 }
 
 void LocalDockerProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
