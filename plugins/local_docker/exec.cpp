@@ -323,9 +323,18 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
 
   const Stop stop = pull_stream(take, deadline, cancel);
   if (stop != Stop::finished) {
-    kill_tagged(api, container, params, tag, log);
-    const auto drain_until = Clock::now() + kDrainAfterKill;  // the rest of the output, briefly
-    while (Clock::now() < drain_until && !take(drain_until)) {
+    // The stream ends when the command's processes are gone; until it does, the kill is not
+    // known to have worked. A second pass catches processes forked while the first ran.
+    bool ended = false;
+    for (int pass = 0; pass < 2 && !ended; ++pass) {
+      kill_tagged(api, container, params, tag, log);
+      const auto drain_until = Clock::now() + kDrainAfterKill;  // the rest of the output, briefly
+      while (!(ended = take(drain_until)) && Clock::now() < drain_until) {
+      }
+    }
+    if (!ended) {
+      log.warn("processes of a stopped command in sandbox ", container,
+               " may still be running: its output did not end after two kills");
     }
     settle(guard.call);
     output.finish(false);
