@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <variant>
 
 namespace sbx::sdk {
@@ -386,27 +387,17 @@ Sandbox& sandbox_of(sbx_sandbox* s) {
   return SandboxBox::from(s);
 }
 
-// When not even the operation can be allocated, the host hears of it at once, with no handle.
-void fail_unstarted(const sbx_create_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, nullptr, e);
-}
-void fail_unstarted(const sbx_exec_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, nullptr, e);
-}
-void fail_unstarted(const sbx_done_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, e);
-}
-void fail_unstarted(const sbx_status_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, SBX_SANDBOX_UNKNOWN, e);
-}
-void fail_unstarted(const sbx_endpoint_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, nullptr, e);
-}
-void fail_unstarted(const sbx_list_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, e);
-}
-void fail_unstarted(const sbx_reap_callbacks& cb, const sbx_error* e) {
-  cb.on_complete(cb.user_data, e);
+// When not even the operation can be allocated, the host hears of it at once, with no handle. The
+// callbacks differ only in what stands for "no result": nothing, NULL, or an unknown status.
+template <class Callbacks>
+void fail_unstarted(const Callbacks& cb, const sbx_error* e) {
+  if constexpr (std::is_invocable_v<decltype(cb.on_complete), void*, const sbx_error*>) {
+    cb.on_complete(cb.user_data, e);
+  } else if constexpr (std::is_same_v<Callbacks, sbx_status_callbacks>) {
+    cb.on_complete(cb.user_data, SBX_SANDBOX_UNKNOWN, e);
+  } else {
+    cb.on_complete(cb.user_data, nullptr, e);
+  }
 }
 
 // Allocates an operation; on failure (out of memory) completes it at once and returns NULL.

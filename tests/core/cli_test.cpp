@@ -29,10 +29,9 @@ struct Run {
   std::string out;  // stdout and stderr, in the order written (2>&1)
 };
 
-Run run_cli(const std::string& args) {
-  const std::string cmd =
-      std::string(SBX_CLI) + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
+// Runs a shell command line with stderr joined to stdout.
+Run run_shell(const std::string& cmd) {
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
   REQUIRE(pipe);
   std::string out;
   std::array<char, 4096> buf{};
@@ -43,6 +42,10 @@ Run run_cli(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+Run run_cli(const std::string& args) {
+  return run_shell(std::string(SBX_CLI) + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + args);
+}
+
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -51,15 +54,7 @@ bool has(const std::string& text, const std::string& part) {
 std::string run_bash(const fs::path& dir, const std::string& script) {
   const fs::path file = dir / "script.sh";
   sbx::testing::write_file(file, script);
-  FILE* pipe = ::popen(("bash " + file.string() + " 2>&1").c_str(), "r");
-  REQUIRE(pipe);
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0)
-    out.append(buf.data(), n);
-  ::pclose(pipe);
-  return out;
+  return run_shell("bash " + file.string()).out;
 }
 
 // Starts `sbx ARGS...` with TMPDIR set (where test_processes makes its sandbox directories).
