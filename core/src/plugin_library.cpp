@@ -43,18 +43,26 @@ std::string version_text(const sbx_version& v) {
 // file, so two hosts loading one plugin share one PluginLibrary: init runs once, and deinit after
 // the last user is gone. Loading and unloading are serialised, so an image is never initialised
 // while its deinit runs. Recursive: a failed load destroys its library while the lock is held.
-std::recursive_mutex g_loaded_mutex;
-std::map<std::filesystem::path, std::weak_ptr<PluginLibrary>> g_loaded;
+// Never destroyed: the janitor thread may still unload a library while the process exits.
+struct Loaded {
+  std::recursive_mutex mutex;
+  std::map<std::filesystem::path, std::weak_ptr<PluginLibrary>> libraries;
+};
+Loaded& loaded() {
+  static Loaded* const instance = new Loaded();
+  return *instance;
+}
 
 }  // namespace
 
 std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path) {
-  std::lock_guard lock(g_loaded_mutex);
-  if (auto it = g_loaded.find(path); it != g_loaded.end()) {
+  Loaded& registry = loaded();
+  std::lock_guard lock(registry.mutex);
+  if (auto it = registry.libraries.find(path); it != registry.libraries.end()) {
     if (auto lib = it->second.lock()) return lib;
   }
   std::shared_ptr<PluginLibrary> lib = open(path);
-  g_loaded[path] = lib;
+  registry.libraries[path] = lib;
   return lib;
 }
 
@@ -117,11 +125,13 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& 
 }
 
 PluginLibrary::~PluginLibrary() {
-  std::lock_guard lock(g_loaded_mutex);
+  Loaded& registry = loaded();
+  std::lock_guard lock(registry.mutex);
   if (initialised_) plugin_->deinit();
   library_.unload();
-  if (auto it = g_loaded.find(path_); it != g_loaded.end() && it->second.expired()) {
-    g_loaded.erase(it);
+  if (auto it = registry.libraries.find(path_);
+      it != registry.libraries.end() && it->second.expired()) {
+    registry.libraries.erase(it);
   }
 }
 

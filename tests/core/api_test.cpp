@@ -240,7 +240,10 @@ TEST_CASE("SandboxSpec and Resources from JSON follow from_mapping") {
 
 TEST_CASE("plugin log lines are routed into the host's spdlog loggers") {
   // The host's loggers are children of "sbx" and share its sinks; attach one that records lines.
-  auto records = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  // It lives as long as the process: the provider's logger holds it too and is destroyed later, on
+  // the host's janitor thread.
+  static const auto& records = *new std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt>(
+      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64));
   sbx::Host host(sbx::Host::Options{
       .config =
           sbx::Config::parse(R"({"providers": {"log_routing": {"plugin": "test_processes"}}})"),
