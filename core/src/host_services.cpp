@@ -10,9 +10,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace sbx::detail {
 namespace {
@@ -57,10 +59,12 @@ const void* SBX_ABI host_get_extension(const sbx_host*, const char*) {
   return nullptr;
 }
 
-// One host thread that destroys what was released inside plugin callbacks. Joined at exit.
+// One host thread that destroys what was released inside plugin callbacks. At exit it finishes
+// what was posted and stops; the object itself is never destroyed, because a plugin thread may
+// still post while the process exits: that last work is left undone (the process is ending).
 class Janitor {
  public:
-  ~Janitor() {
+  void close() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -70,6 +74,10 @@ class Janitor {
   }
   void post(std::function<void()> fn) {
     std::lock_guard lock(mutex_);
+    if (stopping_) {
+      abandoned_.push_back(std::move(fn));  // never run: the process is ending
+      return;
+    }
     queue_.push_back(std::move(fn));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wake_.notify_one();
@@ -91,13 +99,18 @@ class Janitor {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
+  std::vector<std::function<void()>> abandoned_;
   std::thread thread_;
   bool stopping_ = false;
 };
 
 Janitor& janitor() {
-  static Janitor instance;
-  return instance;
+  static Janitor* const instance = [] {
+    auto* created = new Janitor();
+    std::atexit([] { janitor().close(); });
+    return created;
+  }();
+  return *instance;
 }
 
 }  // namespace
