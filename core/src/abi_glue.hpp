@@ -7,8 +7,8 @@
 #include <sbx/core/detail/op_state.hpp>
 #include <sbx/core/errors.hpp>
 #include <sbx/core/operation.hpp>
+#include <sbx/sdk/time.hpp>
 
-#include <cmath>
 #include <exception>
 #include <memory>
 #include <string>
@@ -17,13 +17,11 @@
 
 namespace sbx::detail {
 
-// Seconds (validated: finite, > 0) as the ABI's milliseconds, rounded up and capped at about 31
-// years, so that no value overflows the int64_t or a plugin's deadline arithmetic.
+// Seconds as the ABI's milliseconds, rounded up and capped (sdk::kForever), so that no value
+// overflows the int64_t or a plugin's deadline arithmetic.
 inline sbx_opt_i64 to_abi_ms(const std::optional<double>& seconds) {
-  constexpr double kMaxMs = 1e12;
   if (!seconds) return {false, 0};
-  const double ms = std::ceil(*seconds * 1000.0);
-  return {true, ms >= kMaxMs ? static_cast<int64_t>(kMaxMs) : static_cast<int64_t>(ms)};
+  return {true, static_cast<int64_t>(sdk::seconds_to_ms(*seconds).count())};
 }
 
 inline sbx_str view_of(std::string_view s) {

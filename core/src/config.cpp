@@ -1,5 +1,7 @@
 // Reading the host configuration (see config.hpp for the format).
 
+#include "internal.hpp"
+
 #include <sbx/core/config.hpp>
 #include <sbx/core/errors.hpp>
 #include <sbx/sdk/json.hpp>
@@ -42,10 +44,9 @@ ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name,
   auto plugin = r.string("plugin");
   if (!plugin || plugin->empty()) r.fail("plugin", "required: a provider id or a plugin file");
   block.plugin = *plugin;
-  // A file path (see host.cpp: it has a '/' or ends in .so) is relative to the config file.
-  const std::string file = block.plugin.substr(0, block.plugin.find('#'));
-  const bool is_file = file.find('/') != std::string::npos || file.ends_with(".so");
-  if (is_file && std::filesystem::path(file).is_relative() && !base_dir.empty()) {
+  // A plugin file is relative to the config file.
+  const auto [file, id] = detail::split_plugin_ref(block.plugin);
+  if (!file.empty() && file.is_relative() && !base_dir.empty()) {
     block.plugin = (base_dir / block.plugin).string();
   }
   block.config_path = std::string(source) + ": " + r.path_of("config");
@@ -61,6 +62,18 @@ ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name,
 }
 
 }  // namespace
+
+namespace detail {
+
+std::pair<std::filesystem::path, std::string> split_plugin_ref(const std::string& ref) {
+  const size_t hash = ref.rfind('#');
+  const std::string file = hash == std::string::npos ? ref : ref.substr(0, hash);
+  const bool is_path = file.find('/') != std::string::npos || file.ends_with(".so");
+  if (!is_path) return {{}, ref};
+  return {std::filesystem::path(file), hash == std::string::npos ? "" : ref.substr(hash + 1)};
+}
+
+}  // namespace detail
 
 Config Config::parse(std::string_view json_text, std::string_view source,
                      const std::filesystem::path& base_dir) {

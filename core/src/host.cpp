@@ -53,15 +53,6 @@ std::vector<fs::path> split_path_list(const char* text) {
   return out;
 }
 
-// "path/to/x.so#id" -> {"path/to/x.so", "id"}; a bare provider id gives an empty path.
-std::pair<fs::path, std::string> split_plugin_ref(const std::string& ref) {
-  const size_t hash = ref.rfind('#');
-  const std::string file = hash == std::string::npos ? ref : ref.substr(0, hash);
-  const bool is_path = file.find('/') != std::string::npos || file.ends_with(".so");
-  if (!is_path) return {{}, ref};
-  return {fs::path(file), hash == std::string::npos ? "" : ref.substr(hash + 1)};
-}
-
 }  // namespace
 
 struct Host::Impl {
@@ -181,7 +172,7 @@ struct Host::Impl {
   }
 
   std::shared_ptr<detail::Generation> create_locked(const ProviderBlock& block) {
-    auto [file, id] = split_plugin_ref(block.plugin);
+    auto [file, id] = detail::split_plugin_ref(block.plugin);
     std::shared_ptr<detail::PluginLibrary> lib;
     if (!file.empty()) {
       lib = load_locked(file);

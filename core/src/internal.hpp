@@ -14,8 +14,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace sbx::detail {
+
+// ---- Config (config.cpp) ----------------------------------------------------------------------
+
+// A block's `plugin`: "path/to/x.so#id" -> {"path/to/x.so", "id"}; a bare provider id (no '/', not
+// ending in .so) gives an empty path and the id.
+std::pair<std::filesystem::path, std::string> split_plugin_ref(const std::string& ref);
 
 // ---- Host services (host_services.cpp) ----------------------------------------------------------
 

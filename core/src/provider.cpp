@@ -7,8 +7,6 @@
 
 #include <boost/json/serialize.hpp>
 
-#include <cmath>
-
 namespace sbx {
 namespace detail {
 

@@ -400,22 +400,14 @@ void download_file(DockerApi& api, const std::string& container, const std::stri
   const std::string name = path.substr(path.rfind('/') + 1);
   SingleFileExtractor extractor(path, name, sink);
   tar::Reader reader(extractor);
-  long status = 0;
-  std::string error_body;
+  BodyRouter body([&reader](std::string_view bytes) { reader.feed(bytes); });
   http::Request request;
   request.target = "/containers/" + container + "/archive?path=" + http::url_encode(path);
-  request.on_headers = [&status](long s, const http::Headers&) { status = s; };
-  request.on_body = [&](std::string_view bytes) {
-    if (status == 200) {
-      reader.feed(bytes);
-    } else if (error_body.size() < 64 * 1024) {
-      error_body.append(bytes);
-    }
-  };
+  body.attach(request);
   request.timeout = kNoTimeout;  // as for uploads: cancellation bounds it
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status != 200) {
-    throw api_error(response.status, error_body,
+    throw api_error(response.status, body.error_body(),
                     "downloading " + path + " from sandbox " + container);
   }
   reader.finish();

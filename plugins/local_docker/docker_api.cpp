@@ -155,6 +155,22 @@ http::Response DockerApi::finish(const http::Call& call) const {
   }
 }
 
+void BodyRouter::attach(http::Request& request) {
+  request.on_headers = [this](long status, const http::Headers&) { status_ = status; };
+  if (request.pull_body_limit == 0) {
+    request.on_body = [this](std::string_view bytes) { route(bytes); };
+  }
+}
+
+void BodyRouter::route(std::string_view bytes) {
+  constexpr size_t kMaxErrorBody = 64 * 1024;
+  if (status_ == 200) {
+    feed_(bytes);
+  } else if (error_body_.size() < kMaxErrorBody) {
+    error_body_.append(bytes);
+  }
+}
+
 std::string shorten(std::string_view text, size_t limit) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) {
     text.remove_suffix(1);

@@ -9,7 +9,9 @@
 
 #include <boost/json/object.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -82,6 +84,23 @@ class DockerApi {
   http::Client client_;
   std::mutex version_mutex_;
   std::string version_;  // "1.41" once known
+};
+
+// Where a streamed response body goes: to `feed` when the status is 200; for any other status the
+// first 64 KiB are kept as the daemon's error text (for api_error). attach() wires a request to it
+// (the request must not outlive it); a pulled body (Request::pull_body_limit) is passed to route()
+// by whoever reads it.
+class BodyRouter {
+ public:
+  explicit BodyRouter(std::function<void(std::string_view)> feed) : feed_(std::move(feed)) {}
+  void attach(http::Request& request);
+  void route(std::string_view bytes);
+  const std::string& error_body() const noexcept { return error_body_; }
+
+ private:
+  std::function<void(std::string_view)> feed_;
+  std::atomic<long> status_{0};  // set on the client's loop thread, read where the body is routed
+  std::string error_body_;
 };
 
 // Docker's error text from a response body ({"message": "..."}), else the raw body, shortened.

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -300,24 +299,19 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   // this exec alone, not every request of the provider.
   ExecOutput output(out);
   FrameDecoder decoder(output);
-  std::atomic<long> status{0};
-  std::string error_body;
+  BodyRouter body([&decoder](std::string_view bytes) { decoder.feed(bytes); });
   http::Request request;
   request.method = "POST";
   request.target = "/exec/" + exec_id + "/start";
   request.headers.emplace_back("Content-Type", "application/json");
   request.body = R"({"Detach":false,"Tty":false})";
-  request.on_headers = [&status](long s, const http::Headers&) { status = s; };
   request.pull_body_limit = kPulledOutputLimit;
+  body.attach(request);
   CallGuard guard{api.start(std::move(request), cancel)};
   std::string chunk;
   auto take = [&](Clock::time_point until) {
     const bool done = guard.call.read_body(chunk, until);
-    if (status == 200) {
-      decoder.feed(chunk);
-    } else if (error_body.size() < 64 * 1024) {
-      error_body.append(chunk);
-    }
+    body.route(chunk);
     return done;
   };
 
@@ -346,7 +340,8 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   }
 
   const http::Response response = api.finish(guard.call);
-  if (response.status != 200) throw api_error(response.status, error_body, describe(container));
+  if (response.status != 200)
+    throw api_error(response.status, body.error_body(), describe(container));
   const ExecState state = wait_exit_code(api, exec_id, container, cancel);
   // Pid 0 with 126/127: the runtime never started the process (its message was the held frame).
   const bool runtime_failure =

@@ -93,8 +93,7 @@ void pull(DockerApi& api, const ImageRef& image, const std::optional<std::string
   log.info("pulling image ", image.name);
   const auto started = Clock::now();
   PullProgress progress(image, log);
-  long status = 0;
-  std::string error_body;
+  BodyRouter body([&progress](std::string_view bytes) { progress.feed(bytes); });
 
   http::Request request;
   request.method = "POST";
@@ -102,16 +101,9 @@ void pull(DockerApi& api, const ImageRef& image, const std::optional<std::string
                    "&tag=" + http::url_encode(image.tag);
   if (registry_auth) request.headers.emplace_back("X-Registry-Auth", *registry_auth);
   request.timeout = timeout;
-  request.on_headers = [&status](long s, const http::Headers&) { status = s; };
-  request.on_body = [&](std::string_view bytes) {
-    if (status == 200) {
-      progress.feed(bytes);
-    } else if (error_body.size() < 64 * 1024) {
-      error_body.append(bytes);
-    }
-  };
+  body.attach(request);
   const http::Response response = api.send(std::move(request), cancel);
-  if (response.status != 200) throw pull_error(response.status, error_body, image);
+  if (response.status != 200) throw pull_error(response.status, body.error_body(), image);
   progress.finish();
   if (progress.error()) {
     throw sdk::Error::create_failed("pulling image " + image.name +

@@ -8,7 +8,6 @@
 #include <sbx/sdk/time.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <thread>
 

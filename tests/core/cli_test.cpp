@@ -50,10 +50,14 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Runs a bash script (for pipelines and PIPESTATUS); returns what it printed.
-std::string run_bash(const fs::path& dir, const std::string& script) {
-  const fs::path file = dir / "script.sh";
-  sbx::testing::write_file(file, script);
+// Runs `sbx <script>` with bash (for pipelines and PIPESTATUS) and TMPDIR=tmpdir, where
+// test_processes makes its sandbox directories; `script` may go on after the sbx command line.
+// Returns what it printed.
+std::string run_cli_in_bash(const fs::path& tmpdir, const std::string& script) {
+  sbx::testing::TempDir scripts("sbx-cli-script");
+  const fs::path file = scripts.path / "script.sh";
+  sbx::testing::write_file(file, "export TMPDIR=" + tmpdir.string() + "\n" + SBX_CLI +
+                                     " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + script + "\n");
   return run_shell("bash " + file.string()).out;
 }
 
@@ -214,22 +218,16 @@ TEST_CASE("a signal during create cancels it at once; SIGHUP counts as an interr
 
 TEST_CASE("output nobody reads stops the command: the sandbox is closed, exit 141 (SIGPIPE)") {
   sbx::testing::TempDir root("sbx-cli-pipe");
-  const std::string out = run_bash(
-      root.path, "export TMPDIR=" + root.path.string() + "\n" + SBX_CLI + " --plugin-dir " +
-                     SBX_TEST_PLUGIN_DIR + " run --provider test_processes -- yes | head -c 4\n" +
-                     "echo \" rc=${PIPESTATUS[0]}\"\n");
+  const std::string out = run_cli_in_bash(
+      root.path, "run --provider test_processes -- yes | head -c 4\necho \" rc=${PIPESTATUS[0]}\"");
   CHECK(out == "y\ny\n rc=141\n");
-  fs::remove(root.path / "script.sh");
   CHECK(fs::is_empty(root.path));  // the sandbox was closed
 }
 
 TEST_CASE("bad run options are usage errors found before any sandbox exists") {
   sbx::testing::TempDir root("sbx-cli-early");
   auto run_in = [&](const std::string& args) {
-    const std::string out = run_bash(
-        root.path, "export TMPDIR=" + root.path.string() + "\n" + SBX_CLI + " --plugin-dir " +
-                       SBX_TEST_PLUGIN_DIR + " " + args + "\necho \" rc=$?\"\n");
-    fs::remove(root.path / "script.sh");
+    const std::string out = run_cli_in_bash(root.path, args + "\necho \" rc=$?\"");
     CHECK(fs::is_empty(root.path));  // no sandbox was made
     return out;
   };
