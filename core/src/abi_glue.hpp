@@ -1,5 +1,5 @@
-// Helpers for calling through the C ABI from the host: borrowed views of host values, error
-// conversion, and the pattern every asynchronous call follows.
+// Helpers for calling through the C ABI from the host: borrowed views of host values and error
+// conversion. How asynchronous calls are made is in calls.hpp.
 #pragma once
 
 #include "internal.hpp"
@@ -8,6 +8,7 @@
 #include <sbx/core/errors.hpp>
 #include <sbx/core/operation.hpp>
 #include <sbx/sdk/time.hpp>
+#include <sbx/sdk/utf8.hpp>
 
 #include <exception>
 #include <memory>
@@ -39,6 +40,15 @@ inline StringMap copy_of(sbx_kv_list list) {
     out.insert_or_assign(copy_of(list.items[i].key), copy_of(list.items[i].value));
   }
   return out;
+}
+
+// Text that crosses the ABI must be UTF-8 (docs/abi/strings.md); the host refuses anything else
+// before a plugin sees it: InvalidArgumentError("<what> is not valid UTF-8 (byte N)").
+inline void require_utf8(std::string_view text, std::string_view what) {
+  if (const size_t at = sdk::utf8::first_invalid(text); at != text.size()) {
+    throw InvalidArgumentError(std::string(what) + " is not valid UTF-8 (byte " +
+                               std::to_string(at) + ")");
+  }
 }
 
 inline SandboxStatus to_status(int32_t status) {
@@ -83,8 +93,14 @@ struct ErrorCollector {
   static void SBX_ABI report(void* ctx, const sbx_error* error) {
     if (!error) return;
     auto* self = static_cast<ErrorCollector*>(ctx);
+    if (!SBX_HAS_FIELD(error, sbx_error, request_id)) {
+      self->status = SBX_STATUS_INTERNAL;
+      self->message = "(the plugin reported an error in an sbx_error of " +
+                      std::to_string(error->struct_size) + " bytes, smaller than ABI 1.0's)";
+      return;
+    }
     self->status = error->status;
-    self->message = copy_of(error->message);
+    self->message = sdk::utf8::sanitize(copy_of(error->message));
   }
 };
 
@@ -98,21 +114,6 @@ void in_callback(State& state, F&& body) noexcept {
   } catch (...) {
     state.fail(std::current_exception());
   }
-}
-
-// Starts an operation: `start(user_data)` calls the plugin's start function and returns its
-// handle. `Ctx` is the per-operation context given to the plugin as user_data; it owns a reference
-// to the OpState and is deleted by the completion callback.
-template <class T, class Ctx, class Start>
-Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>> start_operation(
-    std::shared_ptr<Generation> generation, std::unique_ptr<Ctx> ctx, Start&& start) {
-  auto state = std::make_shared<OpState<T>>(std::move(generation));
-  state->hold(state);
-  ctx->state = state;
-  Ctx* raw = ctx.release();
-  sbx_operation* handle = start(raw);
-  state->attach(handle);
-  return Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>>(state);
 }
 
 }  // namespace sbx::detail

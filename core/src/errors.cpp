@@ -1,5 +1,7 @@
 #include <sbx/core/errors.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -21,38 +23,38 @@ std::string_view Error::status_name() const noexcept {
 namespace {
 
 template <class E>
-[[noreturn]] void raise(const std::string& message, bool retryable, int32_t http,
-                        std::string request_id) {
-  throw E(message, retryable, http, std::move(request_id));
+[[noreturn]] void raise(const Error& source) {
+  E error(source.what(), source.retryable(), source.http_status(), source.request_id());
+  error.set_local_errno(source.local_errno());
+  throw error;
 }
 
-[[noreturn]] void raise_status(sbx_status status, const std::string& message, bool retryable,
-                               int32_t http, std::string rid) {
-  switch (status) {
+[[noreturn]] void raise_status(const Error& e) {
+  switch (e.status()) {
     case SBX_STATUS_INVALID_ARGUMENT:
-      raise<InvalidArgumentError>(message, retryable, http, rid);
+      raise<InvalidArgumentError>(e);
     case SBX_STATUS_NOT_FOUND:
-      raise<NotFoundError>(message, retryable, http, rid);
+      raise<NotFoundError>(e);
     case SBX_STATUS_TIMEOUT:
-      raise<TimeoutError>(message, retryable, http, rid);
+      raise<TimeoutError>(e);
     case SBX_STATUS_CANCELLED:
-      raise<CancelledError>(message, retryable, http, rid);
+      raise<CancelledError>(e);
     case SBX_STATUS_UNAVAILABLE:
-      raise<UnavailableError>(message, retryable, http, rid);
+      raise<UnavailableError>(e);
     case SBX_STATUS_RESOURCE_EXHAUSTED:
-      raise<ResourceExhaustedError>(message, retryable, http, rid);
+      raise<ResourceExhaustedError>(e);
     case SBX_STATUS_FAILED_PRECONDITION:
-      raise<FailedPreconditionError>(message, retryable, http, rid);
+      raise<FailedPreconditionError>(e);
     case SBX_STATUS_UNIMPLEMENTED:
-      raise<UnimplementedError>(message, retryable, http, rid);
+      raise<UnimplementedError>(e);
     case SBX_STATUS_PERMISSION_DENIED:
-      raise<PermissionDeniedError>(message, retryable, http, rid);
+      raise<PermissionDeniedError>(e);
     case SBX_STATUS_CREATE_FAILED:
-      raise<CreateError>(message, retryable, http, rid);
+      raise<CreateError>(e);
     case SBX_STATUS_CREATE_VERIFICATION_FAILED:
-      raise<CreateVerificationError>(message, retryable, http, rid);
+      raise<CreateVerificationError>(e);
     default:
-      raise<InternalError>(message, retryable, http, rid);
+      raise<InternalError>(e);
   }
 }
 
@@ -86,8 +88,7 @@ Error to_error(const std::exception_ptr& exception) {
 }
 
 void throw_error(const Error& error) {
-  raise_status(error.status(), error.what(), error.retryable(), error.http_status(),
-               error.request_id());
+  raise_status(error);
 }
 
 void throw_error(const sbx_error& error) {
@@ -95,7 +96,33 @@ void throw_error(const sbx_error& error) {
 }
 
 void throw_error(sbx_status status, const std::string& message) {
-  raise_status(status, message, false, 0, {});
+  raise_status(Error(status, message));
+}
+
+Error local_io_error(const std::string& what, int error_number) {
+  sbx_status status = SBX_STATUS_INTERNAL;
+  switch (error_number) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+    case ENOMEM:
+      status = SBX_STATUS_RESOURCE_EXHAUSTED;
+      break;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      status = SBX_STATUS_PERMISSION_DENIED;
+      break;
+    case ENOENT:
+    case ENOTDIR:
+      status = SBX_STATUS_NOT_FOUND;
+      break;
+    default:
+      break;
+  }
+  Error error(status, what + ": " + std::strerror(error_number));
+  error.set_local_errno(error_number);
+  return error;
 }
 
 }  // namespace sbx

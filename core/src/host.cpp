@@ -198,7 +198,7 @@ struct Host::Impl {
       throw ConfigError("provider '" + block.name + "': " + lib->path().string() +
                         " does not offer provider id '" + id + "'");
     }
-    return detail::make_generation(lib, *factory, block, labels);
+    return detail::make_generation(lib, *factory, block, labels, options.deadlines);
   }
 
   std::string dirs_text() const {
@@ -212,6 +212,7 @@ struct Host::Impl {
 Host::Host() : Host(Options{}) {}
 
 Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
+  options.deadlines.validate();
   impl_->options = std::move(options);
   impl_->labels = impl_->options.config.labels;
   for (const auto& [k, v] : impl_->options.labels)

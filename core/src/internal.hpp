@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sbx/abi/entry.h>
+#include <sbx/core/deadlines.hpp>
 #include <sbx/core/host.hpp>
 #include <sbx/core/spec.hpp>
 
@@ -98,6 +99,8 @@ struct Generation {
   std::string plugin_path;
   StringMap default_metadata;
   StringMap labels;
+  Deadlines deadlines;
+  uint64_t serial = 0;  // names this generation in reports about callback tokens (calls.cpp)
 
   ~Generation() {
     if (provider) provider->destroy(provider);
@@ -110,7 +113,11 @@ struct Generation {
 // Creates a provider from a library's factory; throws the plugin's error as an sbx:: exception.
 std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> library,
                                             const sbx_provider_factory& factory,
-                                            const ProviderBlock& block, const StringMap& labels);
+                                            const ProviderBlock& block, const StringMap& labels,
+                                            const Deadlines& deadlines);
+
+// Registers a generation's description for reports about its callbacks; returns its serial.
+uint64_t register_generation_name(std::string name);
 
 // ---- Sandboxes (sandbox.cpp)
 // ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // sbx::Provider: creating provider instances and sandboxes, and the list-and-reap extension.
 
 #include "abi_glue.hpp"
+#include "calls.hpp"
 
 #include <sbx/abi/ext/list_reap.h>
 #include <sbx/core/provider.hpp>
@@ -12,8 +13,10 @@ namespace detail {
 
 std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> library,
                                             const sbx_provider_factory& factory,
-                                            const ProviderBlock& block, const StringMap& labels) {
+                                            const ProviderBlock& block, const StringMap& labels,
+                                            const Deadlines& deadlines) {
   auto generation = make_deferred_shared(new Generation());
+  generation->deadlines = deadlines;
   generation->library = std::move(library);
   generation->host = std::make_unique<HostBinding>("provider." + block.name);
   generation->name = block.name;
@@ -22,6 +25,7 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
   generation->default_metadata = block.default_metadata;
   generation->labels = labels;
   generation->labels["sbx.provider"] = block.name;
+  generation->serial = register_generation_name(describe(*generation));
 
   const std::string config = boost::json::serialize(block.config);
   ErrorCollector errors;
@@ -29,7 +33,11 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
   const sbx_status status =
       factory.create(&factory, generation->host->get(), view_of(config), &provider, &errors.sink);
   if (status != SBX_STATUS_OK || !provider) {
-    std::string why = errors.message.empty() ? "status " + std::to_string(status) : errors.message;
+    std::string why = !errors.message.empty() ? errors.message
+                      : status == SBX_STATUS_OK
+                          ? "its factory returned OK but no provider"
+                          : "its factory failed with " + std::string(sbx_status_name(status)) +
+                                " and no message";
     // A plugin names JSON paths from its config's root ("$.root"); say where that root is.
     if (why.starts_with("$") && !block.config_path.empty()) {
       why = block.config_path + why.substr(1);
@@ -109,27 +117,51 @@ class CSpec {
   sbx_spec c_{};
 };
 
-struct CreateCtx {
+struct CreateCtx : CallCtx {
+  static constexpr CallKind kKind = CallKind::create;
+  CreateCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<Sandbox>> state;
   std::shared_ptr<Generation> generation;
   std::optional<std::string> workdir;
   std::vector<int64_t> ports;
 
-  static void SBX_ABI on_complete(void* user_data, sbx_sandbox* sandbox, const sbx_error* error) {
+  // A sandbox handed over is owned by the host whatever happens next: one that cannot be used
+  // (a short struct, an id that is not UTF-8) or that arrives after the host gave up on the
+  // create is closed and released, never dropped.
+  static void SBX_ABI on_complete(void* token, sbx_sandbox* sandbox, const sbx_error* error) {
     CallbackScope scope;
-    std::unique_ptr<CreateCtx> ctx(static_cast<CreateCtx*>(user_data));
-    in_callback(*ctx->state, [&] {
-      if (!sandbox) {
-        ctx->state->fail(error ? to_error(*error) : InternalError("create failed"));
-        return;
-      }
-      auto s = std::make_shared<SandboxState>();
-      s->generation = ctx->generation;
-      s->handle = sandbox;
+    const std::shared_ptr<CreateCtx> ctx = calls::complete<CreateCtx>(token, "on_complete");
+    if (!ctx) return;
+    const Generation& g = *ctx->generation;
+    if (!sandbox) {
+      if (calls::late(*ctx)) return;
+      in_callback(*ctx->state, [&] { ctx->state->fail(plugin_error(g, error, "create")); });
+      return;
+    }
+    auto s = std::make_shared<SandboxState>();
+    s->generation = ctx->generation;
+    s->handle = sandbox;
+    std::optional<Error> unusable;
+    if (!SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data)) {
+      unusable = InternalError(describe(g) + " created a sandbox whose sbx_sandbox has " +
+                               std::to_string(sandbox->struct_size) +
+                               " bytes, smaller than ABI 1.0 defines; it was closed");
+      s->id = "(unreadable id)";
+    } else {
       s->id = copy_of(sandbox->id);
-      s->workdir = std::move(ctx->workdir);
-      s->ports = std::move(ctx->ports);
-      ctx->state->succeed(Sandbox(std::move(s)));
+      if (s->id.empty() || !sdk::utf8::valid(s->id)) {
+        unusable = InternalError(describe(g) + " created a sandbox whose id is " +
+                                 (s->id.empty() ? "empty" : "not valid UTF-8") +
+                                 "; it was closed");
+      }
+    }
+    s->workdir = std::move(ctx->workdir);
+    s->ports = std::move(ctx->ports);
+    Sandbox box(std::move(s));  // closes the sandbox when dropped below, unless handed on
+    if (calls::late(*ctx)) return;
+    in_callback(*ctx->state, [&] {
+      if (unusable) return ctx->state->fail(*unusable);
+      ctx->state->succeed(std::move(box));
     });
   }
 };
@@ -142,32 +174,45 @@ StringMap merged_metadata(const Generation& g, const StringMap& spec_metadata) {
 }
 
 // list and reap: items arrive one by one, then completion.
-template <class Callbacks>
-struct ListCtx {
+template <class Callbacks, CallKind K>
+struct ListCtx : CallCtx {
+  static constexpr CallKind kKind = K;
+  ListCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<std::vector<SandboxInfo>>> state;
+  std::mutex mutex;
   std::vector<SandboxInfo> items;
 
-  static void SBX_ABI on_item(void* user_data, const sbx_sandbox_info* info) {
+  static void SBX_ABI on_item(void* token, const sbx_sandbox_info* info) {
     CallbackScope scope;
-    auto* ctx = static_cast<ListCtx*>(user_data);
+    const std::shared_ptr<ListCtx> ctx = calls::find<ListCtx>(token, "on_item");
+    if (!ctx || ctx->state->ready()) return;
     in_callback(*ctx->state, [&] {
+      const Generation& g = *ctx->state->generation();
+      if (!info || !SBX_HAS_FIELD(info, sbx_sandbox_info, created_unix_ms)) {
+        throw InternalError(describe(g) + " listed a sandbox in an sbx_sandbox_info smaller " +
+                            "than ABI 1.0 defines");
+      }
       SandboxInfo item;
-      item.id = copy_of(info->id);
+      item.id = sdk::utf8::sanitize(copy_of(info->id));
       item.status = to_status(info->status);
-      item.labels = copy_of(info->labels);
+      for (auto& [k, v] : copy_of(info->labels))
+        item.labels.emplace(sdk::utf8::sanitize(k), sdk::utf8::sanitize(v));
       item.created_unix_ms = info->created_unix_ms;
+      std::lock_guard lock(ctx->mutex);
       ctx->items.push_back(std::move(item));
     });
   }
-  static void SBX_ABI on_complete(void* user_data, const sbx_error* error) {
+  static void SBX_ABI on_complete(void* token, const sbx_error* error) {
     CallbackScope scope;
-    std::unique_ptr<ListCtx> ctx(static_cast<ListCtx*>(user_data));
+    const std::shared_ptr<ListCtx> ctx = calls::complete<ListCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
     in_callback(*ctx->state, [&] {
       if (error) {
-        ctx->state->fail(*error);
-      } else {
-        ctx->state->succeed(std::move(ctx->items));
+        ctx->state->fail(plugin_error(*ctx->state->generation(), error, ctx->state->kind()));
+        return;
       }
+      std::lock_guard lock(ctx->mutex);
+      ctx->state->succeed(std::move(ctx->items));
     });
   }
 };
@@ -190,15 +235,22 @@ const std::string& Provider::plugin_path() const {
 
 Operation<Sandbox> Provider::create_async(SandboxSpec spec) const {
   spec.validate();
-  auto ctx = std::make_unique<detail::CreateCtx>();
+  auto ctx = std::make_shared<detail::CreateCtx>();
   ctx->generation = generation_;
   ctx->workdir = spec.workdir;
   ctx->ports = spec.ports;
   const detail::CSpec c_spec(spec, detail::merged_metadata(*generation_, spec.metadata),
                              generation_->labels);
   sbx_provider* p = generation_->provider;
-  return detail::start_operation<Sandbox>(generation_, std::move(ctx), [&](detail::CreateCtx* raw) {
-    const sbx_create_callbacks callbacks{sizeof(sbx_create_callbacks), raw,
+  const Deadlines& d = generation_->deadlines;
+  detail::OpDeadline deadline{d.create(), detail::OpDeadline::From::start,
+                              "the host's limit for a create"};
+  if (spec.ready_timeout_s && Deadlines::ms(*spec.ready_timeout_s) + d.grace() > d.create()) {
+    deadline.after = Deadlines::ms(*spec.ready_timeout_s) + d.grace();
+    deadline.why = "its ready_timeout_s plus the host's grace";
+  }
+  return detail::start_operation<Sandbox>(generation_, std::move(ctx), deadline, [&](void* token) {
+    const sbx_create_callbacks callbacks{sizeof(sbx_create_callbacks), token,
                                          &detail::CreateCtx::on_complete};
     return p->create(p, c_spec.get(), &callbacks);
   });
@@ -215,19 +267,22 @@ bool Provider::supports(std::string_view extension_id) const {
 
 namespace {
 
-template <class Callbacks, class Start>
+template <class Callbacks, detail::CallKind K, class Start>
 std::vector<SandboxInfo> list_or_reap(const std::shared_ptr<detail::Generation>& g,
                                       const StringMap& selector, Start start) {
   const auto* ext = static_cast<const sbx_provider_list_reap*>(g->extension(SBX_EXT_LIST_REAP));
-  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_list_reap, reap)) {
+  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_list_reap, reap) || !ext->list || !ext->reap) {
     throw UnimplementedError("provider '" + g->name + "' does not support listing and reaping");
   }
-  using Ctx = detail::ListCtx<Callbacks>;
+  using Ctx = detail::ListCtx<Callbacks, K>;
   const detail::KvList kv(selector);
+  const detail::OpDeadline deadline{g->deadlines.call(), detail::OpDeadline::From::start,
+                                    "the host's limit for this call"};
   return detail::start_operation<std::vector<SandboxInfo>>(
-             g, std::make_unique<Ctx>(),
-             [&](Ctx* raw) {
-               const Callbacks callbacks{sizeof(Callbacks), raw, &Ctx::on_item, &Ctx::on_complete};
+             g, std::make_shared<Ctx>(), deadline,
+             [&](void* token) {
+               const Callbacks callbacks{sizeof(Callbacks), token, &Ctx::on_item,
+                                         &Ctx::on_complete};
                return start(*ext, g->provider, kv.get(), &callbacks);
              })
       .get();
@@ -236,14 +291,14 @@ std::vector<SandboxInfo> list_or_reap(const std::shared_ptr<detail::Generation>&
 }  // namespace
 
 std::vector<SandboxInfo> Provider::list(const StringMap& selector) const {
-  return list_or_reap<sbx_list_callbacks>(
+  return list_or_reap<sbx_list_callbacks, detail::CallKind::list>(
       generation_, selector,
       [](const sbx_provider_list_reap& ext, sbx_provider* p, sbx_kv_list sel,
          const sbx_list_callbacks* cb) { return ext.list(p, sel, cb); });
 }
 
 std::vector<SandboxInfo> Provider::reap(const StringMap& selector) const {
-  return list_or_reap<sbx_reap_callbacks>(
+  return list_or_reap<sbx_reap_callbacks, detail::CallKind::reap>(
       generation_, selector,
       [](const sbx_provider_list_reap& ext, sbx_provider* p, sbx_kv_list sel,
          const sbx_reap_callbacks* cb) { return ext.reap(p, sel, cb); });

@@ -1,6 +1,7 @@
 // sbx::Sandbox: exec, file transfer, status, endpoint and close through the provider ABI.
 
 #include "abi_glue.hpp"
+#include "calls.hpp"
 
 #include <sbx/abi/ext/endpoint.h>
 #include <sbx/core/sandbox.hpp>
@@ -19,9 +20,11 @@ namespace sbx {
 namespace detail {
 namespace {
 
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
+namespace fs = std::filesystem;
+
+// A file that says it is empty may be a pseudo-file whose size the kernel does not know
+// (/proc/cpuinfo): it is read whole, up to this much, and uploaded from memory.
+constexpr size_t kPseudoFileLimit = 64 * 1024 * 1024;
 
 // What open(O_CREAT, 0666) would give a new file: 0666 less the process's umask, read from
 // /proc/self/status (calling umask() to read it would change it for other threads meanwhile).
@@ -39,10 +42,19 @@ mode_t new_file_mode() {
 
 // A completed operation, for answers the host knows without asking the plugin.
 template <class T, class... A>
-auto completed(const std::shared_ptr<Generation>& g, A&&... value) {
-  auto state = std::make_shared<OpState<T>>(g);
+auto completed(const std::shared_ptr<Generation>& g, CallKind kind, A&&... value) {
+  auto state = std::make_shared<OpState<T>>(g, call_kind_name(kind));
   state->succeed(std::forward<A>(value)...);
   return Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>>(state);
+}
+
+OpDeadline call_deadline(const Generation& g) {
+  return {g.deadlines.call(), OpDeadline::From::start, "the host's limit for this call"};
+}
+
+OpDeadline transfer_deadline(const Generation& g) {
+  return {g.deadlines.transfer_idle(), OpDeadline::From::progress,
+          "no data moved for that long"};
 }
 
 // Every operation on a sandbox keeps its state (and so the plugin's handle) alive until it
@@ -54,38 +66,49 @@ struct SandboxRef {
 // Operations without a value (upload, download, close) complete through one thunk; each context
 // says in finish() what success and failure mean for it.
 template <class Ctx>
-void SBX_ABI done_thunk(void* user_data, const sbx_error* error) {
+void SBX_ABI done_thunk(void* token, const sbx_error* error) {
   CallbackScope scope;
-  std::unique_ptr<Ctx> ctx(static_cast<Ctx*>(user_data));
+  const std::shared_ptr<Ctx> ctx = calls::complete<Ctx>(token, "on_complete");
+  if (!ctx || calls::late(*ctx)) return;
   in_callback(*ctx->state, [&] { ctx->finish(error); });
 }
 
-struct DoneCtx : SandboxRef {
+struct DoneCtx : CallCtx, SandboxRef {
+  using CallCtx::CallCtx;
   std::shared_ptr<OpState<Unit>> state;
   void finish(const sbx_error* error) {
-    if (error) return state->fail(*error);
+    if (error) {
+      state->fail(plugin_error(*sandbox->generation, error, state->kind()));
+      return;
+    }
     state->succeed();
   }
 };
 
-// A failed close leaves the sandbox open, so that close can be retried.
+// A failed close leaves the sandbox open, so that close can be retried. An abandoned one does
+// not: the host gave up on it (the log says so), and a destructor must not wait for it again.
 struct CloseCtx : DoneCtx {
+  static constexpr CallKind kKind = CallKind::close;
+  CloseCtx() : DoneCtx(kKind) {}
   void finish(const sbx_error* error) {
-    if (error) sandbox->closed.store(false);
+    if (error && !state->abandoned()) sandbox->closed.store(false);
     DoneCtx::finish(error);
   }
 };
 
-struct ExecCtx : SandboxRef {
+struct ExecCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::exec;
+  ExecCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<ExecResult>> state;
   std::function<void(OutputStream, std::string_view)> on_output;
 
   // A caller's callback that throws ends the exec with that error: the command is cancelled and
   // the callback sees no further output (the caller may have returned from exec() already).
-  static void SBX_ABI output(void* user_data, int32_t stream, sbx_bytes chunk) {
+  static void SBX_ABI output(void* token, int32_t stream, sbx_bytes chunk) {
     CallbackScope scope;
-    auto* ctx = static_cast<ExecCtx*>(user_data);
-    if (ctx->state->ready()) return;
+    const std::shared_ptr<ExecCtx> ctx = calls::find<ExecCtx>(token, "on_output");
+    if (!ctx || ctx->state->ready() || ctx->state->abandoned()) return;
+    if (!chunk.data && chunk.len > 0) return;  // nothing to read; the completion will tell
     try {
       ctx->on_output(stream == SBX_STREAM_STDERR ? OutputStream::err : OutputStream::out,
                      std::string_view(reinterpret_cast<const char*>(chunk.data), chunk.len));
@@ -95,13 +118,24 @@ struct ExecCtx : SandboxRef {
       ctx->state->fail(error);
     }
   }
-  static void SBX_ABI on_complete(void* user_data, const sbx_exec_result* result,
+  static void SBX_ABI on_complete(void* token, const sbx_exec_result* result,
                                   const sbx_error* error) {
     CallbackScope scope;
-    std::unique_ptr<ExecCtx> ctx(static_cast<ExecCtx*>(user_data));
+    const std::shared_ptr<ExecCtx> ctx = calls::complete<ExecCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
+    const Generation& g = *ctx->sandbox->generation;
     in_callback(*ctx->state, [&] {
-      if (!result) {
-        return ctx->state->fail(error ? to_error(*error) : InternalError("exec failed"));
+      if (!result) return ctx->state->fail(plugin_error(g, error, "exec"));
+      if (!SBX_HAS_FIELD(result, sbx_exec_result, stderr_bytes)) {
+        return ctx->state->fail(InternalError(
+            describe(g) + " completed an exec with an sbx_exec_result of " +
+            std::to_string(result->struct_size) + " bytes; ABI 1.0 defines " +
+            std::to_string(offsetof(sbx_exec_result, stderr_bytes) + sizeof(sbx_bytes))));
+      }
+      if ((!result->stdout_bytes.data && result->stdout_bytes.len) ||
+          (!result->stderr_bytes.data && result->stderr_bytes.len)) {
+        return ctx->state->fail(
+            InternalError(describe(g) + " completed an exec with output bytes at NULL"));
       }
       ExecResult r;
       r.stdout_text.assign(reinterpret_cast<const char*>(result->stdout_bytes.data),
@@ -109,67 +143,134 @@ struct ExecCtx : SandboxRef {
       r.stderr_text.assign(reinterpret_cast<const char*>(result->stderr_bytes.data),
                            result->stderr_bytes.len);
       r.return_code = result->return_code;
-      if (result->error_type.data) r.error_type = copy_of(result->error_type);
+      if (result->error_type.data) r.error_type = sdk::utf8::sanitize(copy_of(result->error_type));
       ctx->state->succeed(std::move(r));
     });
   }
 };
 
-struct StatusCtx : SandboxRef {
+struct StatusCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::status;
+  StatusCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<SandboxStatus>> state;
-  static void SBX_ABI on_complete(void* user_data, int32_t status, const sbx_error* error) {
+  static void SBX_ABI on_complete(void* token, int32_t status, const sbx_error* error) {
     CallbackScope scope;
-    std::unique_ptr<StatusCtx> ctx(static_cast<StatusCtx*>(user_data));
+    const std::shared_ptr<StatusCtx> ctx = calls::complete<StatusCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
     in_callback(*ctx->state, [&] {
-      if (error) return ctx->state->fail(*error);
+      if (error) return ctx->state->fail(plugin_error(*ctx->sandbox->generation, error, "status"));
       ctx->state->succeed(to_status(status));
     });
   }
 };
 
-// Upload source: a local file or bytes in memory; host-owned until on_complete.
+// Upload source: a local file or bytes in memory; host-owned until on_complete. The file is
+// streamed until its end, and must end exactly at the size announced when the upload started:
+// a file that shrinks or grows meanwhile fails the upload, with the reason as its error.
 struct UploadCtx : DoneCtx {
+  static constexpr CallKind kKind = CallKind::upload;
+  UploadCtx() : DoneCtx(kKind) {}
+  std::mutex mutex;
   int fd = -1;
+  fs::path local_path;
   std::string memory;
-  size_t offset = 0;
+  uint64_t offset = 0;
+  std::optional<Error> local_error;  // why this side failed the stream
   sbx_input_stream stream{};
 
-  ~UploadCtx() {
+  ~UploadCtx() override {
     if (fd >= 0) ::close(fd);
+  }
+  int64_t fail_stream(Error error) {
+    local_error.emplace(std::move(error));
+    return -1;
   }
   static int64_t SBX_ABI read_file(void* c, uint8_t* buffer, size_t capacity) {
     auto* ctx = static_cast<UploadCtx*>(c);
-    for (;;) {
-      const ssize_t n = ::read(ctx->fd, buffer, capacity);
-      if (n >= 0) return n;
-      if (errno != EINTR) return -1;
+    std::lock_guard lock(ctx->mutex);
+    if (ctx->local_error || ctx->state->abandoned()) return -1;
+    const auto size = static_cast<uint64_t>(ctx->stream.size);
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(capacity, size - ctx->offset));
+    if (want == 0) return 0;
+    ssize_t n;
+    do {
+      n = ::read(ctx->fd, buffer, want);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
+    if (n == 0) {
+      return ctx->fail_stream(FailedPreconditionError(
+          ctx->local_path.string() + " changed during the upload: it ended after " +
+          std::to_string(ctx->offset) + " of the " + std::to_string(size) +
+          " bytes it had when the upload started"));
     }
+    ctx->offset += static_cast<uint64_t>(n);
+    ctx->state->touch();
+    if (ctx->offset == size) {  // the announced end: the file must end here too
+      char extra;
+      ssize_t m;
+      do {
+        m = ::read(ctx->fd, &extra, 1);
+      } while (m < 0 && errno == EINTR);
+      if (m < 0) return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
+      if (m > 0) {
+        return ctx->fail_stream(FailedPreconditionError(
+            ctx->local_path.string() + " changed during the upload: it grew past the " +
+            std::to_string(size) + " bytes it had when the upload started"));
+      }
+    }
+    return n;
   }
   static int64_t SBX_ABI read_memory(void* c, uint8_t* buffer, size_t capacity) {
     auto* ctx = static_cast<UploadCtx*>(c);
-    const size_t n = std::min(capacity, ctx->memory.size() - ctx->offset);
+    std::lock_guard lock(ctx->mutex);
+    if (ctx->state->abandoned()) return -1;
+    const size_t n = std::min<size_t>(capacity, ctx->memory.size() - ctx->offset);
     std::memcpy(buffer, ctx->memory.data() + ctx->offset, n);
     ctx->offset += n;
+    ctx->state->touch();
     return static_cast<int64_t>(n);
+  }
+  // This side's reason comes first: the plugin only saw a stream that failed.
+  void finish(const sbx_error* error) {
+    std::optional<Error> local;
+    {
+      std::lock_guard lock(mutex);
+      local = local_error;
+    }
+    if (local) return state->fail(*local);
+    DoneCtx::finish(error);
   }
 };
 
-// Download sink: a temporary file renamed over the target on success, removed otherwise.
-struct DownloadCtx : SandboxRef {
+// Download sink: a temporary file renamed over the target on success; on failure the temporary
+// file and the parent directories the download made are removed before the error is reported.
+struct DownloadCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::download;
+  DownloadCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<Unit>> state;
+  std::mutex mutex;
   int fd = -1;
-  std::filesystem::path temp_path;
-  std::filesystem::path target;
-  std::string* memory = nullptr;  // download_bytes: append here instead
+  fs::path temp_path;
+  fs::path target;
+  std::vector<fs::path> made_dirs;  // parents this download created, outermost first
+  std::shared_ptr<std::string> memory;  // download_bytes: append here instead
+  std::optional<Error> local_error;
+  bool settled = false;  // committed or discarded: nothing more is written
   sbx_output_stream stream{};
 
-  ~DownloadCtx() { discard(); }
+  ~DownloadCtx() override { discard(); }
+
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
     auto* ctx = static_cast<DownloadCtx*>(c);
+    std::lock_guard lock(ctx->mutex);
+    if (ctx->settled || ctx->local_error) return -1;
+    if (!data.data && data.len > 0) return -1;
+    ctx->state->touch();
     if (ctx->memory) {
       try {
         ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
       } catch (...) {  // out of memory: abort the download rather than throw into the plugin
+        ctx->local_error.emplace(local_io_error("keeping the download in memory", ENOMEM));
         return -1;
       }
       return 0;
@@ -179,63 +280,129 @@ struct DownloadCtx : SandboxRef {
     while (left > 0) {
       const ssize_t n = ::write(ctx->fd, p, left);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return -1;
+      if (n <= 0) {
+        ctx->local_error.emplace(local_io_error("writing " + ctx->target.string(),
+                                                n < 0 ? errno : EIO));
+        return -1;
+      }
       p += n;
       left -= static_cast<size_t>(n);
     }
     return 0;
   }
+
   // Settles the file system before the caller can see the outcome: a partial file is never on
   // disk once the operation is complete.
   void finish(const sbx_error* error) {
-    std::optional<Error> failure = error ? std::optional<Error>(to_error(*error)) : commit();
-    discard();
+    std::optional<Error> failure;
+    {
+      std::lock_guard lock(mutex);
+      if (local_error) {
+        failure = local_error;
+      } else if (error) {
+        failure = plugin_error(*sandbox->generation, error, "download");
+      } else {
+        failure = commit();
+      }
+      discard_locked();
+    }
     if (failure) return state->fail(*failure);
     state->succeed();
   }
+
+  // The host gave up: nothing more is written, and nothing is left behind.
+  void on_abandoned() override { discard(); }
 
   // Moves the finished temporary file over the target; the error, if that fails.
   std::optional<Error> commit() {
     if (fd < 0) return std::nullopt;  // download_bytes: nothing on disk
     const int f = std::exchange(fd, -1);
-    const bool written = ::fsync(f) == 0;
-    const int write_errno = errno;
-    if (::close(f) != 0 || !written) {
-      return InternalError("writing " + target.string() + " failed: " + errno_text(write_errno));
+    if (::fsync(f) != 0) {
+      const int err = errno;
+      ::close(f);
+      return local_io_error("writing " + target.string(), err);
     }
+    if (::close(f) != 0) return local_io_error("writing " + target.string(), errno);
     if (::rename(temp_path.c_str(), target.c_str()) != 0) {
-      return InternalError("renaming the download to " + target.string() +
-                           " failed: " + errno_text(errno));
+      return local_io_error("renaming the download to " + target.string(), errno);
     }
     temp_path.clear();
+    made_dirs.clear();  // they hold the file now
     return std::nullopt;
   }
-  // Closes and removes the temporary file unless it was committed.
-  void discard() {
+  // Closes and removes the temporary file unless it was committed, then the directories made for
+  // it (only those still empty).
+  void discard_locked() {
+    settled = true;
     if (fd >= 0) ::close(std::exchange(fd, -1));
     if (!temp_path.empty()) ::unlink(temp_path.c_str());
     temp_path.clear();
+    for (auto it = made_dirs.rbegin(); it != made_dirs.rend(); ++it)
+      ::rmdir(it->c_str());
+    made_dirs.clear();
+  }
+  void discard() {
+    std::lock_guard lock(mutex);
+    discard_locked();
   }
 };
 
-struct EndpointCtx : SandboxRef {
+struct EndpointCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::endpoint;
+  EndpointCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<Endpoint>> state;
-  static void SBX_ABI on_complete(void* user_data, const sbx_endpoint* endpoint,
+  static void SBX_ABI on_complete(void* token, const sbx_endpoint* endpoint,
                                   const sbx_error* error) {
     CallbackScope scope;
-    std::unique_ptr<EndpointCtx> ctx(static_cast<EndpointCtx*>(user_data));
+    const std::shared_ptr<EndpointCtx> ctx = calls::complete<EndpointCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
+    const Generation& g = *ctx->sandbox->generation;
     in_callback(*ctx->state, [&] {
-      if (!endpoint) {
-        return ctx->state->fail(error ? to_error(*error) : InternalError("endpoint failed"));
+      if (!endpoint) return ctx->state->fail(plugin_error(g, error, "endpoint"));
+      if (!SBX_HAS_FIELD(endpoint, sbx_endpoint, headers)) {
+        return ctx->state->fail(InternalError(describe(g) + " returned an sbx_endpoint of " +
+                                              std::to_string(endpoint->struct_size) +
+                                              " bytes, smaller than ABI 1.0 defines"));
       }
-      ctx->state->succeed(Endpoint{copy_of(endpoint->url), copy_of(endpoint->headers)});
+      ctx->state->succeed(Endpoint{sdk::utf8::sanitize(copy_of(endpoint->url)),
+                                   copy_of(endpoint->headers)});
     });
   }
 };
 
+// A local file the caller named that cannot be used: their argument, with the errno kept.
+[[noreturn]] void refuse_local_file(const std::string& what, int error_number) {
+  InvalidArgumentError error(what + ": " + std::strerror(error_number));
+  error.set_local_errno(error_number);
+  throw error;
+}
+
+// Creates every missing directory above `file`, outermost first; returns those it made.
+std::vector<fs::path> make_parents(const fs::path& file) {
+  std::vector<fs::path> missing;
+  for (fs::path dir = file.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0) break;
+    missing.push_back(dir);
+    if (dir == dir.parent_path()) break;
+  }
+  std::vector<fs::path> made;
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0777) != 0 && errno != EEXIST) {
+      const int err = errno;
+      for (auto m = made.rbegin(); m != made.rend(); ++m)
+        ::rmdir(m->c_str());
+      throw_error(local_io_error("cannot create " + it->string(), err));
+    }
+    made.push_back(*it);
+  }
+  return made;
+}
+
 }  // namespace
 }  // namespace detail
 
+using detail::call_deadline;
 using detail::start_operation;
 
 Sandbox::Sandbox(std::shared_ptr<detail::SandboxState> state) : state_(std::move(state)) {}
@@ -262,7 +429,7 @@ Sandbox::~Sandbox() {
     return;
   }
   try {
-    close();
+    close();  // bounded by the host's deadline for close
   } catch (const std::exception& e) {
     detail::logger()->warn("closing sandbox {} failed: {}", state_->id, e.what());
   }
@@ -289,8 +456,9 @@ void require_open(const detail::SandboxState& s) {
 Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions options) {
   require_open(*state_);
   options.validate();
+  detail::require_utf8(command, "the command");
   const auto& g = state_->generation;
-  auto ctx = std::make_unique<detail::ExecCtx>();
+  auto ctx = std::make_shared<detail::ExecCtx>();
   ctx->sandbox = state_;
   ctx->on_output = std::move(options.on_output);
   const bool streamed = static_cast<bool>(ctx->on_output);
@@ -302,8 +470,15 @@ Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions optio
                                  env.get(),
                                  detail::to_abi_ms(options.timeout_s),
                                  detail::optional_view(options.user)};
-  return start_operation<ExecResult>(g, std::move(ctx), [&](detail::ExecCtx* raw) {
-    const sbx_exec_callbacks callbacks{sizeof(sbx_exec_callbacks), raw,
+  detail::OpDeadline deadline{g->deadlines.exec(), detail::OpDeadline::From::start,
+                              "the host's limit for an exec without a timeout"};
+  if (options.timeout_s) {
+    deadline.after = Deadlines::ms(*options.timeout_s) + g->deadlines.grace();
+    deadline.why = "its timeout plus the host's grace of " +
+                   std::to_string(g->deadlines.grace().count() / 1000) + " s";
+  }
+  return start_operation<ExecResult>(g, std::move(ctx), deadline, [&](void* token) {
+    const sbx_exec_callbacks callbacks{sizeof(sbx_exec_callbacks), token,
                                        streamed ? &detail::ExecCtx::output : nullptr,
                                        &detail::ExecCtx::on_complete};
     return g->provider->exec(g->provider, state_->handle, &request, &callbacks);
@@ -317,36 +492,62 @@ ExecResult Sandbox::exec(std::string_view command, ExecOptions options) {
 namespace {
 
 Operation<void> start_upload(const std::shared_ptr<detail::SandboxState>& s,
-                             std::unique_ptr<detail::UploadCtx> ctx, const std::string& remote) {
+                             std::shared_ptr<detail::UploadCtx> ctx, const std::string& remote) {
+  detail::require_utf8(remote, "the sandbox path");
   const auto& g = s->generation;
   ctx->sandbox = s;
   ctx->stream.struct_size = sizeof(sbx_input_stream);
   ctx->stream.ctx = ctx.get();
   const sbx_upload_request request{sizeof(sbx_upload_request), detail::view_of(remote),
                                    &ctx->stream, 0};
-  return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::UploadCtx* raw) {
-    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
-                                       &detail::done_thunk<detail::UploadCtx>};
-    return g->provider->upload(g->provider, s->handle, &request, &callbacks);
-  });
+  return start_operation<detail::Unit>(g, std::move(ctx), detail::transfer_deadline(*g),
+                                       [&](void* token) {
+                                         const sbx_done_callbacks callbacks{
+                                             sizeof(sbx_done_callbacks), token,
+                                             &detail::done_thunk<detail::UploadCtx>};
+                                         return g->provider->upload(g->provider, s->handle,
+                                                                    &request, &callbacks);
+                                       });
 }
 
 }  // namespace
 
 Operation<void> Sandbox::upload_async(std::filesystem::path local_path, std::string remote_path) {
   require_open(*state_);
-  auto ctx = std::make_unique<detail::UploadCtx>();
+  auto ctx = std::make_shared<detail::UploadCtx>();
+  ctx->local_path = local_path;
   ctx->fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (ctx->fd < 0) {
-    throw InvalidArgumentError("cannot open " + local_path.string() +
-                               " for upload: " + detail::errno_text(errno));
+    detail::refuse_local_file("cannot open " + local_path.string() + " for upload", errno);
   }
   struct stat st {};
-  if (::fstat(ctx->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(ctx->fd, &st) != 0) {
+    detail::refuse_local_file("cannot upload " + local_path.string(), errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
     throw InvalidArgumentError("cannot upload " + local_path.string() + ": not a regular file");
   }
-  ctx->stream.size = st.st_size;
-  ctx->stream.read = &detail::UploadCtx::read_file;
+  if (st.st_size > 0) {
+    ctx->stream.size = st.st_size;
+    ctx->stream.read = &detail::UploadCtx::read_file;
+    return start_upload(state_, std::move(ctx), remote_path);
+  }
+  // Size 0: empty, or a pseudo-file whose size is only known once it is read.
+  char buffer[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(ctx->fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_error(local_io_error("reading " + local_path.string(), errno));
+    if (n == 0) break;
+    if (ctx->memory.size() + static_cast<size_t>(n) > detail::kPseudoFileLimit) {
+      throw InvalidArgumentError("cannot upload " + local_path.string() +
+                                 ": it reports no size and holds more than 64 MiB; copy it to "
+                                 "a regular file first");
+    }
+    ctx->memory.append(buffer, static_cast<size_t>(n));
+  }
+  ctx->stream.size = static_cast<int64_t>(ctx->memory.size());
+  ctx->stream.read = &detail::UploadCtx::read_memory;
   return start_upload(state_, std::move(ctx), remote_path);
 }
 
@@ -356,7 +557,7 @@ void Sandbox::upload(const std::filesystem::path& local_path, std::string_view r
 
 Operation<void> Sandbox::upload_bytes_async(std::string contents, std::string remote_path) {
   require_open(*state_);
-  auto ctx = std::make_unique<detail::UploadCtx>();
+  auto ctx = std::make_shared<detail::UploadCtx>();
   ctx->memory = std::move(contents);
   ctx->stream.size = static_cast<int64_t>(ctx->memory.size());
   ctx->stream.read = &detail::UploadCtx::read_memory;
@@ -370,40 +571,44 @@ void Sandbox::upload_bytes(std::string_view contents, std::string_view remote_pa
 namespace {
 
 Operation<void> start_download(const std::shared_ptr<detail::SandboxState>& s,
-                               std::unique_ptr<detail::DownloadCtx> ctx,
+                               std::shared_ptr<detail::DownloadCtx> ctx,
                                const std::string& remote) {
   const auto& g = s->generation;
   ctx->sandbox = s;
   ctx->stream = {sizeof(sbx_output_stream), ctx.get(), &detail::DownloadCtx::write};
   const sbx_download_request request{sizeof(sbx_download_request), detail::view_of(remote),
                                      &ctx->stream};
-  return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::DownloadCtx* raw) {
-    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
-                                       &detail::done_thunk<detail::DownloadCtx>};
-    return g->provider->download(g->provider, s->handle, &request, &callbacks);
-  });
+  return start_operation<detail::Unit>(g, std::move(ctx), detail::transfer_deadline(*g),
+                                       [&](void* token) {
+                                         const sbx_done_callbacks callbacks{
+                                             sizeof(sbx_done_callbacks), token,
+                                             &detail::done_thunk<detail::DownloadCtx>};
+                                         return g->provider->download(g->provider, s->handle,
+                                                                      &request, &callbacks);
+                                       });
 }
 
 }  // namespace
 
 Operation<void> Sandbox::download_async(std::string remote_path, std::filesystem::path local_path) {
   require_open(*state_);
-  auto ctx = std::make_unique<detail::DownloadCtx>();
+  detail::require_utf8(remote_path, "the sandbox path");
+  auto ctx = std::make_shared<detail::DownloadCtx>();
   ctx->target = std::filesystem::absolute(local_path);
-  std::error_code ec;
-  std::filesystem::create_directories(ctx->target.parent_path(), ec);
-  if (ec) {
-    throw InvalidArgumentError("cannot create " + ctx->target.parent_path().string() + ": " +
-                               ec.message());
-  }
+  ctx->made_dirs = detail::make_parents(ctx->target);
   std::string temp = ctx->target.string() + ".sbx-partial-XXXXXX";
   ctx->fd = ::mkostemp(temp.data(), O_CLOEXEC);
   if (ctx->fd < 0) {
-    throw InvalidArgumentError("cannot write next to " + ctx->target.string() + ": " +
-                               detail::errno_text(errno));
+    const int err = errno;
+    ctx->discard();
+    throw_error(local_io_error("cannot write next to " + ctx->target.string(), err));
   }
   ctx->temp_path = temp;
-  ::fchmod(ctx->fd, detail::new_file_mode());  // mkostemp made it 0600
+  if (::fchmod(ctx->fd, detail::new_file_mode()) != 0) {  // mkostemp made it 0600
+    const int err = errno;
+    ctx->discard();
+    throw_error(local_io_error("cannot set the mode of " + temp, err));
+  }
   return start_download(state_, std::move(ctx), remote_path);
 }
 
@@ -413,20 +618,25 @@ void Sandbox::download(std::string_view remote_path, const std::filesystem::path
 
 std::string Sandbox::download_bytes(std::string_view remote_path) {
   require_open(*state_);
-  std::string contents;
-  auto ctx = std::make_unique<detail::DownloadCtx>();
-  ctx->memory = &contents;
+  detail::require_utf8(remote_path, "the sandbox path");
+  // Shared with the context: a plugin that writes after the host abandoned the download writes
+  // into a buffer that still exists (and that nobody reads).
+  auto contents = std::make_shared<std::string>();
+  auto ctx = std::make_shared<detail::DownloadCtx>();
+  ctx->memory = contents;
   start_download(state_, std::move(ctx), std::string(remote_path)).get();
-  return contents;
+  return std::move(*contents);
 }
 
 Operation<SandboxStatus> Sandbox::status_async() {
   const auto& g = state_->generation;
-  if (state_->closed.load()) return detail::completed<SandboxStatus>(g, SandboxStatus::stopped);
-  auto ctx = std::make_unique<detail::StatusCtx>();
+  if (state_->closed.load()) {
+    return detail::completed<SandboxStatus>(g, detail::CallKind::status, SandboxStatus::stopped);
+  }
+  auto ctx = std::make_shared<detail::StatusCtx>();
   ctx->sandbox = state_;
-  return start_operation<SandboxStatus>(g, std::move(ctx), [&](detail::StatusCtx* raw) {
-    const sbx_status_callbacks callbacks{sizeof(sbx_status_callbacks), raw,
+  return start_operation<SandboxStatus>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_status_callbacks callbacks{sizeof(sbx_status_callbacks), token,
                                          &detail::StatusCtx::on_complete};
     return g->provider->status(g->provider, state_->handle, &callbacks);
   });
@@ -452,16 +662,16 @@ Endpoint Sandbox::endpoint(int64_t port) {
   }
   const auto& g = state_->generation;
   const auto* ext = static_cast<const sbx_provider_endpoint*>(g->extension(SBX_EXT_ENDPOINT));
-  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_endpoint, get)) {
+  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_endpoint, get) || !ext->get) {
     throw UnimplementedError("provider '" + g->name + "' does not support service endpoints");
   }
   require_open(*state_);
-  auto ctx = std::make_unique<detail::EndpointCtx>();
+  auto ctx = std::make_shared<detail::EndpointCtx>();
   ctx->sandbox = state_;
-  return start_operation<Endpoint>(g, std::move(ctx),
-                                   [&](detail::EndpointCtx* raw) {
+  return start_operation<Endpoint>(g, std::move(ctx), call_deadline(*g),
+                                   [&](void* token) {
                                      const sbx_endpoint_callbacks callbacks{
-                                         sizeof(sbx_endpoint_callbacks), raw,
+                                         sizeof(sbx_endpoint_callbacks), token,
                                          &detail::EndpointCtx::on_complete};
                                      return ext->get(g->provider, state_->handle,
                                                      static_cast<uint16_t>(port), &callbacks);
@@ -471,11 +681,11 @@ Endpoint Sandbox::endpoint(int64_t port) {
 
 Operation<void> Sandbox::close_async() {
   const auto& g = state_->generation;
-  if (state_->closed.exchange(true)) return detail::completed<detail::Unit>(g);
-  auto ctx = std::make_unique<detail::CloseCtx>();
+  if (state_->closed.exchange(true)) return detail::completed<detail::Unit>(g, detail::CallKind::close);
+  auto ctx = std::make_shared<detail::CloseCtx>();
   ctx->sandbox = state_;
-  return start_operation<detail::Unit>(g, std::move(ctx), [&](detail::CloseCtx* raw) {
-    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), raw,
+  return start_operation<detail::Unit>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token,
                                        &detail::done_thunk<detail::CloseCtx>};
     return g->provider->close(g->provider, state_->handle, &callbacks);
   });

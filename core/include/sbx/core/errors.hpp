@@ -25,6 +25,11 @@ class Error : public std::runtime_error {
   bool retryable() const noexcept { return retryable_; }
   int32_t http_status() const noexcept { return http_status_; }
   const std::string& request_id() const noexcept { return request_id_; }
+  // The errno of the host's own file or stream operation that caused this error (a full disk
+  // during a download, a file that could not be read for an upload), or 0 when the cause lies
+  // elsewhere. `sbx` exits 74 for these.
+  int local_errno() const noexcept { return local_errno_; }
+  void set_local_errno(int error_number) noexcept { local_errno_ = error_number; }
 
  private:
   // The message lives in a plain std::string, not in std::runtime_error: libstdc++ shares
@@ -35,6 +40,7 @@ class Error : public std::runtime_error {
   bool retryable_;
   int32_t http_status_;
   std::string request_id_;
+  int local_errno_ = 0;
 };
 
 #define SBX_DEFINE_ERROR(Name, Base, Status)                                                   \
@@ -78,5 +84,9 @@ Error to_error(const std::exception_ptr& exception);
 [[noreturn]] void throw_error(const Error& error);
 [[noreturn]] void throw_error(const sbx_error& error);
 [[noreturn]] void throw_error(sbx_status status, const std::string& message);
+
+// An error of the host's own file I/O: "<what>: <strerror>", its status from the errno (ENOSPC
+// RESOURCE_EXHAUSTED, EACCES PERMISSION_DENIED, ENOENT NOT_FOUND, else INTERNAL), local_errno set.
+Error local_io_error(const std::string& what, int error_number);
 
 }  // namespace sbx

@@ -14,6 +14,7 @@
 
 #include <sbx/abi/version.h>
 #include <sbx/core/config.hpp>
+#include <sbx/core/deadlines.hpp>
 #include <sbx/core/provider.hpp>
 
 #include <filesystem>
@@ -55,6 +56,7 @@ class Host {
     std::vector<std::filesystem::path> plugin_dirs;  // searched before the defaults
     bool use_default_plugin_dirs = true;
     StringMap labels;  // added to the config's labels and the automatic ones (sbx.run, sbx.host)
+    Deadlines deadlines;  // how long the host waits for a provider (deadlines.hpp)
   };
 
   Host();

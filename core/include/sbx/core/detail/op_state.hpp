@@ -1,10 +1,16 @@
-// Implementation detail of operation.hpp: the shared state between an Operation<T> handle and the
-// C callback that completes it.
+// Implementation detail of operation.hpp: the state an Operation<T> handle shares with the host's
+// side of the plugin call that completes it.
+//
+// An operation ends exactly once, whichever comes first: the plugin completes it, or the host
+// abandons it (its deadline passed, or it was cancelled and the plugin did not confirm in time;
+// see core/src/calls.cpp). What the plugin does after that is ignored.
 #pragma once
 
 #include <sbx/abi/provider.h>
 #include <sbx/core/errors.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -29,120 +35,120 @@ class CallbackScope {
   static bool active() noexcept;
 };
 
-template <class T>
-class OpState {
+// What every operation's state has, whatever its value type. THREADING: all members are
+// thread-safe.
+class OpBase : public std::enable_shared_from_this<OpBase> {
  public:
-  explicit OpState(std::shared_ptr<Generation> generation) : generation_(std::move(generation)) {}
-  ~OpState() {
-    if (handle_) handle_->release(handle_);
-  }
-  OpState(const OpState&) = delete;
-  OpState& operator=(const OpState&) = delete;
+  explicit OpBase(std::shared_ptr<Generation> generation, const char* kind);
+  virtual ~OpBase();  // releases the plugin's handle
+  OpBase(const OpBase&) = delete;
+  OpBase& operator=(const OpBase&) = delete;
 
-  // Keeps the state alive until complete() runs (the plugin holds `this` as user_data).
-  void hold(std::shared_ptr<OpState> self) { self_ = std::move(self); }
+  const char* kind() const noexcept { return kind_; }
+  const std::shared_ptr<Generation>& generation() const noexcept { return generation_; }
 
   // Attaches the plugin's handle (may be NULL) after the start call returned; applies a
   // cancellation requested before that.
-  void attach(sbx_operation* handle) {
-    bool cancel_now;
-    {
-      std::lock_guard lock(mutex_);
-      handle_ = handle;
-      cancel_now = cancel_requested_ && handle_ && !done_;
-    }
-    if (cancel_now) handle_->cancel(handle_);
-  }
+  void attach(sbx_operation* handle);
 
-  void cancel() {
-    sbx_operation* handle;
-    {
-      std::lock_guard lock(mutex_);
-      if (done_) return;
-      cancel_requested_ = true;
-      handle = handle_;
-    }
-    // Not under the lock: a plugin may complete the operation from inside cancel().
-    if (handle) handle->cancel(handle);
-  }
+  // Asks the plugin to stop. If the operation has not ended within the host's cancel grace, the
+  // host abandons it with CancelledError. Idempotent.
+  void cancel();
+  // Asks the plugin to stop, without arming the cancel grace; false if the operation had ended.
+  bool request_cancel();
 
-  template <class... A>
-  void succeed(A&&... args) {
-    finish([&] { value_.emplace(std::forward<A>(args)...); });
+  // Ends the operation with `error` on the host's side, unless it has ended already; then runs the
+  // abandon hook (which releases what the host lent the plugin, e.g. a download's temporary file).
+  // Returns whether it ended the operation.
+  bool abandon(const Error& error);
+  // What abandon() must undo; set before the operation starts. Runs at most once, on the
+  // abandoning thread, never under this state's lock.
+  void on_abandon(std::function<void()> hook) { abandon_hook_ = std::move(hook); }
+  bool abandoned() const noexcept { return abandoned_.load(); }
+
+  // For operations whose deadline counts from their last progress (file transfers).
+  void touch() noexcept;
+  std::chrono::steady_clock::time_point last_progress() const noexcept;
+
+  bool ready() const;
+  void wait() const;
+  template <class Clock, class Duration>
+  bool wait_until(std::chrono::time_point<Clock, Duration> deadline) const {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_until(lock, deadline, [&] { return done_; });
   }
+  void then(std::function<void()> fn);
+
   // Errors are kept as values and thrown anew by each get(): an exception object is never shared
   // between the completing thread and the waiting one.
   void fail(const Error& error) {
     finish([&] { error_.emplace(error); });
   }
   void fail(const std::exception_ptr& error) { fail(to_error(error)); }
-  void fail(const sbx_error& error) { fail(to_error(error)); }
 
-  bool ready() const {
-    std::lock_guard lock(mutex_);
-    return done_;
+ protected:
+  // Stores the outcome and wakes the waiters, unless the operation has ended already (the first
+  // outcome wins, e.g. a throwing output callback's error, or the host's abandonment).
+  template <class F>
+  bool finish(F&& store) {
+    std::vector<std::function<void()>> continuations;
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return false;
+      store();
+      done_ = true;
+      continuations.swap(continuations_);
+    }
+    cv_.notify_all();
+    for (auto& continuation : continuations)
+      continuation();
+    return true;
   }
-  void wait() const {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
+  // Under the lock: rethrows the stored error, if any.
+  void throw_if_failed_locked() const {
+    if (error_) throw_error(*error_);
   }
-  template <class Clock, class Duration>
-  bool wait_until(std::chrono::time_point<Clock, Duration> deadline) const {
-    std::unique_lock lock(mutex_);
-    return cv_.wait_until(lock, deadline, [&] { return done_; });
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+
+ private:
+  std::shared_ptr<Generation> generation_;  // keeps the plugin loaded while the handle lives
+  const char* kind_;                        // "exec", "create", ... for messages
+  sbx_operation* handle_ = nullptr;
+  bool cancel_requested_ = false;
+  bool cancel_grace_armed_ = false;
+  bool done_ = false;
+  std::optional<Error> error_;
+  std::vector<std::function<void()>> continuations_;
+  std::function<void()> abandon_hook_;
+  std::atomic<bool> abandoned_{false};
+  std::atomic<int64_t> last_progress_ns_{0};
+};
+
+template <class T>
+class OpState final : public OpBase {
+ public:
+  using OpBase::OpBase;
+
+  template <class... A>
+  bool succeed(A&&... args) {
+    return finish([&] { value_.emplace(std::forward<A>(args)...); });
   }
 
   // The outcome, once ready: moves the value out (once) or rethrows the error.
   T take() {
     wait();
     std::lock_guard lock(mutex_);
-    if (error_) throw_error(*error_);
+    throw_if_failed_locked();
     if (!value_) throw std::logic_error("sbx::Operation::get() called twice");
     T out = std::move(*value_);
     value_.reset();
     return out;
   }
 
-  void then(std::function<void()> fn) {
-    {
-      std::lock_guard lock(mutex_);
-      if (!done_) {
-        continuations_.push_back(std::move(fn));
-        return;
-      }
-    }
-    fn();
-  }
-
  private:
-  template <class F>
-  void finish(F&& store) {
-    std::vector<std::function<void()>> continuations;
-    std::shared_ptr<OpState> self;
-    {
-      std::lock_guard lock(mutex_);
-      if (done_) return;  // the first outcome wins (e.g. a throwing output callback's error)
-      store();
-      done_ = true;
-      continuations.swap(continuations_);
-      self = std::move(self_);
-    }
-    cv_.notify_all();
-    for (auto& continuation : continuations)
-      continuation();
-    // `self` drops here, possibly destroying this state (and releasing the plugin's handle).
-  }
-
-  std::shared_ptr<Generation> generation_;  // keeps the plugin loaded while the handle lives
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-  sbx_operation* handle_ = nullptr;
-  bool cancel_requested_ = false;
-  bool done_ = false;
   std::optional<T> value_;
-  std::optional<Error> error_;
-  std::vector<std::function<void()>> continuations_;
-  std::shared_ptr<OpState> self_;
 };
 
 struct Unit {};
