@@ -1,6 +1,8 @@
 // sbx::Host: plugin discovery, provider resolution by name, and the host labels.
 
 #include "abi_glue.hpp"
+#include "descriptor.hpp"
+#include "discovery.hpp"
 
 #include <sbx/core/host.hpp>
 
@@ -10,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -53,16 +56,33 @@ std::vector<fs::path> split_path_list(const char* text) {
   return out;
 }
 
+fs::path canonical_or_same(const fs::path& path) {
+  std::error_code ec;
+  fs::path key = fs::weakly_canonical(path, ec);
+  return ec ? path : key;
+}
+
+// Every plugin file of the search directories and what it offers, read without loading any of
+// them into this process (discovery.hpp).
+struct Catalog {
+  struct File {
+    PluginInfo info;
+    detail::FileIdentity identity;
+  };
+  std::vector<File> files;
+};
+
 }  // namespace
 
 struct Host::Impl {
   Options options;
   StringMap labels;
-  std::mutex mutex;
-  bool scanned = false;
-  std::map<fs::path, std::shared_ptr<detail::PluginLibrary>> libraries;  // loaded, by path
-  std::vector<PluginInfo> infos;                                         // every file found
-  std::map<std::string, std::shared_ptr<detail::Generation>, std::less<>> providers;
+  detail::ProbeSettings probe;
+
+  std::mutex mutex;  // guards the two members below; never held while plugin code runs
+  std::optional<std::shared_future<std::shared_ptr<const Catalog>>> catalog;
+  std::map<std::string, std::shared_future<std::shared_ptr<detail::Generation>>, std::less<>>
+      providers;
 
   std::vector<fs::path> dirs() const {
     std::vector<fs::path> out = options.plugin_dirs;
@@ -76,53 +96,72 @@ struct Host::Impl {
     return out;
   }
 
-  // Loads a plugin file (once per path). Failures are recorded, then rethrown.
-  std::shared_ptr<detail::PluginLibrary> load_locked(const fs::path& path) {
-    std::error_code ec;
-    fs::path key = fs::weakly_canonical(path, ec);
-    if (ec) key = path;
-    if (auto it = libraries.find(key); it != libraries.end()) return it->second;
-    try {
-      auto lib = detail::PluginLibrary::load(key);
-      libraries.emplace(key, lib);
-      infos.push_back(lib->info());
-      return lib;
-    } catch (const Error& e) {
-      PluginInfo failed;
-      failed.path = key;
-      failed.error = e.what();
-      infos.push_back(failed);
-      detail::logger()->warn("skipping plugin: {}", e.what());
-      throw;
+  // What one file offers; a file that cannot be read or probed is listed with the reason.
+  Catalog::File examine(const fs::path& path) const {
+    Catalog::File file;
+    std::string why;
+    if (auto identity = detail::identity_of(path, &why)) {
+      file.identity = *identity;
+      file.info = detail::probe_plugin(path, *identity, probe);
+    } else {
+      file.info.path = path;
+      file.info.error = path.string() + ": cannot read the file: " + why;
     }
+    return file;
   }
 
-  void scan_locked() {
-    if (scanned) return;
-    scanned = true;
+  std::shared_ptr<const Catalog> scan() const {
+    auto catalog = std::make_shared<Catalog>();
     std::set<fs::path> files;
     for (const fs::path& dir : dirs()) {
       std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        if (entry.path().extension() == ".so" && entry.is_regular_file()) {
-          files.insert(entry.path());
-        }
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->path().extension() != ".so") continue;
+        std::error_code type_error;  // a link to nowhere or a loop is listed as broken below
+        if (it->is_directory(type_error)) continue;
+        files.insert(canonical_or_same(it->path()));
       }
     }
     for (const fs::path& file : files) {
-      try {
-        load_locked(file);
-      } catch (const Error&) {
-        // recorded in infos; the other plugins keep working
+      catalog->files.push_back(examine(file));
+      if (!catalog->files.back().info.ok()) {
+        detail::logger()->debug("plugin file not usable: {}", catalog->files.back().info.error);
       }
     }
+    return catalog;
   }
 
-  // Libraries offering `provider_id`, among the scanned ones.
-  std::vector<std::shared_ptr<detail::PluginLibrary>> offering(std::string_view provider_id) {
-    std::vector<std::shared_ptr<detail::PluginLibrary>> out;
-    for (const auto& [path, lib] : libraries) {
-      if (lib->factory(provider_id)) out.push_back(lib);
+  // The catalog, scanned once per Host by the first caller; others wait for it without the lock.
+  std::shared_ptr<const Catalog> get_catalog() {
+    std::unique_lock lock(mutex);
+    if (catalog) {
+      auto future = *catalog;
+      lock.unlock();
+      return future.get();
+    }
+    std::promise<std::shared_ptr<const Catalog>> promise;
+    catalog = promise.get_future().share();
+    lock.unlock();
+    std::shared_ptr<const Catalog> scanned;
+    try {
+      scanned = scan();
+    } catch (...) {  // out of memory: the next call scans again
+      promise.set_exception(std::current_exception());
+      lock.lock();
+      catalog.reset();
+      throw;
+    }
+    promise.set_value(scanned);
+    return scanned;
+  }
+
+  static std::vector<const Catalog::File*> offering(const Catalog& c, std::string_view id) {
+    std::vector<const Catalog::File*> out;
+    for (const auto& f : c.files) {
+      if (!f.info.ok()) continue;
+      for (const auto& kind : f.info.providers) {
+        if (kind.id == id) out.push_back(&f);
+      }
     }
     return out;
   }
@@ -130,68 +169,84 @@ struct Host::Impl {
   // Like PATH: a plugin in an earlier directory shadows one offering the same id in a later one
   // (so --plugin-dir and $SBX_PLUGIN_PATH can override build/plugins). Two in one directory are
   // ambiguous.
-  std::shared_ptr<detail::PluginLibrary> first_in_search_order(
-      const std::vector<std::shared_ptr<detail::PluginLibrary>>& candidates,
-      const std::string& block_name, const std::string& id) const {
+  const Catalog::File& first_in_search_order(const std::vector<const Catalog::File*>& candidates,
+                                             const std::string& block_name,
+                                             const std::string& id) const {
     const std::vector<fs::path> search = dirs();
-    auto rank = [&](const detail::PluginLibrary& lib) {
+    auto rank = [&](const Catalog::File& f) {
       for (size_t i = 0; i < search.size(); ++i) {
         std::error_code ec;
-        if (fs::equivalent(search[i], lib.path().parent_path(), ec)) return i;
+        if (fs::equivalent(search[i], f.info.path.parent_path(), ec)) return i;
       }
       return search.size();
     };
-    std::vector<std::pair<size_t, std::shared_ptr<detail::PluginLibrary>>> ranked;
-    for (const auto& c : candidates)
+    std::vector<std::pair<size_t, const Catalog::File*>> ranked;
+    for (const auto* c : candidates)
       ranked.emplace_back(rank(*c), c);
     std::stable_sort(ranked.begin(), ranked.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     if (ranked.size() > 1 && ranked[0].first == ranked[1].first) {
       std::string paths;
       for (const auto& [r, c] : ranked)
-        if (r == ranked[0].first) paths += (paths.empty() ? "" : ", ") + c->path().string();
+        if (r == ranked[0].first) paths += (paths.empty() ? "" : ", ") + c->info.path.string();
       throw ConfigError("provider '" + block_name + "': provider id '" + id +
                         "' is offered by several plugins in one directory: " + paths);
     }
     for (size_t i = 1; i < ranked.size(); ++i) {
-      detail::logger()->info("provider id '{}': {} shadows {}", id,
-                             ranked[0].second->path().string(), ranked[i].second->path().string());
+      detail::logger()->warn("provider id '{}': {} shadows {}", id,
+                             ranked[0].second->info.path.string(),
+                             ranked[i].second->info.path.string());
     }
-    return ranked.front().second;
+    return *ranked.front().second;
   }
 
-  std::vector<std::string> available_names() {
+  std::vector<std::string> available_names(const Catalog& c) const {
     std::set<std::string> names;
     for (const auto& [name, block] : options.config.providers)
       names.insert(name);
-    for (const auto& [path, lib] : libraries) {
-      for (const auto& kind : lib->info().providers)
+    for (const auto& f : c.files) {
+      for (const auto& kind : f.info.providers)
         names.insert(kind.id);
     }
     return {names.begin(), names.end()};
   }
 
-  std::shared_ptr<detail::Generation> create_locked(const ProviderBlock& block) {
+  // Loads a file into this process, once its descriptor was read out of process: a file that
+  // changed since it was probed is probed again first.
+  std::shared_ptr<detail::PluginLibrary> load(const Catalog::File& probed) const {
+    std::string why;
+    const auto now = detail::identity_of(probed.info.path, &why);
+    if (!now) throw PluginLoadError(probed.info.path.string() + ": cannot read the file: " + why);
+    if (*now != probed.identity) {
+      const PluginInfo again = detail::probe_plugin(probed.info.path, *now, probe);
+      if (!again.ok()) throw PluginLoadError(again.error);
+    }
+    return detail::PluginLibrary::load(probed.info.path);
+  }
+
+  std::shared_ptr<detail::Generation> create(const ProviderBlock& block) {
     auto [file, id] = detail::split_plugin_ref(block.plugin);
     std::shared_ptr<detail::PluginLibrary> lib;
     if (!file.empty()) {
-      lib = load_locked(file);
+      const Catalog::File probed = examine(canonical_or_same(file));
+      if (!probed.info.ok()) throw PluginLoadError(probed.info.error);
       if (id.empty()) {
-        if (lib->plugin().factory_count != 1) {
+        if (probed.info.providers.size() != 1) {
           throw ConfigError("provider '" + block.name + "': " + file.string() + " offers " +
-                            std::to_string(lib->plugin().factory_count) +
+                            std::to_string(probed.info.providers.size()) +
                             " providers; name one as \"" + file.string() + "#<provider id>\"");
         }
-        id = lib->plugin().factories[0]->id;
+        id = probed.info.providers[0].id;
       }
+      lib = load(probed);
     } else {
-      scan_locked();
-      auto candidates = offering(id);
+      const auto catalog = get_catalog();
+      const auto candidates = offering(*catalog, id);
       if (candidates.empty()) {
         throw ConfigError("provider '" + block.name + "': no plugin offers provider id '" + id +
                           "' (searched: " + dirs_text() + ")");
       }
-      lib = first_in_search_order(candidates, block.name, id);
+      lib = load(first_in_search_order(candidates, block.name, id));
     }
     const sbx_provider_factory* factory = lib->factory(id);
     if (!factory) {
@@ -199,6 +254,27 @@ struct Host::Impl {
                         " does not offer provider id '" + id + "'");
     }
     return detail::make_generation(lib, *factory, block, labels, options.deadlines);
+  }
+
+  // The block behind a provider name: a configured one, or a provider id with its default config.
+  ProviderBlock block_for(std::string_view name) {
+    if (auto it = options.config.providers.find(std::string(name));
+        it != options.config.providers.end()) {
+      return it->second;
+    }
+    const auto catalog = get_catalog();
+    if (name.empty() || offering(*catalog, name).empty()) {
+      std::string available;
+      for (const auto& n : available_names(*catalog))
+        available += (available.empty() ? "" : ", ") + n;
+      throw InvalidArgumentError(
+          "Unknown sandbox provider '" + std::string(name) +
+          "'. Available providers: " + (available.empty() ? "<none>" : available));
+    }
+    ProviderBlock block;
+    block.name = std::string(name);
+    block.plugin = std::string(name);  // a provider id, with its default (empty) config
+    return block;
   }
 
   std::string dirs_text() const {
@@ -213,12 +289,26 @@ Host::Host() : Host(Options{}) {}
 
 Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
   options.deadlines.validate();
+  for (const auto& [k, v] : options.labels) {
+    detail::require_utf8(k, "a label name");
+    detail::require_utf8(v, "the value of label " + k);
+  }
   impl_->options = std::move(options);
   impl_->labels = impl_->options.config.labels;
   for (const auto& [k, v] : impl_->options.labels)
     impl_->labels[k] = v;
   impl_->labels["sbx.run"] = run_id();
   impl_->labels["sbx.host"] = host_name();
+  impl_->probe.program = detail::probe_program(impl_->options.probe_program);
+  impl_->probe.cache_file = detail::probe_cache_file(impl_->options.plugin_cache);
+  if (impl_->probe.program.empty()) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      detail::logger()->warn(
+          "sbx-plugin-probe was not found (set $SBX_PLUGIN_PROBE): plugin files are read in this "
+          "process, where a broken one can crash it");
+    });
+  }
 }
 
 Host::~Host() = default;
@@ -234,67 +324,62 @@ std::vector<fs::path> Host::plugin_dirs() const {
 }
 
 std::vector<PluginInfo> Host::plugins() {
-  std::lock_guard lock(impl_->mutex);
-  impl_->scan_locked();
-  return impl_->infos;
+  std::vector<PluginInfo> out;
+  for (const auto& f : impl_->get_catalog()->files)
+    out.push_back(f.info);
+  return out;
 }
 
 std::vector<ProviderInfo> Host::providers() {
-  std::lock_guard lock(impl_->mutex);
-  impl_->scan_locked();
+  const auto catalog = impl_->get_catalog();
   std::vector<ProviderInfo> out;
   for (const auto& [name, block] : impl_->options.config.providers) {
     out.push_back({name, block.plugin, true});
   }
-  for (const auto& [path, lib] : impl_->libraries) {
-    for (const auto& kind : lib->info().providers) {
+  for (const auto& f : catalog->files) {
+    for (const auto& kind : f.info.providers) {
       if (!impl_->options.config.providers.count(kind.id)) {
-        out.push_back({kind.id, path.string() + "#" + kind.id, false});
+        out.push_back({kind.id, f.info.path.string() + "#" + kind.id, false});
       }
     }
   }
   return out;
 }
 
+// Each name is resolved once: concurrent first calls share one load (no lock held meanwhile),
+// and a failed one is forgotten so that a later call can try again.
 Provider Host::provider(std::string_view name) {
-  std::lock_guard lock(impl_->mutex);
+  std::unique_lock lock(impl_->mutex);
   if (auto it = impl_->providers.find(name); it != impl_->providers.end()) {
-    return Provider(it->second);
-  }
-  ProviderBlock block;
-  if (auto it = impl_->options.config.providers.find(std::string(name));
-      it != impl_->options.config.providers.end()) {
-    block = it->second;
-  } else {
-    impl_->scan_locked();
-    if (name.empty() || impl_->offering(name).empty()) {
-      std::string available;
-      for (const auto& n : impl_->available_names())
-        available += (available.empty() ? "" : ", ") + n;
-      throw InvalidArgumentError(
-          "Unknown sandbox provider '" + std::string(name) +
-          "'. Available providers: " + (available.empty() ? "<none>" : available));
+    auto future = it->second;
+    lock.unlock();
+    try {
+      return Provider(future.get());
+    } catch (...) {  // a copy of its own for each waiter: no exception object is shared
+      throw_error(to_error(std::current_exception()));
     }
-    block.name = std::string(name);
-    block.plugin = std::string(name);  // a provider id, with its default (empty) config
   }
-  auto generation = impl_->create_locked(block);
-  impl_->providers.emplace(std::string(name), generation);
-  return Provider(generation);
+  std::promise<std::shared_ptr<detail::Generation>> promise;
+  impl_->providers.emplace(std::string(name), promise.get_future().share());
+  lock.unlock();
+  try {
+    auto generation = impl_->create(impl_->block_for(name));
+    promise.set_value(generation);
+    return Provider(generation);
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    lock.lock();
+    impl_->providers.erase(impl_->providers.find(name));
+    throw;
+  }
 }
 
 Provider Host::default_provider() {
   const Config& c = impl_->options.config;
   if (c.default_provider) return provider(*c.default_provider);
   if (c.providers.size() == 1) return provider(c.providers.begin()->first);
-  if (c.providers.empty()) {
-    bool offered;
-    {
-      std::lock_guard lock(impl_->mutex);
-      impl_->scan_locked();
-      offered = !impl_->offering(kDefaultProviderId).empty();
-    }
-    if (offered) return provider(kDefaultProviderId);
+  if (c.providers.empty() && !Impl::offering(*impl_->get_catalog(), kDefaultProviderId).empty()) {
+    return provider(kDefaultProviderId);
   }
   std::string names;
   for (const auto& [name, block] : c.providers)

@@ -62,18 +62,24 @@ std::shared_ptr<T> make_deferred_shared(T* object) {
 
 // One loaded and initialised plugin file. Destroying it calls deinit and unloads the library; every
 // provider made from it holds a reference, so that happens after the last one is destroyed.
+//
+// One object per file per process, shared by every Host: init and deinit are strictly paired, and
+// a file whose last user is going away is loaded again only after its deinit has returned. No
+// host lock is held while the plugin's init or deinit runs.
 class PluginLibrary {
  public:
-  // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol, the descriptor's size and the
-  // ABI major version, then calls init. Throws PluginLoadError naming the file. A file already
+  // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol and the descriptor
+  // (descriptor.hpp), then calls init. Throws PluginLoadError naming the file. A file already
   // loaded in this process (by any Host) gives the same library.
   static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path);
+  // Reads the descriptor of `path` in this process without calling init, for hosts that have no
+  // probe program (discovery.cpp): a broken file can crash the process.
+  static PluginInfo describe(const std::filesystem::path& path);
   ~PluginLibrary();
 
   const std::filesystem::path& path() const noexcept { return path_; }
   const sbx_plugin& plugin() const noexcept { return *plugin_; }
   const sbx_provider_factory* factory(std::string_view provider_id) const;
-  PluginInfo info() const;
 
  private:
   PluginLibrary() = default;
@@ -83,6 +89,7 @@ class PluginLibrary {
   const sbx_plugin* plugin_ = nullptr;
   std::unique_ptr<HostBinding> host_;
   bool initialised_ = false;
+  bool registered_ = false;  // load() recorded it in the process-wide registry
 };
 
 // ---- Providers (provider.cpp)

@@ -1,7 +1,8 @@
-// Loading one plugin file: Boost.DLL with RTLD_NOW | RTLD_LOCAL, then the entry symbol, the
-// descriptor's size and ABI version are checked before anything else in the plugin is called.
+// Loading one plugin file: Boost.DLL with RTLD_NOW | RTLD_LOCAL, then the entry symbol and the
+// descriptor are checked before anything else in the plugin is called.
 
 #include "abi_glue.hpp"
+#include "descriptor.hpp"
 
 #include <sbx/core/errors.hpp>
 
@@ -9,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,85 +33,93 @@ boost::dll::load_mode::type load_flags() {
       kResident);
 }
 
-std::string version_text(const sbx_version& v) {
-  return std::to_string(v.major) + "." + std::to_string(v.minor);
-}
-
 [[noreturn]] void refuse(const std::filesystem::path& path, const std::string& why) {
   throw PluginLoadError(path.string() + ": " + why);
 }
 
-// Every library loaded in this process, by path. dlopen returns the image already loaded for a
-// file, so two hosts loading one plugin share one PluginLibrary: init runs once, and deinit after
-// the last user is gone. Loading and unloading are serialised, so an image is never initialised
-// while its deinit runs. Recursive: a failed load destroys its library while the lock is held.
+// Every library loaded in this process, by path, with where it stands. dlopen returns the image
+// already loaded for a file, so two hosts loading one plugin share one PluginLibrary: init runs
+// once, and deinit after the last user is gone. A load that finds the file opening or closing
+// waits until that has finished, so an image is never initialised again before its deinit has
+// returned. The lock is never held while plugin code runs.
 // Never destroyed: the janitor thread may still unload a library while the process exits.
-struct Loaded {
-  std::recursive_mutex mutex;
-  std::map<std::filesystem::path, std::weak_ptr<PluginLibrary>> libraries;
+struct Registry {
+  enum class State { opening, open, closing };
+  struct Entry {
+    State state = State::opening;
+    std::weak_ptr<PluginLibrary> library;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::filesystem::path, Entry> entries;
 };
-Loaded& loaded() {
-  static Loaded* const instance = new Loaded();
+Registry& registry() {
+  static Registry* const instance = new Registry();
   return *instance;
+}
+
+// Loads the file and reads its descriptor; nothing of the plugin but its loading and
+// sbx_plugin_entry has run when this returns.
+const sbx_plugin* open_library(const std::filesystem::path& path,
+                               boost::dll::shared_library& library) {
+  boost::dll::fs::error_code ec;
+  library.load(path, load_flags(), ec);
+  if (ec) {
+    // Boost.DLL keeps only a generic code; the loader's own message is still in dlerror().
+    const char* why = ::dlerror();
+    refuse(path, "cannot load the library: " + std::string(why ? why : ec.message().c_str()));
+  }
+  if (!library.has(SBX_PLUGIN_ENTRY_SYMBOL)) {
+    refuse(path, "not an sbx plugin: it does not export " SBX_PLUGIN_ENTRY_SYMBOL);
+  }
+  auto& entry = library.get<const sbx_plugin*()>(SBX_PLUGIN_ENTRY_SYMBOL);
+  const sbx_plugin* plugin = entry();
+  try {
+    read_descriptor(plugin);
+  } catch (const DescriptorError& e) {
+    refuse(path, e.what());
+  }
+  return plugin;
 }
 
 }  // namespace
 
 std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path) {
-  Loaded& registry = loaded();
-  std::lock_guard lock(registry.mutex);
-  if (auto it = registry.libraries.find(path); it != registry.libraries.end()) {
-    if (auto lib = it->second.lock()) return lib;
+  Registry& r = registry();
+  std::unique_lock lock(r.mutex);
+  for (;;) {
+    auto it = r.entries.find(path);
+    if (it == r.entries.end()) {
+      r.entries.emplace(path, Registry::Entry{});
+      break;
+    }
+    if (it->second.state == Registry::State::open) {
+      if (auto lib = it->second.library.lock()) return lib;
+    }
+    // Opening elsewhere, closing, or open with its last reference going away: wait until settled.
+    r.changed.wait(lock);
   }
-  std::shared_ptr<PluginLibrary> lib = open(path);
-  registry.libraries[path] = lib;
+  lock.unlock();
+  std::shared_ptr<PluginLibrary> lib;
+  try {
+    lib = open(path);
+  } catch (...) {
+    lock.lock();
+    r.entries.erase(path);
+    r.changed.notify_all();
+    throw;
+  }
+  lock.lock();
+  lib->registered_ = true;
+  r.entries[path] = {Registry::State::open, lib};
+  r.changed.notify_all();
   return lib;
 }
 
 std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& path) {
   std::shared_ptr<PluginLibrary> lib = make_deferred_shared(new PluginLibrary());
   lib->path_ = path;
-
-  boost::dll::fs::error_code ec;
-  lib->library_.load(path, load_flags(), ec);
-  if (ec) {
-    // Boost.DLL keeps only a generic code; the loader's own message is still in dlerror().
-    const char* why = ::dlerror();
-    refuse(path, "cannot load the library: " + std::string(why ? why : ec.message().c_str()));
-  }
-  if (!lib->library_.has(SBX_PLUGIN_ENTRY_SYMBOL)) {
-    refuse(path, "not an sbx plugin: it does not export " SBX_PLUGIN_ENTRY_SYMBOL);
-  }
-  auto& entry = lib->library_.get<const sbx_plugin*()>(SBX_PLUGIN_ENTRY_SYMBOL);
-  const sbx_plugin* plugin = entry();
-  if (!plugin) refuse(path, SBX_PLUGIN_ENTRY_SYMBOL " returned no descriptor");
-  // Check the version before the size: a plugin of another major may lay its struct out otherwise,
-  // but the first two fields are fixed by every version.
-  if (plugin->struct_size < offsetof(sbx_plugin, abi_version) + sizeof(sbx_version)) {
-    refuse(path, "its plugin descriptor is too small to be an sbx plugin");
-  }
-  const sbx_version host_abi = SBX_ABI_VERSION_INIT;
-  if (!sbx_version_is_compatible(plugin->abi_version)) {
-    refuse(path, "plugin ABI version " + version_text(plugin->abi_version) +
-                     " is not compatible with this host's ABI version " + version_text(host_abi) +
-                     " (major versions differ)");
-  }
-  // Every struct check below asks for the fields of ABI 1.0: a plugin built against any 1.x works.
-  if (!SBX_HAS_FIELD(plugin, sbx_plugin, factories)) {
-    refuse(path, "its plugin descriptor has " + std::to_string(plugin->struct_size) +
-                     " bytes; ABI 1.0 defines " +
-                     std::to_string(offsetof(sbx_plugin, factories) + sizeof(plugin->factories)));
-  }
-  if (!plugin->init || !plugin->deinit || (plugin->factory_count && !plugin->factories) ||
-      !plugin->name) {
-    refuse(path, "its plugin descriptor is incomplete");
-  }
-  for (size_t i = 0; i < plugin->factory_count; ++i) {
-    const sbx_provider_factory* f = plugin->factories[i];
-    if (!f || !SBX_HAS_FIELD(f, sbx_provider_factory, create) || !f->id || !f->create) {
-      refuse(path, "provider factory #" + std::to_string(i) + " is incomplete");
-    }
-  }
+  const sbx_plugin* plugin = open_library(path, lib->library_);
   lib->plugin_ = plugin;
   lib->host_ = std::make_unique<HostBinding>(std::string("plugin.") + plugin->name);
 
@@ -117,21 +127,47 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& 
   const sbx_status status = plugin->init(lib->host_->get(), &errors.sink);
   if (status != SBX_STATUS_OK) {
     refuse(path, "init failed: " + (errors.message.empty()
-                                        ? std::string("status ") + std::to_string(status)
+                                        ? std::string("status ") + sbx_status_name(status)
                                         : errors.message));
   }
   lib->initialised_ = true;
   return lib;
 }
 
+PluginInfo PluginLibrary::describe(const std::filesystem::path& path) {
+  PluginInfo info;
+  info.path = path;
+  try {
+    boost::dll::shared_library library;
+    const sbx_plugin* plugin = open_library(path, library);
+    const Descriptor d = read_descriptor(plugin);
+    info.name = d.name;
+    info.version = d.version;
+    info.description = d.description;
+    info.abi_version = d.abi_version;
+    for (const auto& p : d.providers)
+      info.providers.push_back({p.id, p.description, p.config_schema});
+  } catch (const Error& e) {
+    info.error = e.what();
+  }
+  return info;
+}
+
 PluginLibrary::~PluginLibrary() {
-  Loaded& registry = loaded();
-  std::lock_guard lock(registry.mutex);
+  Registry& r = registry();
+  if (registered_) {
+    std::lock_guard lock(r.mutex);
+    r.entries[path_].state = Registry::State::closing;
+  }
   if (initialised_) plugin_->deinit();
   library_.unload();
-  if (auto it = registry.libraries.find(path_);
-      it != registry.libraries.end() && it->second.expired()) {
-    registry.libraries.erase(it);
+  if (registered_) {
+    std::lock_guard lock(r.mutex);
+    if (auto it = r.entries.find(path_);
+        it != r.entries.end() && it->second.state == Registry::State::closing) {
+      r.entries.erase(it);
+    }
+    r.changed.notify_all();
   }
 }
 
@@ -140,21 +176,6 @@ const sbx_provider_factory* PluginLibrary::factory(std::string_view provider_id)
     if (provider_id == plugin_->factories[i]->id) return plugin_->factories[i];
   }
   return nullptr;
-}
-
-PluginInfo PluginLibrary::info() const {
-  PluginInfo info;
-  info.path = path_;
-  info.name = plugin_->name;
-  info.version = plugin_->version ? plugin_->version : "";
-  info.description = plugin_->description ? plugin_->description : "";
-  info.abi_version = plugin_->abi_version;
-  for (size_t i = 0; i < plugin_->factory_count; ++i) {
-    const sbx_provider_factory* f = plugin_->factories[i];
-    info.providers.push_back(
-        {f->id, f->description ? f->description : "", f->config_schema ? f->config_schema : ""});
-  }
-  return info;
 }
 
 }  // namespace sbx::detail

@@ -6,8 +6,10 @@
 //   sbx::ExecResult r = box.exec("echo hi");
 //
 // Plugins are the *.so files in the plugin directories: $SBX_PLUGIN_PATH (colon-separated), the
-// config's plugin_path, and `<directory of the running program>/../plugins`. A file that is not a
-// usable plugin is reported (plugins()) and skipped; the others keep working.
+// config's plugin_path, and `<directory of the running program>/../plugins`. What each file offers
+// is read by a probe process (sbx-plugin-probe), never by loading every file here: a file that is
+// not a usable plugin, or that crashes or hangs whoever loads it, is reported (plugins()) and
+// skipped, and only the plugin a provider needs is loaded into this process.
 //
 // THREADING: all members are thread-safe.
 #pragma once
@@ -57,6 +59,12 @@ class Host {
     bool use_default_plugin_dirs = true;
     StringMap labels;  // added to the config's labels and the automatic ones (sbx.run, sbx.host)
     Deadlines deadlines;  // how long the host waits for a provider (deadlines.hpp)
+    // sbx-plugin-probe; empty: $SBX_PLUGIN_PROBE, next to the program, ../libexec/sbx/, or the
+    // build tree's. Without one, plugin files are read in this process (a warning says so).
+    std::filesystem::path probe_program;
+    // Where probe results are cached; empty: $SBX_PLUGIN_CACHE, else
+    // $XDG_CACHE_HOME/sbx/plugin-scan.json or ~/.cache/sbx/plugin-scan.json; "off": no disk cache.
+    std::filesystem::path plugin_cache;
   };
 
   Host();
@@ -67,7 +75,7 @@ class Host {
 
   const Config& config() const;
 
-  // Every plugin file found, usable or not (loads each once).
+  // Every plugin file found, usable or not, as a probe process read it (none is loaded here).
   std::vector<PluginInfo> plugins();
   // Configured provider blocks, then provider ids not shadowed by a block.
   std::vector<ProviderInfo> providers();
