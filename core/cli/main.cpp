@@ -8,6 +8,7 @@
 // --plugin-dir DIR (repeatable), --log-level LEVEL.
 
 #include <sbx/sbx.hpp>
+#include <sbx/sdk/json.hpp>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -17,8 +18,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -31,8 +36,10 @@
 namespace {
 
 constexpr int kExitUsage = 2;
+constexpr int kExitLocalIo = 74;   // EX_IOERR: writing our output or a local file failed
 constexpr int kExitFailure = 125;  // like `docker run`: the sandbox, not the command, failed
 constexpr int kExitInterrupted = 130;
+constexpr double kDefaultStopTimeout = 10;
 
 const char* const kMainHelp = R"(sbx - run commands in sandboxes through provider plugins
 
@@ -100,8 +107,12 @@ const char* const kRunHelp = R"(Usage: sbx run --provider NAME [options] -- COMM
 Creates a sandbox, uploads files, runs COMMAND (through the sandbox's shell; several words are
 quoted and joined), prints its stdout and stderr as they arrive, downloads files, and closes the
 sandbox, also when something fails or on Ctrl-C. Exits with the command's return code; 125 when
-the sandbox could not run it (timeout, backend error); 2 for usage errors; 130 when interrupted
-(SIGINT, SIGTERM, SIGHUP); 141 when the output's reader went away (the command is stopped).
+the sandbox could not run it (timeout, backend error, or a return code no exit status can carry);
+2 for usage errors; 74 when writing the output or a downloaded file failed (e.g. a full disk; the
+command is stopped); 130 when interrupted (SIGINT, SIGTERM, SIGHUP); 141 when the output's reader
+went away (the command is stopped). After a stop, sbx waits at most --stop-timeout seconds for
+the provider to end the command and close the sandbox (a second Ctrl-C stops waiting at once),
+then says what may be left and how to remove it.
 
 Options:
   --provider NAME          Provider block name, or a plugin's provider id (default config);
@@ -119,6 +130,7 @@ Options:
   --upload LOCAL:REMOTE    Copy a local file in before the command (repeatable)
   --download REMOTE:LOCAL  Copy a sandbox file out after the command (repeatable)
   --provider-options JSON  Provider-specific options (a JSON object)
+  --stop-timeout S         After a stop, how long to wait for the provider (default: 10)
 )";
 
 struct UsageError : std::runtime_error {
@@ -381,25 +393,33 @@ int cmd_list_or_reap(Args& args, Global& g, bool reap) {
   return 0;
 }
 
-// Writes all of `bytes` to a file descriptor (stdout/stderr of this process). False when the
-// reader has gone (EPIPE: SIGPIPE is ignored, see main) or the descriptor fails otherwise.
-bool write_all(int fd, std::string_view bytes) {
+// Writes all of `bytes` to a file descriptor (stdout/stderr of this process). Returns 0, or the
+// errno of the write that failed (EPIPE when the reader has gone: SIGPIPE is ignored, see main).
+int write_all(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
     const ssize_t n = ::write(fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
     bytes.remove_prefix(static_cast<size_t>(n));
   }
-  return true;
+  return 0;
 }
 
-// Stops a run: SIGINT, SIGTERM or SIGHUP (exit 130), or output nobody reads any more (exit 141,
-// as a shell reports a pipeline member killed by SIGPIPE). Signals are blocked in every thread and
-// taken by sigwait here, so no handler races with the rest of the program. The step in progress is
-// cancelled; a step that starts after the stop is cancelled as soon as it registers.
+// Thrown by a step when the stop timeout passed (or a second signal came) before the provider
+// finished what the stop asked of it.
+struct GaveUp {};
+
+// Stops a run: SIGINT, SIGTERM or SIGHUP (exit 130), output nobody reads any more (exit 141, as a
+// shell reports a pipeline member killed by SIGPIPE), or output that cannot be written (exit 74).
+// Signals are blocked in every thread and taken by sigwait here, so no handler races with the
+// rest of the program. The step in progress is cancelled; a step that starts after the stop is
+// cancelled as soon as it registers. From the first stop on, the steps that remain (the
+// cancellation, closing the sandbox) have --stop-timeout between them; a second signal ends the
+// wait at once.
 class Interrupts {
  public:
-  Interrupts() {
+  explicit Interrupts(std::chrono::milliseconds stop_timeout) : stop_timeout_(stop_timeout) {
     sigemptyset(&set_);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1})  // SIGUSR1 stops the watcher
       sigaddset(&set_, sig);
@@ -408,7 +428,11 @@ class Interrupts {
       for (;;) {
         int sig = 0;
         if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) return;
-        stop(kExitInterrupted);
+        if (stopped() != 0) {
+          give_up();
+        } else {
+          stop(kExitInterrupted);
+        }
       }
     });
   }
@@ -420,19 +444,36 @@ class Interrupts {
   Interrupts& operator=(const Interrupts&) = delete;
 
   void stop(int exit_code) {
-    int none = 0;
-    exit_code_.compare_exchange_strong(none, exit_code);
+    {
+      std::lock_guard lock(mutex_);
+      if (exit_code_ == 0) {
+        exit_code_ = exit_code;
+        give_up_at_ = std::chrono::steady_clock::now() + stop_timeout_;
+      }
+    }
     std::function<void()> cancel;
     {
       std::lock_guard lock(mutex_);
       cancel = cancel_;
     }
     if (cancel) cancel();
+    wake_.notify_all();
+  }
+  void give_up() {
+    {
+      std::lock_guard lock(mutex_);
+      given_up_ = true;
+    }
+    wake_.notify_all();
   }
   // The exit code of the stop, or 0 while running.
-  int stopped() const { return exit_code_; }
+  int stopped() const {
+    std::lock_guard lock(mutex_);
+    return exit_code_;
+  }
 
-  // Runs one step of the session; a stop cancels it (and one that came before cancels it at once).
+  // Runs one step of the session; a stop cancels it (and one that came before cancels it at
+  // once). Throws GaveUp when the stop timeout passes first.
   template <class T>
   T step(sbx::Operation<T> op) {
     {
@@ -447,18 +488,64 @@ class Interrupts {
         self.cancel_ = nullptr;
       }
     } clear{*this};
+    return wait(std::move(op));
+  }
+
+  // Waits for a step that a stop must not cancel (closing the sandbox), within the stop timeout
+  // once there was a stop. Throws GaveUp when that passes first.
+  template <class T>
+  T wait(sbx::Operation<T> op) {
+    op.then([this](auto&) { wake_.notify_all(); });
+    {
+      std::unique_lock lock(mutex_);
+      const auto done = [&] {
+        return op.ready() || given_up_ ||
+               (give_up_at_ && std::chrono::steady_clock::now() >= *give_up_at_);
+      };
+      while (!done())
+        wake_.wait_for(lock, std::chrono::milliseconds(50));
+      if (!op.ready()) throw GaveUp{};
+    }
     return op.get();
   }
 
  private:
+  std::chrono::milliseconds stop_timeout_;
   sigset_t set_;
   std::thread thread_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
   std::function<void()> cancel_;
-  std::atomic<int> exit_code_{0};
+  int exit_code_ = 0;
+  bool given_up_ = false;
+  std::optional<std::chrono::steady_clock::time_point> give_up_at_;
 };
 
 constexpr int kExitBrokenPipe = 128 + SIGPIPE;
+
+// Leaves at once, without waiting for the provider any more: its threads may still be working
+// on what was abandoned, so no destructor runs. Says what may be left and how to remove it.
+[[noreturn]] void leave_now(int exit_code, const sbx::Host& host, const std::string& provider,
+                            const std::string& sandbox_id) {
+  const auto run = host.labels().find("sbx.run");
+  std::cerr << "sbx: stopped waiting for provider '" << provider << "'; "
+            << (sandbox_id.empty() ? std::string("a sandbox it was creating")
+                                   : "sandbox " + sandbox_id)
+            << " may still exist. Remove it with: sbx reap --provider " << provider
+            << " --label sbx.run=" << (run == host.labels().end() ? "?" : run->second) << "\n";
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
+
+// Reads a return code a shell can carry; anything else (a provider's bug) is 125 with a message.
+int exit_status_of(int32_t return_code) {
+  if (return_code >= 0 && return_code <= 255) return return_code;
+  std::cerr << "sbx: the provider reported return code " << return_code
+            << ", which no exit status can carry\n";
+  return kExitFailure;
+}
 
 int cmd_run(Args& args, Global& g) {
   std::optional<std::string> provider_name;
@@ -466,6 +553,7 @@ int cmd_run(Args& args, Global& g) {
   sbx::ExecOptions exec;
   std::vector<std::pair<std::string, std::string>> uploads, downloads;
   std::vector<std::string> command;
+  double stop_timeout_s = kDefaultStopTimeout;
   while (!args.empty()) {
     if (args.flag("--")) {
       command = args.rest();
@@ -499,13 +587,14 @@ int cmd_run(Args& args, Global& g) {
     } else if (auto v = args.value("--download")) {
       downloads.push_back(split_pair(*v, ':', "--download"));
     } else if (auto v = args.value("--provider-options")) {
-      try {
-        boost::json::value parsed = boost::json::parse(*v);
-        if (!parsed.is_object()) throw std::invalid_argument("not an object");
-        spec.provider_options = parsed.get_object();
-      } catch (const std::exception&) {
-        throw UsageError("--provider-options must be a JSON object");
+      try {  // the config files' rules: duplicate keys are an error
+        spec.provider_options = sbx::sdk::json::parse_object(*v, "--provider-options");
+      } catch (const std::exception& e) {
+        throw UsageError(std::string(e.what()) + " (--provider-options must be a JSON object)");
       }
+    } else if (auto v = args.value("--stop-timeout")) {
+      stop_timeout_s = parse_number(*v, "--stop-timeout");
+      if (!(stop_timeout_s > 0)) throw UsageError("--stop-timeout must be > 0");
     } else if (!global_option(args, g)) {
       throw UsageError("unknown option for run: " + args.peek() + " (put the command after --)");
     }
@@ -531,53 +620,72 @@ int cmd_run(Args& args, Global& g) {
     }
   }
 
-  Interrupts interrupts;
+  Interrupts interrupts(sbx::Deadlines::ms(stop_timeout_s));
   sbx::Host host = make_host(g);
   sbx::Provider provider = provider_name ? host.provider(*provider_name) : host.default_provider();
 
   sbx::Sandbox sandbox;  // closed by RAII on every way out, also a sandbox created despite a stop
+  int exit_code = 0;
   try {
-    sandbox = interrupts.step(provider.create_async(spec));
-    if (interrupts.stopped()) return interrupts.stopped();
-
-    for (const auto& [local, remote] : uploads)
-      interrupts.step(sandbox.upload_async(local, remote));
-
-    exec.on_output = [&interrupts](sbx::OutputStream stream, std::string_view bytes) {
-      if (interrupts.stopped() == kExitBrokenPipe) return;
-      if (!write_all(stream == sbx::OutputStream::err ? STDERR_FILENO : STDOUT_FILENO, bytes) &&
-          errno == EPIPE) {
-        interrupts.stop(kExitBrokenPipe);  // nobody reads the output: stop the command
+    try {
+      sandbox = interrupts.step(provider.create_async(spec));
+      if (interrupts.stopped()) {
+        interrupts.wait(sandbox.close_async());
+        return interrupts.stopped();
       }
-    };
-    const sbx::ExecResult result = interrupts.step(sandbox.exec_async(shell_command, exec));
-    int exit_code = result.return_code;
-    if (result.error_type) {
-      std::cerr << "sbx: "
-                << (result.timed_out() ? "the command timed out"
-                                       : "the sandbox could not run the command")
-                << " (error_type=" << *result.error_type << ")\n";
-    }
-    if (interrupts.stopped()) return interrupts.stopped();
 
-    for (const auto& [remote, local] : downloads) {
-      try {
-        interrupts.step(sandbox.download_async(remote, local));
-      } catch (const sbx::CancelledError&) {
-        throw;
-      } catch (const sbx::Error& e) {
-        std::cerr << "sbx: download of " << remote << " failed: " << e.what() << "\n";
-        if (exit_code == 0) exit_code = kExitFailure;
+      for (const auto& [local, remote] : uploads)
+        interrupts.step(sandbox.upload_async(local, remote));
+
+      int output_errno = 0;  // set once, by the output callback (one call at a time)
+      exec.on_output = [&](sbx::OutputStream stream, std::string_view bytes) {
+        if (output_errno != 0) return;
+        output_errno =
+            write_all(stream == sbx::OutputStream::err ? STDERR_FILENO : STDOUT_FILENO, bytes);
+        if (output_errno == EPIPE) {
+          interrupts.stop(kExitBrokenPipe);  // nobody reads the output: stop the command
+        } else if (output_errno != 0) {
+          std::cerr << "sbx: writing the command's "
+                    << (stream == sbx::OutputStream::err ? "stderr" : "stdout")
+                    << " failed: " << std::strerror(output_errno) << "; stopping the command\n";
+          interrupts.stop(kExitLocalIo);
+        }
+      };
+      const sbx::ExecResult result = interrupts.step(sandbox.exec_async(shell_command, exec));
+      exit_code = exit_status_of(result.return_code);
+      if (result.error_type) {
+        std::cerr << "sbx: "
+                  << (result.timed_out() ? "the command timed out"
+                                         : "the sandbox could not run the command")
+                  << " (error_type=" << *result.error_type << ")\n";
       }
+      if (interrupts.stopped()) {
+        interrupts.wait(sandbox.close_async());
+        return interrupts.stopped();
+      }
+
+      for (const auto& [remote, local] : downloads) {
+        try {
+          interrupts.step(sandbox.download_async(remote, local));
+        } catch (const sbx::CancelledError&) {
+          throw;
+        } catch (const sbx::Error& e) {
+          std::cerr << "sbx: download of " << remote << " failed: " << e.what() << "\n";
+          if (exit_code == 0) exit_code = e.local_errno() != 0 ? kExitLocalIo : kExitFailure;
+        }
+      }
+      interrupts.wait(sandbox.close_async());
+      return exit_code;
+    } catch (const sbx::CancelledError&) {
+      if (!interrupts.stopped()) throw;
+      if (interrupts.stopped() == kExitInterrupted) {
+        std::cerr << "sbx: interrupted; closing the sandbox\n";
+      }
+      if (sandbox.valid()) interrupts.wait(sandbox.close_async());
+      return interrupts.stopped();
     }
-    interrupts.step(sandbox.close_async());
-    return exit_code;
-  } catch (const sbx::CancelledError&) {
-    if (!interrupts.stopped()) throw;
-    if (interrupts.stopped() == kExitInterrupted) {
-      std::cerr << "sbx: interrupted; closing the sandbox\n";
-    }
-    return interrupts.stopped();
+  } catch (const GaveUp&) {
+    leave_now(interrupts.stopped(), host, provider.name(), sandbox.valid() ? sandbox.id() : "");
   }
 }
 
@@ -634,13 +742,25 @@ int main(int argc, char** argv) {
   // command and closes the sandbox); the default SIGPIPE would kill sbx with the sandbox alive.
   ::signal(SIGPIPE, SIG_IGN);
   try {
-    return run(std::vector<std::string>(argv + 1, argv + argc));
+    const int code = run(std::vector<std::string>(argv + 1, argv + argc));
+    // What the subcommands printed with std::cout (lists, JSON) must have reached stdout.
+    errno = 0;
+    if (!std::cout.flush() || std::fflush(stdout) != 0) {
+      const int err = errno;
+      std::cerr << "sbx: writing to stdout failed"
+                << (err != 0 ? std::string(": ") + std::strerror(err) : std::string()) << "\n";
+      return code == 0 ? kExitLocalIo : code;
+    }
+    return code;
   } catch (const UsageError& e) {
     std::cerr << "sbx: " << e.what() << "\n";
     return kExitUsage;
+  } catch (const sbx::ConfigError& e) {  // a config file or a provider's config it refused
+    std::cerr << "sbx: error: " << e.what() << "\n";
+    return kExitUsage;
   } catch (const sbx::Error& e) {
     std::cerr << "sbx: error: " << e.what() << "\n";
-    return kExitFailure;
+    return e.local_errno() != 0 ? kExitLocalIo : kExitFailure;
   } catch (const std::exception& e) {
     std::cerr << "sbx: error: " << e.what() << "\n";
     return kExitFailure;

@@ -42,15 +42,6 @@ inline StringMap copy_of(sbx_kv_list list) {
   return out;
 }
 
-// Text that crosses the ABI must be UTF-8 (docs/abi/strings.md); the host refuses anything else
-// before a plugin sees it: InvalidArgumentError("<what> is not valid UTF-8 (byte N)").
-inline void require_utf8(std::string_view text, std::string_view what) {
-  if (const size_t at = sdk::utf8::first_invalid(text); at != text.size()) {
-    throw InvalidArgumentError(std::string(what) + " is not valid UTF-8 (byte " +
-                               std::to_string(at) + ")");
-  }
-}
-
 inline SandboxStatus to_status(int32_t status) {
   switch (status) {
     case SBX_SANDBOX_STARTING:

@@ -91,9 +91,10 @@ class CallTable {
     const std::string what =
         other_kind ? fmt::format("passed the user_data of a {} operation to a {} callback ({})",
                                  call_kind_name(*other_kind), call_kind_name(kind), callback)
-                   : fmt::format("called {} of a {} operation that had already completed, or "
-                                 "that it never started",
-                                 callback, call_kind_name(kind));
+                   : fmt::format(
+                         "called {} of an operation ({}) that had already completed, "
+                         "or that it never started",
+                         callback, call_kind_name(kind));
     logger()->log(first ? spdlog::level::err : spdlog::level::debug, "{} {}; the call was ignored",
                   who, what);
   }
@@ -130,7 +131,7 @@ class DeadlineTimer {
   struct Entry {
     Clock::time_point at;
     std::weak_ptr<OpBase> op;
-    std::optional<OpDeadline> deadline;  // set: the deadline itself; unset: the cancel grace
+    std::optional<OpDeadline> deadline;         // set: the deadline itself; unset: the cancel grace
     std::shared_ptr<const Error> abandon_with;  // for the cancel grace
   };
 
@@ -190,10 +191,10 @@ class DeadlineTimer {
     }
     const Generation& g = *op->generation();
     const std::chrono::milliseconds grace = g.deadlines.cancel_grace();
-    logger()->warn("{} did not complete a {} within {} ({}); cancelling it", describe(g),
+    logger()->warn("{} did not complete the {} within {} ({}); cancelling it", describe(g),
                    op->kind(), seconds_text(*d.after), d.why);
     auto error = std::make_shared<const TimeoutError>(
-        fmt::format("{} did not complete a {} within {} ({}), nor within {} of being cancelled; "
+        fmt::format("{} did not complete the {} within {} ({}), nor within {} of being cancelled; "
                     "the host abandoned it",
                     describe(g), op->kind(), seconds_text(*d.after), d.why, seconds_text(grace)));
     op->request_cancel();
@@ -257,14 +258,14 @@ Error plugin_error(const Generation& g, const sbx_error* error, const char* call
   }
   // The status is the field after struct_size; without it nothing in the struct can be trusted.
   if (!SBX_HAS_FIELD(error, sbx_error, request_id)) {
-    return InternalError(fmt::format("{} reported a {} error in an sbx_error of {} bytes; ABI 1.0 "
-                                     "defines {}",
-                                     describe(g), call, error->struct_size,
-                                     offsetof(sbx_error, request_id) + sizeof(sbx_str)));
+    return InternalError(fmt::format(
+        "{} reported a {} error in an sbx_error of {} bytes; ABI 1.0 "
+        "defines {}",
+        describe(g), call, error->struct_size, offsetof(sbx_error, request_id) + sizeof(sbx_str)));
   }
   return Error(error->status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error->status,
-               sdk::utf8::sanitize(copy_str(error->message)), error->retryable,
-               error->http_status, sdk::utf8::sanitize(copy_str(error->request_id)));
+               sdk::utf8::sanitize(copy_str(error->message)), error->retryable, error->http_status,
+               sdk::utf8::sanitize(copy_str(error->request_id)));
 }
 
 }  // namespace sbx::detail
@@ -277,9 +278,8 @@ std::chrono::milliseconds Deadlines::ms(double seconds) {
 
 void Deadlines::validate() const {
   const std::pair<const char*, double> values[] = {
-      {"grace_s", grace_s},   {"cancel_grace_s", cancel_grace_s},
-      {"create_s", create_s}, {"exec_s", exec_s},
-      {"transfer_idle_s", transfer_idle_s}, {"call_s", call_s}};
+      {"grace_s", grace_s}, {"cancel_grace_s", cancel_grace_s},   {"create_s", create_s},
+      {"exec_s", exec_s},   {"transfer_idle_s", transfer_idle_s}, {"call_s", call_s}};
   for (const auto& [name, value] : values) {
     if (!(value > 0)) {
       throw InvalidArgumentError(fmt::format("deadlines.{} must be > 0, got {}", name, value));
@@ -307,7 +307,7 @@ std::shared_ptr<CallCtx> complete_any(void* token, CallKind kind, const char* ca
 
 bool late(const CallCtx& ctx) {
   if (!ctx.op->abandoned()) return false;
-  logger()->warn("{} completed a {} after the host had abandoned it; the outcome was dropped",
+  logger()->warn("{} completed the {} after the host had abandoned it; the outcome was dropped",
                  describe(*ctx.op->generation()), ctx.op->kind());
   return true;
 }
@@ -341,11 +341,12 @@ OpBase::~OpBase() {
 void OpBase::attach(sbx_operation* handle) {
   // A handle smaller than ABI 1.0 cannot be cancelled or released safely: it is left alone (and
   // leaks), and the operation can only end by completing or by the host abandoning it.
-  if (handle && (!SBX_HAS_FIELD(handle, sbx_operation, release) || !handle->cancel ||
-                 !handle->release)) {
-    logger()->error("{} returned an sbx_operation handle of {} bytes or without cancel/release "
-                    "for a {}; it cannot be cancelled",
-                    describe(*generation_), handle->struct_size, kind_);
+  if (handle &&
+      (!SBX_HAS_FIELD(handle, sbx_operation, release) || !handle->cancel || !handle->release)) {
+    logger()->error(
+        "{} returned an sbx_operation handle of {} bytes or without cancel/release "
+        "for a {}; it cannot be cancelled",
+        describe(*generation_), handle->struct_size, kind_);
     handle = nullptr;
   }
   bool cancel_now;
@@ -396,10 +397,9 @@ bool OpBase::abandon(const Error& error) {
 }
 
 void OpBase::touch() noexcept {
-  last_progress_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              Clock::now().time_since_epoch())
-                              .count(),
-                          std::memory_order_relaxed);
+  last_progress_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(),
+      std::memory_order_relaxed);
 }
 
 std::chrono::steady_clock::time_point OpBase::last_progress() const noexcept {

@@ -6,14 +6,20 @@
 #include <sbx/core/errors.hpp>
 #include <sbx/sdk/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
 namespace sbx {
 namespace {
 
 constexpr std::string_view kEnvPrefix = "${env:";
+// A config file is a few KiB; this bound only stops a wrong file from being read whole.
+constexpr size_t kMaxConfigBytes = 16 * 1024 * 1024;
 
 // Replaces "${env:NAME}" strings inside `value` (recursively) by the variable's value.
 void substitute_env(boost::json::value& value, const std::string& path) {
@@ -88,6 +94,21 @@ Config Config::parse(std::string_view json_text, std::string_view source,
     }
     config.labels = r.string_map("labels").value_or(StringMap{});
     config.default_provider = r.string("default_provider");
+    if (auto d = r.object("deadlines")) {
+      Deadlines deadlines;
+      const std::pair<const char*, double*> keys[] = {
+          {"grace_s", &deadlines.grace_s},
+          {"cancel_grace_s", &deadlines.cancel_grace_s},
+          {"create_s", &deadlines.create_s},
+          {"exec_s", &deadlines.exec_s},
+          {"transfer_idle_s", &deadlines.transfer_idle_s},
+          {"call_s", &deadlines.call_s}};
+      for (const auto& [key, value] : keys) {
+        if (auto v = d->number(key, 0, 1e9, true)) *value = *v;
+      }
+      d->finish();
+      config.deadlines = deadlines;
+    }
     if (auto providers = r.object("providers")) {
       for (const auto& member : root.at("providers").get_object()) {
         const std::string name(member.key());
@@ -113,11 +134,36 @@ Config Config::parse(std::string_view json_text, std::string_view source,
 }
 
 Config Config::load(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ConfigError(file.string() + ": cannot read the file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), file.string(), file.parent_path());
+  const std::string name = file.string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(name + ": cannot read the file: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw ConfigError(name + ": cannot read the file: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw ConfigError(name + ": is a directory, not a config file");
+  // Read with a bound: a device or a pipe given by mistake (/dev/zero) must not eat the memory.
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw ConfigError(name + ": cannot read the file: " + std::strerror(errno));
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > kMaxConfigBytes) {
+      throw ConfigError(name + ": larger than " + std::to_string(kMaxConfigBytes / (1024 * 1024)) +
+                        " MiB; is it a config file?");
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw ConfigError(name +
+                      ": the file is empty; a config is a JSON object, e.g. {\"providers\": {}}");
+  }
+  return parse(text, name, file.parent_path());
 }
 
 }  // namespace sbx

@@ -32,7 +32,8 @@ std::string text(const char* value, const std::string& what, bool optional) {
 
 std::string string_at(const json::object& o, std::string_view key) {
   const auto* v = o.if_contains(key);
-  if (!v || !v->is_string()) throw std::runtime_error("descriptor JSON: no string " + std::string(key));
+  if (!v || !v->is_string())
+    throw std::runtime_error("descriptor JSON: no string " + std::string(key));
   return std::string(v->get_string());
 }
 
@@ -41,8 +42,8 @@ std::string string_at(const json::object& o, std::string_view key) {
 bool valid_provider_id(std::string_view id) noexcept {
   if (id.empty() || id.size() > 64) return false;
   for (char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-                    c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -104,12 +105,12 @@ json::value Descriptor::to_json() const {
     list.push_back(json::object{
         {"id", p.id}, {"description", p.description}, {"config_schema", p.config_schema}});
   }
-  return json::object{{"name", name},
-                      {"version", version},
-                      {"description", description},
-                      {"abi_version", json::array{abi_version.major, abi_version.minor,
-                                                  abi_version.patch}},
-                      {"providers", std::move(list)}};
+  return json::object{
+      {"name", name},
+      {"version", version},
+      {"description", description},
+      {"abi_version", json::array{abi_version.major, abi_version.minor, abi_version.patch}},
+      {"providers", std::move(list)}};
 }
 
 Descriptor Descriptor::from_json(const json::value& value) {
@@ -128,12 +129,13 @@ Descriptor Descriptor::from_json(const json::value& value) {
                    static_cast<uint32_t>(a[1].to_number<uint64_t>()),
                    static_cast<uint32_t>(a[2].to_number<uint64_t>())};
   const auto* providers = o.if_contains("providers");
-  if (!providers || !providers->is_array()) throw std::runtime_error("descriptor JSON: no providers");
+  if (!providers || !providers->is_array())
+    throw std::runtime_error("descriptor JSON: no providers");
   for (const auto& item : providers->get_array()) {
     if (!item.is_object()) throw std::runtime_error("descriptor JSON: a provider is not an object");
     const auto& p = item.get_object();
-    d.providers.push_back({string_at(p, "id"), string_at(p, "description"),
-                           string_at(p, "config_schema")});
+    d.providers.push_back(
+        {string_at(p, "id"), string_at(p, "description"), string_at(p, "config_schema")});
   }
   return d;
 }

@@ -180,9 +180,10 @@ PluginInfo probe_out_of_process(const fs::path& file, const ProbeSettings& setti
     cacheable = true;
     const int sig = WTERMSIG(run.status);
     const char* abbrev = ::sigabbrev_np(sig);
-    return broken(file, "broken plugin file: loading it crashed the plugin probe (" +
-                            (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) +
-                            ": " + ::strsignal(sig) + ")");
+    return broken(
+        file, "broken plugin file: loading it crashed the plugin probe (" +
+                  (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + ": " +
+                  ::strsignal(sig) + ")");
   }
   boost::system::error_code ec;
   const json::value out = json::parse(run.out, ec);
@@ -238,8 +239,8 @@ class ProbeCache {
     }
   }
 
-  void store(const fs::path& file, const FileIdentity& id, const PluginInfo& info,
-             bool to_disk, const fs::path& cache_file) {
+  void store(const fs::path& file, const FileIdentity& id, const PluginInfo& info, bool to_disk,
+             const fs::path& cache_file) {
     std::lock_guard lock(mutex_);
     memory_[file] = {id, info};
     if (!to_disk || cache_file.empty()) return;
@@ -299,8 +300,8 @@ class ProbeCache {
     const std::string temp = cache_file.string() + ".tmp-" + std::to_string(::getpid());
     {
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-      out << json::serialize(json::object{
-          {"format", kCacheFormat}, {"host", cache_host_key()}, {"entries", entries}});
+      out << json::serialize(
+          json::object{{"format", kCacheFormat}, {"host", cache_host_key()}, {"entries", entries}});
       if (!out.flush()) {
         ::unlink(temp.c_str());
         return;

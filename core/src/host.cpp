@@ -288,6 +288,7 @@ struct Host::Impl {
 Host::Host() : Host(Options{}) {}
 
 Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
+  if (options.config.deadlines) options.deadlines = *options.config.deadlines;
   options.deadlines.validate();
   for (const auto& [k, v] : options.labels) {
     detail::require_utf8(k, "a label name");
@@ -301,6 +302,7 @@ Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
   impl_->labels["sbx.host"] = host_name();
   impl_->probe.program = detail::probe_program(impl_->options.probe_program);
   impl_->probe.cache_file = detail::probe_cache_file(impl_->options.plugin_cache);
+  impl_->probe.timeout = Deadlines::ms(impl_->options.probe_timeout_s);
   if (impl_->probe.program.empty()) {
     static std::once_flag once;
     std::call_once(once, [] {

@@ -25,6 +25,13 @@ namespace sbx::detail {
 // ending in .so) gives an empty path and the id.
 std::pair<std::filesystem::path, std::string> split_plugin_ref(const std::string& ref);
 
+// ---- Text (spec.cpp)
+// -----------------------------------------------------------------------------
+
+// Text that crosses the ABI must be UTF-8 (docs/abi/strings.md); the host refuses anything else
+// before a plugin sees it: InvalidArgumentError("<what> is not valid UTF-8 (byte N)").
+void require_utf8(std::string_view text, std::string_view what);
+
 // ---- Host services (host_services.cpp) ----------------------------------------------------------
 
 // The sbx_host given to a plugin (init) or a provider (factory), logging to a named spdlog logger.

@@ -33,11 +33,11 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
   const sbx_status status =
       factory.create(&factory, generation->host->get(), view_of(config), &provider, &errors.sink);
   if (status != SBX_STATUS_OK || !provider) {
-    std::string why = !errors.message.empty() ? errors.message
-                      : status == SBX_STATUS_OK
-                          ? "its factory returned OK but no provider"
-                          : "its factory failed with " + std::string(sbx_status_name(status)) +
-                                " and no message";
+    std::string why =
+        !errors.message.empty() ? errors.message
+        : status == SBX_STATUS_OK
+            ? "its factory returned OK but no provider"
+            : "its factory failed with " + std::string(sbx_status_name(status)) + " and no message";
     // A plugin names JSON paths from its config's root ("$.root"); say where that root is.
     if (why.starts_with("$") && !block.config_path.empty()) {
       why = block.config_path + why.substr(1);
@@ -151,8 +151,7 @@ struct CreateCtx : CallCtx {
       s->id = copy_of(sandbox->id);
       if (s->id.empty() || !sdk::utf8::valid(s->id)) {
         unusable = InternalError(describe(g) + " created a sandbox whose id is " +
-                                 (s->id.empty() ? "empty" : "not valid UTF-8") +
-                                 "; it was closed");
+                                 (s->id.empty() ? "empty" : "not valid UTF-8") + "; it was closed");
       }
     }
     s->workdir = std::move(ctx->workdir);

@@ -53,8 +53,7 @@ OpDeadline call_deadline(const Generation& g) {
 }
 
 OpDeadline transfer_deadline(const Generation& g) {
-  return {g.deadlines.transfer_idle(), OpDeadline::From::progress,
-          "no data moved for that long"};
+  return {g.deadlines.transfer_idle(), OpDeadline::From::progress, "no data moved for that long"};
 }
 
 // Every operation on a sandbox keeps its state (and so the plugin's handle) alive until it
@@ -196,7 +195,8 @@ struct UploadCtx : DoneCtx {
     do {
       n = ::read(ctx->fd, buffer, want);
     } while (n < 0 && errno == EINTR);
-    if (n < 0) return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
+    if (n < 0)
+      return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
     if (n == 0) {
       return ctx->fail_stream(FailedPreconditionError(
           ctx->local_path.string() + " changed during the upload: it ended after " +
@@ -211,7 +211,8 @@ struct UploadCtx : DoneCtx {
       do {
         m = ::read(ctx->fd, &extra, 1);
       } while (m < 0 && errno == EINTR);
-      if (m < 0) return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
+      if (m < 0)
+        return ctx->fail_stream(local_io_error("reading " + ctx->local_path.string(), errno));
       if (m > 0) {
         return ctx->fail_stream(FailedPreconditionError(
             ctx->local_path.string() + " changed during the upload: it grew past the " +
@@ -252,7 +253,7 @@ struct DownloadCtx : CallCtx, SandboxRef {
   int fd = -1;
   fs::path temp_path;
   fs::path target;
-  std::vector<fs::path> made_dirs;  // parents this download created, outermost first
+  std::vector<fs::path> made_dirs;      // parents this download created, outermost first
   std::shared_ptr<std::string> memory;  // download_bytes: append here instead
   std::optional<Error> local_error;
   bool settled = false;  // committed or discarded: nothing more is written
@@ -281,8 +282,8 @@ struct DownloadCtx : CallCtx, SandboxRef {
       const ssize_t n = ::write(ctx->fd, p, left);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        ctx->local_error.emplace(local_io_error("writing " + ctx->target.string(),
-                                                n < 0 ? errno : EIO));
+        ctx->local_error.emplace(
+            local_io_error("writing " + ctx->target.string(), n < 0 ? errno : EIO));
         return -1;
       }
       p += n;
@@ -364,8 +365,8 @@ struct EndpointCtx : CallCtx, SandboxRef {
                                               std::to_string(endpoint->struct_size) +
                                               " bytes, smaller than ABI 1.0 defines"));
       }
-      ctx->state->succeed(Endpoint{sdk::utf8::sanitize(copy_of(endpoint->url)),
-                                   copy_of(endpoint->headers)});
+      ctx->state->succeed(
+          Endpoint{sdk::utf8::sanitize(copy_of(endpoint->url)), copy_of(endpoint->headers)});
     });
   }
 };
@@ -500,14 +501,12 @@ Operation<void> start_upload(const std::shared_ptr<detail::SandboxState>& s,
   ctx->stream.ctx = ctx.get();
   const sbx_upload_request request{sizeof(sbx_upload_request), detail::view_of(remote),
                                    &ctx->stream, 0};
-  return start_operation<detail::Unit>(g, std::move(ctx), detail::transfer_deadline(*g),
-                                       [&](void* token) {
-                                         const sbx_done_callbacks callbacks{
-                                             sizeof(sbx_done_callbacks), token,
-                                             &detail::done_thunk<detail::UploadCtx>};
-                                         return g->provider->upload(g->provider, s->handle,
-                                                                    &request, &callbacks);
-                                       });
+  return start_operation<detail::Unit>(
+      g, std::move(ctx), detail::transfer_deadline(*g), [&](void* token) {
+        const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token,
+                                           &detail::done_thunk<detail::UploadCtx>};
+        return g->provider->upload(g->provider, s->handle, &request, &callbacks);
+      });
 }
 
 }  // namespace
@@ -578,14 +577,12 @@ Operation<void> start_download(const std::shared_ptr<detail::SandboxState>& s,
   ctx->stream = {sizeof(sbx_output_stream), ctx.get(), &detail::DownloadCtx::write};
   const sbx_download_request request{sizeof(sbx_download_request), detail::view_of(remote),
                                      &ctx->stream};
-  return start_operation<detail::Unit>(g, std::move(ctx), detail::transfer_deadline(*g),
-                                       [&](void* token) {
-                                         const sbx_done_callbacks callbacks{
-                                             sizeof(sbx_done_callbacks), token,
-                                             &detail::done_thunk<detail::DownloadCtx>};
-                                         return g->provider->download(g->provider, s->handle,
-                                                                      &request, &callbacks);
-                                       });
+  return start_operation<detail::Unit>(
+      g, std::move(ctx), detail::transfer_deadline(*g), [&](void* token) {
+        const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token,
+                                           &detail::done_thunk<detail::DownloadCtx>};
+        return g->provider->download(g->provider, s->handle, &request, &callbacks);
+      });
 }
 
 }  // namespace
@@ -681,7 +678,8 @@ Endpoint Sandbox::endpoint(int64_t port) {
 
 Operation<void> Sandbox::close_async() {
   const auto& g = state_->generation;
-  if (state_->closed.exchange(true)) return detail::completed<detail::Unit>(g, detail::CallKind::close);
+  if (state_->closed.exchange(true))
+    return detail::completed<detail::Unit>(g, detail::CallKind::close);
   auto ctx = std::make_shared<detail::CloseCtx>();
   ctx->sandbox = state_;
   return start_operation<detail::Unit>(g, std::move(ctx), call_deadline(*g), [&](void* token) {

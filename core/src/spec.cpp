@@ -1,6 +1,9 @@
+#include "internal.hpp"
+
 #include <sbx/core/errors.hpp>
 #include <sbx/core/spec.hpp>
 #include <sbx/sdk/json.hpp>
+#include <sbx/sdk/utf8.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -164,6 +167,32 @@ Resources Resources::from_json(const boost::json::value& value) {
   return r;
 }
 
+namespace detail {
+
+void require_utf8(std::string_view text, std::string_view what) {
+  if (const size_t at = sdk::utf8::first_invalid(text); at != text.size()) {
+    throw InvalidArgumentError(std::string(what) + " is not valid UTF-8 (byte " +
+                               std::to_string(at) + ")");
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+void require_text(std::string_view text, std::string_view what) {
+  detail::require_utf8(text, what);
+}
+
+void require_text(const StringMap& map, std::string_view what) {
+  for (const auto& [key, value] : map) {
+    require_text(key, std::string(what) + " name");
+    require_text(value, std::string(what) + " '" + key + "'");
+  }
+}
+
+}  // namespace
+
 void SandboxSpec::validate() const {
   std::set<int64_t> seen;
   for (int64_t port : ports) {
@@ -189,6 +218,17 @@ void SandboxSpec::validate() const {
   }
   for (const auto& [path, contents] : files) {
     if (path.empty()) throw InvalidArgumentError("Sandbox startup file path must not be empty");
+    require_text(path, "Sandbox startup file path");
+  }
+  // Text crosses the ABI as UTF-8 (docs/abi/strings.md); file contents are bytes.
+  if (image) require_text(*image, "Sandbox image");
+  if (workdir) require_text(*workdir, "Sandbox workdir");
+  if (resources.gpu_type) require_text(*resources.gpu_type, "Sandbox resource gpu_type");
+  require_text(env, "Sandbox env");
+  require_text(metadata, "Sandbox metadata");
+  if (entrypoint) {
+    for (const auto& arg : *entrypoint)
+      require_text(arg, "Sandbox entrypoint argument");
   }
 }
 
@@ -229,6 +269,9 @@ SandboxSpec SandboxSpec::from_json(const boost::json::value& value) {
 
 void ExecOptions::validate() const {
   require_positive(timeout_s, "exec timeout_s");
+  if (cwd) require_text(*cwd, "exec cwd");
+  if (user) require_text(*user, "exec user");
+  require_text(env, "exec env");
 }
 
 }  // namespace sbx

@@ -468,7 +468,8 @@ sbx_operation* SBX_ABI provider_upload(sbx_provider* p, sbx_sandbox* s,
   return start(op, [&] {
     Completion<void> done(op);
     if (!source) throw Error::invalid_argument("upload needs a request with a source stream");
-    UploadRequest copy{std::string(view(req->remote_path)), req->mode == 0 ? 0644u : req->mode};
+    UploadRequest copy{text(req->remote_path, "the upload's remote_path"),
+                       req->mode == 0 ? 0644u : req->mode};
     ProviderBox::from(p).impl->upload(sandbox_of(s), std::move(copy), op->stream, std::move(done));
   });
 }
@@ -484,7 +485,8 @@ sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* s,
   return start(op, [&] {
     Completion<void> done(op);
     if (!sink) throw Error::invalid_argument("download needs a request with a sink stream");
-    ProviderBox::from(p).impl->download(sandbox_of(s), std::string(view(req->remote_path)),
+    ProviderBox::from(p).impl->download(sandbox_of(s),
+                                        text(req->remote_path, "the download's remote_path"),
                                         op->stream, std::move(done));
   });
 }
@@ -562,7 +564,12 @@ void SBX_ABI provider_destroy(sbx_provider* p) {
 
 // ---- Plugin-wide state ----------------------------------------------------------------------
 
+// init and deinit may come more than once (CLAP 1.2 asks the same of its plugins): balanced pairs
+// are counted, the host stays set until the last deinit, and a deinit without an init does
+// nothing.
 std::atomic<const sbx_host*> g_plugin_host{nullptr};
+std::mutex g_init_mutex;
+int g_init_count = 0;
 
 // The host struct as ABI 1.0 defined it ends with get_extension; a later minor appends to it.
 bool usable(const sbx_host* host) {
@@ -580,12 +587,15 @@ sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* error
     }
     return SBX_STATUS_FAILED_PRECONDITION;
   }
-  g_plugin_host.store(host);
+  std::lock_guard lock(g_init_mutex);
+  if (g_init_count++ == 0) g_plugin_host.store(host);
   return SBX_STATUS_OK;
 }
 
 void SBX_ABI plugin_deinit() {
-  g_plugin_host.store(nullptr);
+  std::lock_guard lock(g_init_mutex);
+  if (g_init_count == 0) return;
+  if (--g_init_count == 0) g_plugin_host.store(nullptr);
 }
 
 sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log) {

@@ -1,6 +1,7 @@
 #include <sbx/sdk/error.hpp>
 #include <sbx/sdk/json.hpp>
 #include <sbx/sdk/types.hpp>
+#include <sbx/sdk/utf8.hpp>
 
 namespace sbx::sdk {
 namespace {
@@ -13,12 +14,36 @@ void require_struct(bool complete, std::string_view name) {
   }
 }
 
+std::optional<std::string> optional_text(sbx_str s, std::string_view what) {
+  if (!sbx_str_is_set(s)) return std::nullopt;
+  return text(s, what);
+}
+
+KeyValues text_key_values(sbx_kv_list list, std::string_view what) {
+  KeyValues out;
+  for (size_t i = 0; i < list.count; ++i) {
+    std::string key = text(list.items[i].key, std::string(what) + " name");
+    std::string value = text(list.items[i].value, std::string(what) + " '" + key + "'");
+    out.insert_or_assign(std::move(key), std::move(value));
+  }
+  return out;
+}
+
 std::optional<std::chrono::milliseconds> optional_ms(sbx_opt_i64 v) {
   if (!v.set) return std::nullopt;
   return std::chrono::milliseconds(v.value);
 }
 
 }  // namespace
+
+std::string text(sbx_str s, std::string_view what) {
+  std::string out(view(s));
+  if (const size_t at = utf8::first_invalid(out); at != out.size()) {
+    throw Error::invalid_argument(std::string(what) + " is not valid UTF-8 (byte " +
+                                  std::to_string(at) + ")");
+  }
+  return out;
+}
 
 KeyValues to_key_values(sbx_kv_list list) {
   KeyValues out;
@@ -32,18 +57,18 @@ KeyValues to_key_values(sbx_kv_list list) {
 Spec to_spec(const sbx_spec& c) {
   require_struct(SBX_HAS_FIELD(&c, sbx_spec, labels), "sbx_spec");
   Spec spec;
-  spec.image = optional_string(c.image);
+  spec.image = optional_text(c.image, "spec.image");
   spec.ttl = optional_ms(c.ttl_ms);
   spec.ready_timeout = optional_ms(c.ready_timeout_ms);
-  spec.workdir = optional_string(c.workdir);
-  spec.env = to_key_values(c.env);
+  spec.workdir = optional_text(c.workdir, "spec.workdir");
+  spec.env = text_key_values(c.env, "spec.env variable");
   for (size_t i = 0; i < c.files.count; ++i) {
     const sbx_file& f = c.files.items[i];
     spec.files.push_back(
-        {std::string(view(f.path)),
+        {text(f.path, "a startup file's path"),
          std::string(reinterpret_cast<const char*>(f.contents.data), f.contents.len)});
   }
-  spec.metadata = to_key_values(c.metadata);
+  spec.metadata = text_key_values(c.metadata, "spec.metadata key");
   if (c.resources) {
     require_struct(SBX_HAS_FIELD(c.resources, sbx_resources, gpu_type), "sbx_resources");
     const sbx_resources& r = *c.resources;
@@ -51,30 +76,30 @@ Spec to_spec(const sbx_spec& c) {
     if (r.memory_mib.set) spec.resources.memory_mib = r.memory_mib.value;
     if (r.disk_gib.set) spec.resources.disk_gib = r.disk_gib.value;
     if (r.gpu.set) spec.resources.gpu = r.gpu.value;
-    spec.resources.gpu_type = optional_string(r.gpu_type);
+    spec.resources.gpu_type = optional_text(r.gpu_type, "resources.gpu_type");
   }
   if (c.has_entrypoint) {
     std::vector<std::string> argv;
     for (size_t i = 0; i < c.entrypoint.count; ++i)
-      argv.emplace_back(view(c.entrypoint.items[i]));
+      argv.push_back(text(c.entrypoint.items[i], "spec.entrypoint"));
     spec.entrypoint = std::move(argv);
   }
   spec.ports.assign(c.ports.items, c.ports.items + c.ports.count);
   if (sbx_str_is_set(c.provider_options)) {
     spec.provider_options = json::parse_object(view(c.provider_options), "provider_options");
   }
-  spec.labels = to_key_values(c.labels);
+  spec.labels = text_key_values(c.labels, "label");
   return spec;
 }
 
 ExecRequest to_exec_request(const sbx_exec_request& c) {
   require_struct(SBX_HAS_FIELD(&c, sbx_exec_request, user), "sbx_exec_request");
   ExecRequest r;
-  r.command = std::string(view(c.command));
-  r.cwd = optional_string(c.cwd);
-  r.env = to_key_values(c.env);
+  r.command = text(c.command, "the command");
+  r.cwd = optional_text(c.cwd, "the exec's cwd");
+  r.env = text_key_values(c.env, "exec env variable");
   r.timeout = optional_ms(c.timeout_ms);
-  r.user = optional_string(c.user);
+  r.user = optional_text(c.user, "the exec's user");
   return r;
 }
 

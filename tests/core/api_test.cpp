@@ -9,6 +9,11 @@
 #include <spdlog/spdlog.h>
 #include <boost/json.hpp>
 
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "../common/test_helpers.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -175,6 +180,46 @@ TEST_CASE("a failed download leaves no file, not even a partial one") {
   CHECK_THROWS_AS(box.download("/w/missing", out / "y"), sbx::NotFoundError);
   CHECK(fs::is_empty(out));
   fs::remove_all(out);
+}
+
+TEST_CASE("a full disk during a download is reported as such, with nothing left behind") {
+  // A 64 KiB file system to fill: mounting one needs root, which the test scripts have.
+  REQUIRE_MESSAGE(::geteuid() == 0, "this test mounts a small tmpfs and needs root");
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  box.upload_bytes(std::string(1024 * 1024, 'x'), "/big");
+  sbx::testing::TempDir small("sbx-full");
+  REQUIRE(::mount("tmpfs", small.path.c_str(), "tmpfs", 0, "size=64k") == 0);
+  struct Unmount {
+    const fs::path& path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{small.path};
+  const auto e = sbx::testing::error_of<sbx::ResourceExhaustedError>(
+      [&] { box.download("/big", small.path / "deep" / "big"); });
+  CHECK(std::string(e.what()).find("No space left on device") != std::string::npos);
+  CHECK(e.local_errno() == ENOSPC);
+  CHECK(fs::is_empty(small.path));  // no temporary file, and not the directory it made
+}
+
+TEST_CASE("an upload source that changes size during the upload fails it with the reason") {
+  Fixture f(R"({"upload_delay_ms": 300})");  // the plugin starts reading 300 ms after the start
+  sbx::Sandbox box = f.provider().create({});
+  sbx::testing::TempDir dir("sbx-resize");
+  const fs::path file = dir.path / "f";
+
+  sbx::testing::write_file(file, std::string(200000, 'a'));
+  auto shrinks = box.upload_async(file, "/f");  // the size is taken now...
+  REQUIRE(::truncate(file.c_str(), 10) == 0);   // ...and the file shrinks before it is read
+  auto e = sbx::testing::error_of<sbx::FailedPreconditionError>([&] { shrinks.get(); });
+  CHECK(std::string(e.what()).find("changed during the upload: it ended after 10 of the 200000 "
+                                   "bytes") != std::string::npos);
+
+  sbx::testing::write_file(file, "short");
+  auto grows = box.upload_async(file, "/f");
+  sbx::testing::write_file(file, "much longer now");
+  e = sbx::testing::error_of<sbx::FailedPreconditionError>([&] { grows.get(); });
+  CHECK(std::string(e.what()).find("it grew past the 5 bytes") != std::string::npos);
+  CHECK(box.exec("ls").stdout_text.empty());  // nothing was written in the sandbox
 }
 
 TEST_CASE("bad local inputs are clear errors") {

@@ -241,3 +241,127 @@ TEST_CASE("bad run options are usage errors found before any sandbox exists") {
   CHECK(has(upload, "/nonexistent/x is not a readable file"));
   CHECK(has(upload, "rc=2"));
 }
+
+// ---- Hardening: bad plugin files, silent loss, misbehaving providers ---------------------------
+
+TEST_CASE("a broken .so in the plugin path does not stop commands of other providers") {
+  sbx::testing::TempDir root("sbx-cli-broken");
+  // A real plugin cut after 4 KiB: glibc crashes with SIGBUS on loading it.
+  const std::string real =
+      sbx::testing::read_file(fs::path(SBX_TEST_PLUGIN_DIR) / "test_processes.so");
+  sbx::testing::write_file(root.path / "x.so", real.substr(0, 4096));
+  fs::create_symlink("loop.so", root.path / "loop.so");
+  const std::string out =
+      run_shell("SBX_PLUGIN_PATH=" + root.path.string() + " " + SBX_CLI + " --plugin-dir " +
+                SBX_TEST_PLUGIN_DIR + " run --provider test_processes -- echo hi")
+          .out;
+  CHECK(out == "hi\n");
+  const Run listed =
+      run_shell("SBX_PLUGIN_PATH=" + root.path.string() + " " + SBX_CLI + " plugins");
+  CHECK(listed.exit_code == 0);
+  CHECK(has(listed.out, "x.so: broken plugin file"));
+  CHECK(has(listed.out, "loop.so: cannot read the file: Too many levels of symbolic links"));
+}
+
+TEST_CASE("output that cannot be written stops the command and exits 74") {
+  sbx::testing::TempDir root("sbx-cli-full");
+  const std::string out = run_cli_in_bash(
+      root.path, "run --provider test_processes -- 'seq 1 1000000' > /dev/full\necho \" rc=$?\"");
+  CHECK(has(out, "writing the command's stdout failed: No space left on device"));
+  CHECK(has(out, "rc=74"));
+  CHECK(fs::is_empty(root.path));  // the sandbox was closed
+  const Run listed = run_shell("(" + std::string(SBX_CLI) + " plugins > /dev/full)");
+  CHECK(listed.exit_code == 74);
+  CHECK(has(listed.out, "writing to stdout failed"));
+}
+
+TEST_CASE("an upload of a file whose size the kernel does not know sends all of it") {
+  sbx::testing::TempDir root("sbx-cli-proc");
+  const fs::path copy = root.path / "copy" / "cpuinfo";
+  const Run r = run_cli("run --provider test_processes --upload /proc/cpuinfo:/x --download /x:" +
+                        copy.string() + " -- 'wc -c < x'");
+  CHECK(r.exit_code == 0);
+  const std::string uploaded = sbx::testing::read_file(copy);
+  CHECK(uploaded.size() > 0);
+  CHECK(has(uploaded, "processor"));
+  CHECK(has(r.out, std::to_string(uploaded.size())));
+}
+
+TEST_CASE("text that is not UTF-8 is refused before a sandbox exists") {
+  sbx::testing::TempDir root("sbx-cli-utf8");
+  const std::string out = run_cli_in_bash(
+      root.path, "run --provider test_processes --env X=$'\\xff\\xfe' -- true\necho \" rc=$?\"");
+  CHECK(has(out, "Sandbox env 'X' is not valid UTF-8 (byte 0)"));
+  CHECK(has(out, "rc=2"));
+  CHECK(fs::is_empty(root.path));
+}
+
+TEST_CASE("config files and provider options are checked like config files") {
+  sbx::testing::TempDir root("sbx-cli-config");
+  sbx::testing::write_file(root.path / "empty.json", "");
+  const Run dir = run_cli("--config " + root.path.string() + " providers");
+  CHECK(dir.exit_code == 2);
+  CHECK(has(dir.out, "is a directory, not a config file"));
+  const Run empty = run_cli("--config " + (root.path / "empty.json").string() + " providers");
+  CHECK(empty.exit_code == 2);
+  CHECK(has(empty.out, "the file is empty"));
+  const Run zero = run_cli("--config /dev/zero providers");
+  CHECK(zero.exit_code == 2);
+  CHECK(has(zero.out, "larger than 16 MiB"));
+  const Run dup =
+      run_cli(R"(run --provider test_processes --provider-options '{"a": 1, "a": 2}' -- true)");
+  CHECK(dup.exit_code == 2);
+  CHECK(has(dup.out, "$.a: duplicate key"));
+}
+
+namespace {
+
+// A config naming the misbehave plugin (tests/plugins/c/misbehave.c) in `mode`.
+fs::path misbehave_config(const fs::path& dir, const std::string& mode,
+                          const std::string& extra = "") {
+  const fs::path file = dir / ("misbehave-" + mode + ".json");
+  sbx::testing::write_file(file, std::string(R"({"plugin_path": [")") + SBX_C_PLUGIN_DIR +
+                                     R"("], "providers": {"m": {"plugin": "misbehave", "config":
+                                     {"mode": ")" +
+                                     mode + "\"" + extra + "}}}}");
+  return file;
+}
+
+}  // namespace
+
+TEST_CASE("a return code no exit status can carry exits 125 with a message") {
+  sbx::testing::TempDir root("sbx-cli-rc");
+  const Run r = run_cli("--config " + misbehave_config(root.path, "rc", R"(, "rc": 256)").string() +
+                        " run --provider m -- true");
+  CHECK(r.exit_code == 125);
+  CHECK(has(r.out, "the provider reported return code 256, which no exit status can carry"));
+}
+
+TEST_CASE(
+    "a provider that never completes: Ctrl-C ends sbx run within --stop-timeout, saying "
+    "what may be left and how to reap it; a second Ctrl-C ends it at once") {
+  sbx::testing::TempDir root("sbx-cli-never");
+  const std::string config = misbehave_config(root.path, "never").string();
+  for (const bool twice : {false, true}) {
+    const pid_t pid = spawn_cli(root.path, {"--config", config, "run", "--provider", "m",
+                                            "--stop-timeout", twice ? "60" : "2", "--", "true"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the exec is pending
+    const auto start = std::chrono::steady_clock::now();
+    ::kill(pid, SIGINT);
+    if (twice) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::kill(pid, SIGINT);
+    }
+    CHECK(wait_exit(pid, std::chrono::seconds(30)) == 130);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(took < (twice ? 2.0 : 4.0));
+  }
+  const std::string out = run_cli_in_bash(
+      root.path, "--config " + config +
+                     " run --provider m --stop-timeout 1 -- true &\npid=$!; sleep 0.5; kill -INT "
+                     "$pid; wait $pid; echo \" rc=$?\"");
+  CHECK(has(out, "stopped waiting for provider 'm'; sandbox mis-"));
+  CHECK(has(out, "may still exist. Remove it with: sbx reap --provider m --label sbx.run="));
+  CHECK(has(out, "rc=130"));
+}

@@ -38,7 +38,7 @@ bool contains(const std::string& text, const std::string& part) {
 TEST_CASE("bad plugin files are refused with clear messages") {
   sbx::Host host = host_with_bad_plugins();
   const auto plugins = host.plugins();
-  REQUIRE(plugins.size() == 5);
+  REQUIRE(plugins.size() == 12);
 
   const std::string missing_entry = error_of(plugins, "not_a_plugin.so");
   CHECK(contains(missing_entry, "not_a_plugin.so"));
@@ -57,6 +57,64 @@ TEST_CASE("bad plugin files are refused with clear messages") {
   CHECK(error_of(plugins, "init_fails.so").empty());
 
   CHECK(error_of(plugins, "test_processes.so").empty());
+
+  // Files whose loading crashes whoever loads them are read by the probe process only.
+  CHECK(contains(error_of(plugins, "truncated.so"), "broken plugin file"));
+  CHECK(contains(error_of(plugins, "crashes_on_load.so"), "broken plugin file"));
+  CHECK(contains(error_of(plugins, "loop.so"),
+                 "cannot read the file: Too many levels of symbolic links"));
+
+  CHECK(contains(error_of(plugins, "bad_id.so"), "has the id 'Bad Id#x/y'; a provider id is"));
+  CHECK(contains(error_of(plugins, "empty_id.so"), "has the id ''"));
+  CHECK(contains(error_of(plugins, "duplicate_id.so"), "offers provider id 'fine' twice"));
+  CHECK(contains(error_of(plugins, "bad_utf8.so"), "its name is not valid UTF-8"));
+}
+
+TEST_CASE(
+    "a plugin directory with files that crash or hang their loader: the good plugin is "
+    "used, the others are listed as broken, and nothing but it is loaded here") {
+  sbx::Host::Options options;
+  options.plugin_dirs = {SBX_BAD_PLUGIN_DIR, SBX_HANG_PLUGIN_DIR, SBX_TEST_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  options.plugin_cache = "off";
+  options.probe_timeout_s = 1;
+  sbx::Host host(std::move(options));
+  CHECK(host.provider("test_processes").create({}).exec("echo alive").stdout_text == "alive\n");
+  CHECK(contains(error_of(host.plugins(), "hangs_on_load.so"),
+                 "broken plugin file: loading it did not finish within 1 s"));
+  // Were any of them loaded into this process, it would have crashed or hung by now; and the
+  // process maps only the plugin it used.
+  const std::string maps = sbx::testing::read_file("/proc/self/maps");
+  CHECK(contains(maps, "test_processes.so"));
+  CHECK_FALSE(contains(maps, "wrong_abi.so"));
+  CHECK_FALSE(contains(maps, "bad_id.so"));
+}
+
+TEST_CASE(
+    "probe results are cached on disk by file identity, and a changed file is probed "
+    "again") {
+  sbx::testing::TempDir dir("sbx-cache");
+  const auto plugin = dir.path / "p.so";
+  std::filesystem::copy_file(std::filesystem::path(SBX_BAD_PLUGIN_DIR) / "wrong_abi.so", plugin);
+  sbx::Host::Options options;
+  options.plugin_dirs = {dir.path / "plugins"};
+  std::filesystem::create_directory(dir.path / "plugins");
+  std::filesystem::rename(plugin, dir.path / "plugins" / "p.so");
+  options.use_default_plugin_dirs = false;
+  options.plugin_cache = dir.path / "cache.json";
+  {
+    sbx::Host host(options);
+    CHECK(contains(error_of(host.plugins(), "p.so"), "plugin ABI version 2.0"));
+  }
+  const std::string cached = sbx::testing::read_file(dir.path / "cache.json");
+  CHECK(contains(cached, "plugin ABI version 2.0"));
+  // Replaced by a good plugin: a new identity, so a new probe.
+  std::filesystem::copy_file(std::filesystem::path(SBX_TEST_PLUGIN_DIR) / "test_processes.so",
+                             dir.path / "plugins" / "p.so",
+                             std::filesystem::copy_options::overwrite_existing);
+  sbx::Host host(options);
+  CHECK(error_of(host.plugins(), "p.so").empty());
+  CHECK(host.provider("test_processes").create({}).exec("echo fresh").stdout_text == "fresh\n");
 }
 
 TEST_CASE("a plugin whose init fails is refused when used, with the plugin's reason") {

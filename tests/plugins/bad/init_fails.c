@@ -20,7 +20,14 @@ static sbx_status SBX_ABI init(const sbx_host* host, const sbx_error_sink* error
 static void SBX_ABI deinit(void) {}
 
 SBX_EXPORT const sbx_plugin* SBX_ABI sbx_plugin_entry(void) {
-  static const sbx_plugin plugin = {sizeof(sbx_plugin), SBX_ABI_VERSION_INIT, "init_fails", "0.0.1",
-                                    "a plugin whose init fails", init, deinit, 0, NULL};
+  static const sbx_plugin plugin = {sizeof(sbx_plugin),
+                                    SBX_ABI_VERSION_INIT,
+                                    "init_fails",
+                                    "0.0.1",
+                                    "a plugin whose init fails",
+                                    init,
+                                    deinit,
+                                    0,
+                                    NULL};
   return &plugin;
 }

@@ -51,6 +51,7 @@ struct Config {
   std::optional<std::string> throw_in;     // method that throws std::runtime_error synchronously
   bool complete_inline = false;            // status and close complete inside the start call
   std::chrono::milliseconds create_delay{0};
+  std::chrono::milliseconds upload_delay{0};  // before an upload reads its source
 
   static Config read(const boost::json::object& json) {
     sdk::json::ObjectReader r(json);
@@ -66,6 +67,8 @@ struct Config {
     c.complete_inline = r.boolean("complete_inline", false);
     c.create_delay =
         std::chrono::milliseconds(r.integer("create_delay_ms", 0, 600'000).value_or(0));
+    c.upload_delay =
+        std::chrono::milliseconds(r.integer("upload_delay_ms", 0, 600'000).value_or(0));
     r.finish();
     return c;
   }
@@ -248,7 +251,8 @@ class TestProcessesProvider final : public sdk::Provider {
     "fail_probe": {"type": "boolean"},
     "throw_in": {"type": ["string", "null"]},
     "complete_inline": {"type": "boolean"},
-    "create_delay_ms": {"type": "integer", "minimum": 0}
+    "create_delay_ms": {"type": "integer", "minimum": 0},
+    "upload_delay_ms": {"type": "integer", "minimum": 0}
   }
 })";
 
@@ -286,8 +290,9 @@ class TestProcessesProvider final : public sdk::Provider {
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     sandbox.require_open();
     pool_.submit(
-        [&sandbox, &source, request = std::move(request), done = std::move(done)]() mutable {
+        [this, &sandbox, &source, request = std::move(request), done = std::move(done)]() mutable {
           try {
+            pause(config_.upload_delay, done.cancel_token());
             write_file(sandbox.host_path(request.remote_path), request.mode, source,
                        done.cancel_token());
             done.succeed();
@@ -354,14 +359,18 @@ class TestProcessesProvider final : public sdk::Provider {
     }
   }
 
+  // Waits `delay` (injected), or until cancelled.
+  static void pause(std::chrono::milliseconds delay, const sdk::CancelToken& cancel) {
+    if (delay.count() <= 0) return;
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    cv.wait_for(lock, cancel, delay, [] { return false; });
+    sdk::throw_if_cancelled(cancel);
+  }
+
   std::unique_ptr<sdk::Sandbox> create_now(sdk::Spec spec, const sdk::CancelToken& cancel) {
-    if (config_.create_delay.count() > 0) {
-      std::mutex m;
-      std::condition_variable_any cv;
-      std::unique_lock lock(m);
-      cv.wait_for(lock, cancel, config_.create_delay, [] { return false; });
-      sdk::throw_if_cancelled(cancel);
-    }
+    pause(config_.create_delay, cancel);
     if (config_.fail_create) throw Error::create_failed(*config_.fail_create);
     std::string pattern = (config_.root / "sbx-test-XXXXXX").string();
     if (!::mkdtemp(pattern.data())) {
@@ -395,7 +404,7 @@ class TestProcessesProvider final : public sdk::Provider {
                          const sdk::CancelToken& cancel) {
     fs::create_directories(target.parent_path());
     const fs::path temp = target.string() + ".upload-tmp";
-    {
+    try {
       Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
       if (fd.fd < 0) throw Error::internal("open " + temp.string() + ": " + errno_text());
       char buffer[65536];
@@ -405,17 +414,18 @@ class TestProcessesProvider final : public sdk::Provider {
         const size_t n = source.read(buffer, sizeof(buffer));
         if (n == 0) break;
         if (::write(fd.fd, buffer, n) != static_cast<ssize_t>(n)) {
-          ::unlink(temp.c_str());
           throw Error::internal("write " + temp.string() + ": " + errno_text());
         }
         total += static_cast<int64_t>(n);
       }
       if (total != source.size()) {
-        ::unlink(temp.c_str());
         throw Error::internal("upload source ended after " + std::to_string(total) + " of " +
                               std::to_string(source.size()) + " bytes");
       }
       ::fchmod(fd.fd, mode);
+    } catch (...) {
+      ::unlink(temp.c_str());
+      throw;
     }
     fs::rename(temp, target);
   }

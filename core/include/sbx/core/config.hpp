@@ -5,6 +5,7 @@
 //     "plugin_path": ["./plugins"],                 // optional: extra plugin directories
 //     "labels": {"team": "infra"},                  // optional: stamped on every sandbox
 //     "default_provider": "docker",                 // optional: used when none is named
+//     "deadlines": {"grace_s": 30},                 // optional: sbx::Deadlines, in seconds
 //     "providers": {
 //       "docker": {
 //         "plugin": "local_docker",                 // provider id, or "path/x.so[#id]"
@@ -19,6 +20,7 @@
 // error naming the path.
 #pragma once
 
+#include <sbx/core/deadlines.hpp>
 #include <sbx/core/spec.hpp>
 
 #include <boost/json/object.hpp>
@@ -49,6 +51,8 @@ struct Config {
   StringMap labels;
   std::optional<std::string> default_provider;
   std::map<std::string, ProviderBlock> providers;
+  // When set, replaces Host::Options::deadlines (only the keys given; the others keep defaults).
+  std::optional<Deadlines> deadlines;
 
   // Throws ConfigError("<source>: <JSON path>: <problem>").
   static Config parse(std::string_view json_text, std::string_view source = "config",

@@ -57,7 +57,7 @@ class Host {
     Config config;
     std::vector<std::filesystem::path> plugin_dirs;  // searched before the defaults
     bool use_default_plugin_dirs = true;
-    StringMap labels;  // added to the config's labels and the automatic ones (sbx.run, sbx.host)
+    StringMap labels;     // added to the config's labels and the automatic ones (sbx.run, sbx.host)
     Deadlines deadlines;  // how long the host waits for a provider (deadlines.hpp)
     // sbx-plugin-probe; empty: $SBX_PLUGIN_PROBE, next to the program, ../libexec/sbx/, or the
     // build tree's. Without one, plugin files are read in this process (a warning says so).
@@ -65,6 +65,8 @@ class Host {
     // Where probe results are cached; empty: $SBX_PLUGIN_CACHE, else
     // $XDG_CACHE_HOME/sbx/plugin-scan.json or ~/.cache/sbx/plugin-scan.json; "off": no disk cache.
     std::filesystem::path plugin_cache;
+    // How long the probe may take to read one file before the file counts as broken.
+    double probe_timeout_s = 10;
   };
 
   Host();

@@ -118,9 +118,12 @@ inline sbx_bytes to_bytes(std::string_view s) {
   return sbx_bytes{reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 KeyValues to_key_values(sbx_kv_list list);
+// A copy of text the ABI says is UTF-8; Error::invalid_argument("<what> is not valid UTF-8 (byte
+// N)") when it is not.
+std::string text(sbx_str s, std::string_view what);
 
 // Copies a borrowed sbx_spec. Throws Error::invalid_argument for a struct too small for this ABI
-// version or provider_options that are not a JSON object.
+// version, provider_options that are not a JSON object, or text that is not UTF-8.
 Spec to_spec(const sbx_spec& spec);
 ExecRequest to_exec_request(const sbx_exec_request& request);
 
