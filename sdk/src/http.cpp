@@ -164,6 +164,8 @@ void deliver_headers(Transfer& transfer) {
   }
 }
 
+std::string describe(const Transfer& t);
+
 // ---- libcurl callbacks: each catches what user code throws and makes libcurl abort ----------
 
 size_t on_header_line(char* data, size_t size, size_t count, void* user) {
@@ -214,6 +216,12 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
     } else if (transfer.request.on_body) {
       transfer.request.on_body({data, bytes});
     } else {
+      const size_t limit = transfer.request.max_body_bytes;
+      if (limit > 0 && transfer.response.body.size() + bytes > limit) {
+        throw Error(SBX_STATUS_RESOURCE_EXHAUSTED,
+                    describe(transfer) + ": the response body is larger than " +
+                        std::to_string(limit) + " bytes (Request::max_body_bytes)");
+      }
       transfer.response.body.append(data, bytes);
     }
     return bytes;

@@ -208,6 +208,12 @@ TEST_CASE("return codes outside 0-255 reach the host API as they are") {
   CHECK(box.exec("x").return_code == 256);
 }
 
+TEST_CASE("a factory that returns OK without a provider is an error that says so") {
+  sbx::Host host = host_for("no_provider");
+  const auto e = sbx::testing::error_of<sbx::InternalError>([&] { host.provider("m"); });
+  CHECK(contains(e.what(), "provider 'm' (misbehave): its factory returned OK but no provider"));
+}
+
 TEST_CASE("deadlines must be positive") {
   sbx::Host::Options options;
   options.deadlines.grace_s = 0;

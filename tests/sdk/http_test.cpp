@@ -560,6 +560,26 @@ TEST_CASE("chunked responses stream too, and leave the connection reusable") {
   CHECK(server.accepted() == 1);
 }
 
+TEST_CASE("a buffered response body has a cap; a peer that never stops cannot eat the memory") {
+  TestServer server;
+  http::Client client(server.options());
+  http::Request request = get("/bytes?n=10000000");
+  request.max_body_bytes = 1024 * 1024;
+  Error error = error_of([&] { client.send(std::move(request)); });
+  CHECK(error.status() == SBX_STATUS_RESOURCE_EXHAUSTED);
+  CHECK(std::string(error.what()).find("larger than 1048576 bytes") != std::string::npos);
+  // Within the cap, or streamed, the same body is fine.
+  http::Request fits = get("/bytes?n=100000");
+  fits.max_body_bytes = 1024 * 1024;
+  CHECK(client.send(std::move(fits)).body.size() == 100000);
+  size_t streamed = 0;
+  http::Request stream = get("/bytes?n=10000000");
+  stream.max_body_bytes = 1024;
+  stream.on_body = [&](std::string_view bytes) { streamed += bytes.size(); };
+  client.send(std::move(stream));
+  CHECK(streamed == 10000000);
+}
+
 TEST_CASE("the request deadline fails with Error::timeout") {
   TestServer server;
   http::Client client(server.options());

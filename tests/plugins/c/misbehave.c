@@ -13,6 +13,7 @@
  *   "output_after"  exec output arrives after on_complete
  *   "rc"            exec returns the return code given as "rc": N
  *   "short_handle"  exec returns an sbx_operation handle smaller than ABI 1.0's
+ *   "no_provider"   the factory returns OK but no provider
  *
  * The config is read with strstr: it is the test's own, fixed text. */
 #include <sbx/abi/entry.h>
@@ -312,6 +313,10 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* f, const sb
   (void)errors;
   char text[256] = {0};
   memcpy(text, config.data, config.len < sizeof text - 1 ? config.len : sizeof text - 1);
+  if (strstr(text, "\"no_provider\"")) {
+    *out = NULL;
+    return SBX_STATUS_OK;
+  }
   provider_state* state = (provider_state*)calloc(1, sizeof *state);
   if (!state) return SBX_STATUS_RESOURCE_EXHAUSTED;
   static const struct {

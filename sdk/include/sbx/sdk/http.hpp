@@ -56,6 +56,10 @@ struct Request {
   // A slow consumer then slows only its own transfer, where a slow on_body (which runs on the
   // loop thread) would stall every request of the client.
   size_t pull_body_limit = 0;
+  // The most a response body kept in Response::body may hold; a larger one fails the request
+  // with Error::resource_exhausted, so a peer that never ends its answer cannot eat the memory.
+  // Streamed (on_body) and pulled bodies are not kept and not limited. 0 means no limit.
+  size_t max_body_bytes = 64 * 1024 * 1024;
 };
 
 struct Response {
