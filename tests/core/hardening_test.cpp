@@ -214,6 +214,25 @@ TEST_CASE("a factory that returns OK without a provider is an error that says so
   CHECK(contains(e.what(), "provider 'm' (misbehave): its factory returned OK but no provider"));
 }
 
+TEST_CASE("no host lock is held while a plugin's factory runs") {
+  log_lines();
+  sbx::Host::Options options;
+  options.plugin_dirs = {SBX_C_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  options.config = sbx::Config::parse(R"({"providers": {
+      "slow": {"plugin": "misbehave", "config": {"mode": "slow_factory"}},
+      "fast": {"plugin": "misbehave", "config": {"mode": "rc"}}}})");
+  sbx::Host host(std::move(options));
+  std::thread slow([&] { host.provider("slow"); });
+  std::this_thread::sleep_for(100ms);  // the slow factory is running
+  const auto start = Clock::now();
+  host.provider("fast");
+  CHECK(seconds_since(start) < 0.5);
+  slow.join();
+  // A second caller of the slow name waits for the same load instead of loading again.
+  CHECK(host.provider("slow").valid());
+}
+
 TEST_CASE("deadlines must be positive") {
   sbx::Host::Options options;
   options.deadlines.grace_s = 0;

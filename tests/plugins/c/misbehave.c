@@ -14,6 +14,7 @@
  *   "rc"            exec returns the return code given as "rc": N
  *   "short_handle"  exec returns an sbx_operation handle smaller than ABI 1.0's
  *   "no_provider"   the factory returns OK but no provider
+ *   "slow_factory"  the factory takes a second (then the provider works)
  *
  * The config is read with strstr: it is the test's own, fixed text. */
 #include <sbx/abi/entry.h>
@@ -313,6 +314,10 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* f, const sb
   (void)errors;
   char text[256] = {0};
   memcpy(text, config.data, config.len < sizeof text - 1 ? config.len : sizeof text - 1);
+  if (strstr(text, "\"slow_factory\"")) {
+    struct timespec second = {1, 0};
+    nanosleep(&second, NULL);
+  }
   if (strstr(text, "\"no_provider\"")) {
     *out = NULL;
     return SBX_STATUS_OK;
