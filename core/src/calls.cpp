@@ -63,10 +63,18 @@ class CallTable {
     return nullptr;
   }
 
-  uint64_t register_name(std::string name) {
+  uint64_t register_generation(std::weak_ptr<Generation> generation, std::string name) {
     std::lock_guard lock(names_mutex_);
     names_.push_back(std::move(name));
+    generations_.push_back(std::move(generation));
     return names_.size();  // serials start at 1
+  }
+
+  std::shared_ptr<Generation> generation_of(void* user_data) {
+    const uint64_t serial = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(user_data)) >> kSeqBits;
+    std::lock_guard lock(names_mutex_);
+    if (serial == 0 || serial > generations_.size()) return nullptr;
+    return generations_[serial - 1].lock();
   }
 
  private:
@@ -103,6 +111,7 @@ class CallTable {
   std::atomic<uint64_t> next_{0};
   std::mutex names_mutex_;
   std::deque<std::string> names_;
+  std::deque<std::weak_ptr<Generation>> generations_;
   std::set<std::tuple<uint64_t, std::string, CallKind, bool>> reported_;
 };
 
@@ -244,8 +253,8 @@ const char* call_kind_name(CallKind kind) noexcept {
   return "operation";
 }
 
-uint64_t register_generation_name(std::string name) {
-  return table().register_name(std::move(name));
+uint64_t register_generation(const std::shared_ptr<Generation>& generation) {
+  return table().register_generation(generation, describe(*generation));
 }
 
 std::string describe(const Generation& g) {
@@ -303,6 +312,10 @@ std::shared_ptr<CallCtx> find_any(void* token, CallKind kind, const char* callba
 
 std::shared_ptr<CallCtx> complete_any(void* token, CallKind kind, const char* callback) {
   return table().find(token, kind, callback, true);
+}
+
+std::shared_ptr<Generation> generation_of(void* token) {
+  return table().generation_of(token);
 }
 
 bool late(const CallCtx& ctx) {

@@ -67,6 +67,10 @@ std::shared_ptr<Ctx> find(void* token, const char* callback);
 template <class Ctx>
 std::shared_ptr<Ctx> complete(void* token, const char* callback);
 
+// The generation a token was made for, while it lives (for a sandbox handed over by a completion
+// that came too often: it must be closed).
+std::shared_ptr<Generation> generation_of(void* token);
+
 // True (and logged) when a completion arrives for an operation the host abandoned: its outcome
 // is dropped (a created sandbox is closed by the caller of this check).
 bool late(const CallCtx& ctx);

@@ -130,8 +130,8 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
                                             const ProviderBlock& block, const StringMap& labels,
                                             const Deadlines& deadlines);
 
-// Registers a generation's description for reports about its callbacks; returns its serial.
-uint64_t register_generation_name(std::string name);
+// Registers a generation for reports about its callbacks (calls.cpp); returns its serial.
+uint64_t register_generation(const std::shared_ptr<Generation>& generation);
 
 // ---- Sandboxes (sandbox.cpp)
 // ------------------------------------------------------------------------

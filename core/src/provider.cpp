@@ -25,7 +25,7 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
   generation->default_metadata = block.default_metadata;
   generation->labels = labels;
   generation->labels["sbx.provider"] = block.name;
-  generation->serial = register_generation_name(describe(*generation));
+  generation->serial = register_generation(generation);
 
   const std::string config = boost::json::serialize(block.config);
   ErrorCollector errors;
@@ -117,6 +117,20 @@ class CSpec {
   sbx_spec c_{};
 };
 
+// A sandbox handed over by a create that had completed already: owned by the host like any other,
+// so it is closed and released (if its provider still exists; otherwise it cannot be).
+void close_stray(void* token, sbx_sandbox* sandbox) {
+  auto generation = calls::generation_of(token);
+  if (!generation) return;
+  auto s = std::make_shared<SandboxState>();
+  s->generation = std::move(generation);
+  s->handle = sandbox;
+  s->id = SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data) ? copy_of(sandbox->id) : "?";
+  logger()->warn("{} handed over sandbox {} by a second completion; closing it",
+                 describe(*s->generation), s->id);
+  Sandbox stray(std::move(s));  // closes it (without waiting, inside this callback)
+}
+
 struct CreateCtx : CallCtx {
   static constexpr CallKind kKind = CallKind::create;
   CreateCtx() : CallCtx(kKind) {}
@@ -131,7 +145,10 @@ struct CreateCtx : CallCtx {
   static void SBX_ABI on_complete(void* token, sbx_sandbox* sandbox, const sbx_error* error) {
     CallbackScope scope;
     const std::shared_ptr<CreateCtx> ctx = calls::complete<CreateCtx>(token, "on_complete");
-    if (!ctx) return;
+    if (!ctx) {
+      if (sandbox) close_stray(token, sandbox);
+      return;
+    }
     const Generation& g = *ctx->generation;
     if (!sandbox) {
       if (calls::late(*ctx)) return;
