@@ -11,8 +11,8 @@
 #include <array>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
-#include <queue>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -71,7 +71,8 @@ class CallTable {
   }
 
   std::shared_ptr<Generation> generation_of(void* user_data) {
-    const uint64_t serial = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(user_data)) >> kSeqBits;
+    const uint64_t serial =
+        static_cast<uint64_t>(reinterpret_cast<uintptr_t>(user_data)) >> kSeqBits;
     std::lock_guard lock(names_mutex_);
     if (serial == 0 || serial > generations_.size()) return nullptr;
     return generations_[serial - 1].lock();
@@ -133,30 +134,41 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 // One host thread that wakes at operation deadlines. At a deadline it cancels the operation and
 // schedules its abandonment after the cancel grace; at that second point it abandons it if it has
-// still not ended. It holds weak references only: an operation that ended and was dropped costs
-// nothing but its queue entry. Never destroyed, like the call table.
+// still not ended. Entries are keyed by time and the operation's timer id, and an operation that
+// ends takes its entries out (OpBase::disarm), so the queue holds only operations in flight.
+// Never destroyed, like the call table.
 class DeadlineTimer {
  public:
   struct Entry {
-    Clock::time_point at;
     std::weak_ptr<OpBase> op;
     std::optional<OpDeadline> deadline;         // set: the deadline itself; unset: the cancel grace
     std::shared_ptr<const Error> abandon_with;  // for the cancel grace
   };
 
-  void schedule(Entry entry) {
+  void schedule(uint64_t id, Clock::time_point at, Entry entry) {
+    bool earliest;
     {
       std::lock_guard lock(mutex_);
-      queue_.push(std::move(entry));
+      const Key key{at, next_key_++};
+      earliest = queue_.empty() || key < queue_.begin()->first;
+      queue_.emplace(key, std::move(entry));
+      keys_[id].push_back(key);
       if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     }
-    wake_.notify_one();
+    if (earliest) wake_.notify_one();  // only an earlier wake-up changes what the thread waits for
+  }
+
+  void disarm(uint64_t id) {
+    std::lock_guard lock(mutex_);
+    auto it = keys_.find(id);
+    if (it == keys_.end()) return;
+    for (const Key& key : it->second)
+      queue_.erase(key);
+    keys_.erase(it);
   }
 
  private:
-  struct Later {
-    bool operator()(const Entry& a, const Entry& b) const { return a.at > b.at; }
-  };
+  using Key = std::pair<Clock::time_point, uint64_t>;
 
   void run() {
     std::unique_lock lock(mutex_);
@@ -165,16 +177,15 @@ class DeadlineTimer {
         wake_.wait(lock);
         continue;
       }
-      const Clock::time_point next = queue_.top().at;
+      const Clock::time_point next = queue_.begin()->first.first;
       if (Clock::now() < next) {
         wake_.wait_until(lock, next);
         continue;
       }
-      Entry entry = queue_.top();
-      queue_.pop();
+      auto node = queue_.extract(queue_.begin());
       lock.unlock();
       try {
-        fire(entry);
+        fire(node.mapped());
       } catch (const std::exception& e) {  // out of memory for a message; keep the timer alive
         logger()->error("deadline timer: {}", e.what());
       }
@@ -193,8 +204,7 @@ class DeadlineTimer {
     if (d.from == OpDeadline::From::progress) {
       const Clock::time_point due = op->last_progress() + *d.after;
       if (Clock::now() < due) {  // it moved since: wait for the next quiet period
-        entry.at = due;
-        schedule(std::move(entry));
+        schedule(op->timer_id(), due, std::move(entry));
         return;
       }
     }
@@ -207,12 +217,14 @@ class DeadlineTimer {
                     "the host abandoned it",
                     describe(g), op->kind(), seconds_text(*d.after), d.why, seconds_text(grace)));
     op->request_cancel();
-    schedule({Clock::now() + grace, op, std::nullopt, std::move(error)});
+    schedule(op->timer_id(), Clock::now() + grace, {op, std::nullopt, std::move(error)});
   }
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::priority_queue<Entry, std::vector<Entry>, Later> queue_;
+  std::map<Key, Entry> queue_;
+  std::unordered_map<uint64_t, std::vector<Key>> keys_;  // by operation timer id
+  uint64_t next_key_ = 0;
   std::thread thread_;
 };
 
@@ -328,7 +340,8 @@ bool late(const CallCtx& ctx) {
 void arm(const std::shared_ptr<OpBase>& op, const OpDeadline& deadline) {
   if (!deadline.after || op->ready()) return;
   op->touch();
-  timer().schedule({Clock::now() + *deadline.after, op, deadline, nullptr});
+  timer().schedule(op->arm_timer(), Clock::now() + *deadline.after, {op, deadline, nullptr});
+  if (op->ready()) op->disarm();  // it completed while being armed
 }
 
 void abandon_after_cancel(const std::shared_ptr<OpBase>& op) {
@@ -337,7 +350,8 @@ void abandon_after_cancel(const std::shared_ptr<OpBase>& op) {
   auto error = std::make_shared<const CancelledError>(fmt::format(
       "cancelled; {} did not end the {} within {} of being cancelled, so the host abandoned it",
       describe(g), op->kind(), seconds_text(grace)));
-  timer().schedule({Clock::now() + grace, op, std::nullopt, std::move(error)});
+  timer().schedule(op->arm_timer(), Clock::now() + grace, {op, std::nullopt, std::move(error)});
+  if (op->ready()) op->disarm();
 }
 
 }  // namespace calls
@@ -348,7 +362,22 @@ OpBase::OpBase(std::shared_ptr<Generation> generation, const char* kind)
     : generation_(std::move(generation)), kind_(kind) {}
 
 OpBase::~OpBase() {
+  disarm();
   if (handle_) handle_->release(handle_);
+}
+
+uint64_t OpBase::arm_timer() {
+  static std::atomic<uint64_t> next_id{1};
+  uint64_t id = timer_id_.load();
+  if (id == 0) {
+    uint64_t fresh = next_id.fetch_add(1);
+    id = timer_id_.compare_exchange_strong(id, fresh) ? fresh : id;
+  }
+  return id;
+}
+
+void OpBase::disarm() noexcept {
+  if (const uint64_t id = timer_id_.load(); id != 0) timer().disarm(id);
 }
 
 void OpBase::attach(sbx_operation* handle) {

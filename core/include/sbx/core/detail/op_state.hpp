@@ -66,6 +66,12 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   void on_abandon(std::function<void()> hook) { abandon_hook_ = std::move(hook); }
   bool abandoned() const noexcept { return abandoned_.load(); }
 
+  // The id under which the host's deadline timer keeps this operation's entries (assigned on
+  // first use), and taking them out once it has ended (calls.cpp).
+  uint64_t arm_timer();
+  uint64_t timer_id() const noexcept { return timer_id_.load(); }
+  void disarm() noexcept;
+
   // For operations whose deadline counts from their last progress (file transfers).
   void touch() noexcept;
   std::chrono::steady_clock::time_point last_progress() const noexcept;
@@ -100,6 +106,7 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
       continuations.swap(continuations_);
     }
     cv_.notify_all();
+    disarm();
     for (auto& continuation : continuations)
       continuation();
     return true;
@@ -124,6 +131,7 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   std::function<void()> abandon_hook_;
   std::atomic<bool> abandoned_{false};
   std::atomic<int64_t> last_progress_ns_{0};
+  std::atomic<uint64_t> timer_id_{0};
 };
 
 template <class T>
