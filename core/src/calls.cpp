@@ -277,10 +277,10 @@ Error plugin_error(const Generation& g, const sbx_error* error, const char* call
   if (!error) {
     return InternalError(describe(g) + " ended a " + call + " with neither a result nor an error");
   }
-  // The status is the field after struct_size; without it nothing in the struct can be trusted.
+  // Every field of ABI 1.0 is read below.
   if (!SBX_HAS_FIELD(error, sbx_error, request_id)) {
     return InternalError(fmt::format(
-        "{} reported a {} error in an sbx_error of {} bytes; ABI 1.0 "
+        "{} ended the {} with an error in an sbx_error of {} bytes; ABI 1.0 "
         "defines {}",
         describe(g), call, error->struct_size, offsetof(sbx_error, request_id) + sizeof(sbx_str)));
   }
