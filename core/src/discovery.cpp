@@ -55,6 +55,17 @@ PluginInfo info_of(const fs::path& file, const Descriptor& d) {
   return info;
 }
 
+Descriptor descriptor_of(const PluginInfo& info) {
+  Descriptor d;
+  d.name = info.name;
+  d.version = info.version;
+  d.description = info.description;
+  d.abi_version = info.abi_version;
+  for (const auto& p : info.providers)
+    d.providers.push_back({p.id, p.description, p.config_schema});
+  return d;
+}
+
 PluginInfo broken(const fs::path& file, const std::string& why) {
   PluginInfo info;
   info.path = file;
@@ -246,14 +257,7 @@ class ProbeCache {
     if (!to_disk || cache_file.empty()) return;
     json::object entry{{"identity", identity_json(id)}};
     if (info.ok()) {
-      Descriptor d;
-      d.name = info.name;
-      d.version = info.version;
-      d.description = info.description;
-      d.abi_version = info.abi_version;
-      for (const auto& p : info.providers)
-        d.providers.push_back({p.id, p.description, p.config_schema});
-      entry["descriptor"] = d.to_json();
+      entry["descriptor"] = descriptor_of(info).to_json();
     } else {
       entry["error"] = info.error;
     }
@@ -376,8 +380,13 @@ PluginInfo probe_plugin(const fs::path& file, const FileIdentity& identity,
   bool cacheable = false;
   if (settings.program.empty()) {
     // No probe program: read the descriptor in this process (logged once by the caller).
-    info = PluginLibrary::describe(file);
-    cacheable = info.ok();
+    try {
+      info = info_of(file, PluginLibrary::describe(file));
+      cacheable = true;
+    } catch (const Error& e) {
+      info.path = file;
+      info.error = e.what();
+    }
   } else {
     info = probe_out_of_process(file, settings, cacheable);
   }

@@ -2,6 +2,8 @@
 // provider generations and sandbox state.
 #pragma once
 
+#include "descriptor.hpp"
+
 #include <sbx/abi/entry.h>
 #include <sbx/core/deadlines.hpp>
 #include <sbx/core/host.hpp>
@@ -80,8 +82,8 @@ class PluginLibrary {
   // loaded in this process (by any Host) gives the same library.
   static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path);
   // Reads the descriptor of `path` in this process without calling init, for hosts that have no
-  // probe program (discovery.cpp): a broken file can crash the process.
-  static PluginInfo describe(const std::filesystem::path& path);
+  // probe program (discovery.cpp): a broken file can crash the process. Throws PluginLoadError.
+  static Descriptor describe(const std::filesystem::path& path);
   ~PluginLibrary();
 
   const std::filesystem::path& path() const noexcept { return path_; }

@@ -134,23 +134,9 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& 
   return lib;
 }
 
-PluginInfo PluginLibrary::describe(const std::filesystem::path& path) {
-  PluginInfo info;
-  info.path = path;
-  try {
-    boost::dll::shared_library library;
-    const sbx_plugin* plugin = open_library(path, library);
-    const Descriptor d = read_descriptor(plugin);
-    info.name = d.name;
-    info.version = d.version;
-    info.description = d.description;
-    info.abi_version = d.abi_version;
-    for (const auto& p : d.providers)
-      info.providers.push_back({p.id, p.description, p.config_schema});
-  } catch (const Error& e) {
-    info.error = e.what();
-  }
-  return info;
+Descriptor PluginLibrary::describe(const std::filesystem::path& path) {
+  boost::dll::shared_library library;
+  return read_descriptor(open_library(path, library));
 }
 
 PluginLibrary::~PluginLibrary() {

@@ -32,7 +32,8 @@ static void SBX_ABI deinit(void) {
   if (__atomic_sub_fetch(&g_live, 1, __ATOMIC_SEQ_CST) < 0) abort();
 }
 
-static void unimplemented(void* user_data, void (*complete)(void*, const sbx_error*)) {
+/* The error every operation of this provider fails with. */
+static sbx_error unimplemented(void) {
   static const char message[] = "init_counter does nothing";
   sbx_error e;
   memset(&e, 0, sizeof e);
@@ -40,20 +41,13 @@ static void unimplemented(void* user_data, void (*complete)(void*, const sbx_err
   e.status = SBX_STATUS_UNIMPLEMENTED;
   e.message.data = message;
   e.message.len = sizeof message - 1;
-  complete(user_data, &e);
+  return e;
 }
 
 static sbx_operation* SBX_ABI create(sbx_provider* p, const sbx_spec* spec,
                                      const sbx_create_callbacks* cb) {
-  (void)p;
-  (void)spec;
-  static const char message[] = "init_counter does nothing";
-  sbx_error e;
-  memset(&e, 0, sizeof e);
-  e.struct_size = sizeof e;
-  e.status = SBX_STATUS_UNIMPLEMENTED;
-  e.message.data = message;
-  e.message.len = sizeof message - 1;
+  (void)p, (void)spec;
+  const sbx_error e = unimplemented();
   cb->on_complete(cb->user_data, NULL, &e);
   return NULL;
 }
@@ -61,10 +55,7 @@ static sbx_operation* SBX_ABI create(sbx_provider* p, const sbx_spec* spec,
 static sbx_operation* SBX_ABI exec(sbx_provider* p, sbx_sandbox* s, const sbx_exec_request* r,
                                    const sbx_exec_callbacks* cb) {
   (void)p, (void)s, (void)r;
-  sbx_error e;
-  memset(&e, 0, sizeof e);
-  e.struct_size = sizeof e;
-  e.status = SBX_STATUS_UNIMPLEMENTED;
+  const sbx_error e = unimplemented();
   cb->on_complete(cb->user_data, NULL, &e);
   return NULL;
 }
@@ -72,7 +63,8 @@ static sbx_operation* SBX_ABI exec(sbx_provider* p, sbx_sandbox* s, const sbx_ex
 static sbx_operation* SBX_ABI upload(sbx_provider* p, sbx_sandbox* s, const sbx_upload_request* r,
                                      const sbx_done_callbacks* cb) {
   (void)p, (void)s, (void)r;
-  unimplemented(cb->user_data, cb->on_complete);
+  const sbx_error e = unimplemented();
+  cb->on_complete(cb->user_data, &e);
   return NULL;
 }
 
@@ -80,7 +72,8 @@ static sbx_operation* SBX_ABI download(sbx_provider* p, sbx_sandbox* s,
                                        const sbx_download_request* r,
                                        const sbx_done_callbacks* cb) {
   (void)p, (void)s, (void)r;
-  unimplemented(cb->user_data, cb->on_complete);
+  const sbx_error e = unimplemented();
+  cb->on_complete(cb->user_data, &e);
   return NULL;
 }
 
