@@ -457,14 +457,10 @@ class Interrupts {
       cancel = cancel_;
     }
     if (cancel) cancel();
-    wake_.notify_all();
   }
   void give_up() {
-    {
-      std::lock_guard lock(mutex_);
-      given_up_ = true;
-    }
-    wake_.notify_all();
+    std::lock_guard lock(mutex_);
+    given_up_ = true;
   }
   // The exit code of the stop, or 0 while running.
   int stopped() const {
@@ -495,16 +491,13 @@ class Interrupts {
   // once there was a stop. Throws GaveUp when that passes first.
   template <class T>
   T wait(sbx::Operation<T> op) {
-    op.then([this](auto&) { wake_.notify_all(); });
-    {
-      std::unique_lock lock(mutex_);
-      const auto done = [&] {
-        return op.ready() || given_up_ ||
-               (give_up_at_ && std::chrono::steady_clock::now() >= *give_up_at_);
-      };
-      while (!done())
-        wake_.wait_for(lock, std::chrono::milliseconds(50));
-      if (!op.ready()) throw GaveUp{};
+    // The operation's own wait wakes at its completion; the slices bound how late a give-up is
+    // noticed. (No continuation on the operation: it could run after this object is gone.)
+    while (!op.wait_for(std::chrono::milliseconds(50))) {
+      std::lock_guard lock(mutex_);
+      if (given_up_ || (give_up_at_ && std::chrono::steady_clock::now() >= *give_up_at_)) {
+        throw GaveUp{};
+      }
     }
     return op.get();
   }
@@ -514,7 +507,6 @@ class Interrupts {
   sigset_t set_;
   std::thread thread_;
   mutable std::mutex mutex_;
-  std::condition_variable wake_;
   std::function<void()> cancel_;
   int exit_code_ = 0;
   bool given_up_ = false;
