@@ -20,10 +20,13 @@ constexpr auto kCancelPoll = 50ms;
 // Output bytes waiting for the caller's sink before the stream pauses (and the daemon, then the
 // command, wait for the caller).
 constexpr size_t kPulledOutputLimit = 256 * 1024;
-// After a kill, how long the rest of the output may take to arrive before the stream is cut.
-constexpr auto kDrainAfterKill = 2s;
-// Bound on the kill exec itself.
-constexpr auto kKillTimeout = 10s;
+// Bound on one kill pass: creating and running the kill exec while the command's stream is drained,
+// until both have ended. Two passes at most, so a stopped exec returns within 2 x this.
+constexpr auto kKillPass = 3s;
+// After the kill exec finished, how long the command's stream may take to end before a second pass.
+constexpr auto kEndAfterKill = 500ms;
+// While a kill runs, how often the drain loop looks at the kill's progress.
+constexpr auto kKillPoll = 10ms;
 // How long the exit code may lag behind the end of the stream.
 constexpr auto kExitCodeWait = 2s;
 
@@ -171,8 +174,8 @@ std::string describe(const std::string& container) {
   return "running a command in sandbox " + container;
 }
 
-std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
-                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+// The body of POST /containers/{id}/exec.
+std::string exec_body(const ExecParams& params, const std::optional<std::string>& tag) {
   json::object body{
       {"AttachStdin", false}, {"AttachStdout", true}, {"AttachStderr", true}, {"Tty", false}};
   json::array argv;
@@ -190,12 +193,22 @@ std::string create_exec(DockerApi& api, const std::string& container, const Exec
   body["Env"] = std::move(env);
   if (params.cwd) body["WorkingDir"] = *params.cwd;
   if (params.user) body["User"] = *params.user;
-  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
-                                           json::serialize(body), describe(container), cancel);
-  const json::object result = parse_body(response.body, describe(container));
+  return json::serialize(body);
+}
+
+// The exec's Id from the answer to POST /containers/{id}/exec.
+std::string exec_id_of(std::string_view response_body, const std::string& container) {
+  const json::object result = parse_body(response_body, describe(container));
   const auto* id = result.if_contains("Id");
   if (!id || !id->is_string()) throw sdk::Error::internal(describe(container) + ": no exec Id");
   return std::string(id->get_string());
+}
+
+std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
+                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
+                                           exec_body(params, tag), describe(container), cancel);
+  return exec_id_of(response.body, container);
 }
 
 struct ExecState {
@@ -236,23 +249,93 @@ ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::
   }
 }
 
-// Runs the kill script as `user` with the exec's own shell. Best effort: failures are logged.
-void kill_tagged(DockerApi& api, const std::string& container, const ExecParams& params,
-                 const std::string& tag, const sdk::Logger& log) {
-  const sdk::CancelToken no_cancel;  // the kill must happen even when the exec was cancelled
-  try {
+// One pass of the kill script (as the command's user, with its shell), run without blocking: the
+// kill exec is created and started as calls in flight, advanced by poll(), so that the caller keeps
+// draining the command's stream meanwhile. The daemon does not end an exec (the kill's included)
+// while another exec's output of the same container waits to be read: a kill that waited for its
+// own answer without draining would wait behind the very output it is meant to stop. Best effort:
+// failures are logged. Not cancellable (the kill must happen also when the exec was cancelled);
+// bounded by `deadline`. One thread (the exec's) uses it; the destructor settles both calls.
+class KillExec {
+ public:
+  KillExec(DockerApi& api, const std::string& container, const ExecParams& params,
+           const std::string& tag, Clock::time_point deadline, const sdk::Logger& log)
+      : api_(api), container_(container), deadline_(deadline), log_(log) {
     ExecParams kill;
     kill.argv = {params.argv.front(), "-c", std::string(kKillScript), "sbx-kill", tag};
     kill.user = params.user;
-    const std::string exec_id = create_exec(api, container, kill, std::nullopt, no_cancel);
-    api.call("POST", "/exec/" + exec_id + "/start", R"({"Detach":false,"Tty":false})",
-             "killing a timed-out command in sandbox " + container, no_cancel,
-             std::chrono::duration_cast<std::chrono::milliseconds>(kKillTimeout));
-  } catch (const std::exception& e) {
-    log.warn("could not kill the processes of a stopped command in sandbox ", container, ": ",
-             e.what());
+    try {
+      http::Request request;
+      request.method = "POST";
+      request.target = "/containers/" + container + "/exec";
+      request.headers.emplace_back("Content-Type", "application/json");
+      request.body = exec_body(kill, std::nullopt);
+      request.timeout = time_left();
+      create_ = api_.start(std::move(request), sdk::CancelToken());
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
   }
-}
+  ~KillExec() {
+    settle(create_);
+    settle(start_);
+  }
+  KillExec(const KillExec&) = delete;
+  KillExec& operator=(const KillExec&) = delete;
+
+  // Advances the kill without waiting; true once it has finished (or failed, or run out of time).
+  bool poll() {
+    if (finished_) return true;
+    try {
+      if (!started_) {
+        if (!create_.done()) return out_of_time();
+        const http::Response created = api_.finish(create_);
+        if (created.status >= 400) throw api_error(created.status, created.body, what());
+        http::Request request;
+        request.method = "POST";
+        request.target = "/exec/" + exec_id_of(created.body, container_) + "/start";
+        request.headers.emplace_back("Content-Type", "application/json");
+        request.body = R"({"Detach":false,"Tty":false})";
+        request.timeout = time_left();
+        start_ = api_.start(std::move(request), sdk::CancelToken());
+        started_ = true;
+      }
+      if (!start_.done()) return out_of_time();
+      const http::Response response = api_.finish(start_);
+      if (response.status >= 400) throw api_error(response.status, response.body, what());
+      finished_ = true;
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    return true;
+  }
+
+ private:
+  std::string what() const { return "killing a stopped command in sandbox " + container_; }
+  std::chrono::milliseconds time_left() const {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+  bool out_of_time() {
+    if (Clock::now() < deadline_) return false;
+    fail("it did not finish in time");
+    return true;
+  }
+  void fail(const char* why) {
+    finished_ = true;
+    log_.warn("could not kill the processes of a stopped command in sandbox ", container_, ": ",
+              why);
+  }
+
+  DockerApi& api_;
+  const std::string& container_;
+  Clock::time_point deadline_;
+  const sdk::Logger& log_;
+  http::Call create_;
+  http::Call start_;
+  bool started_ = false;
+  bool finished_ = false;
+};
 
 enum class Stop { finished, timed_out, cancelled };
 
@@ -317,18 +400,39 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
 
   const Stop stop = pull_stream(take, deadline, cancel);
   if (stop != Stop::finished) {
-    // The stream ends when the command's processes are gone; until it does, the kill is not
-    // known to have worked. A second pass catches processes forked while the first ran.
+    const auto stopped_at = Clock::now();
+    // Output after the stop is not delivered (the caller may be the slow reader that must not hold
+    // the kill up): it is read and dropped while the kill runs, because the daemon finishes the
+    // kill exec only once this stream has been drained. The stream ends when the command's
+    // processes are gone; until it does, the kill is not known to have worked. A second pass
+    // catches processes forked while the first ran.
+    auto drain = [&](Clock::time_point until) { return guard.call.read_body(chunk, until); };
     bool ended = false;
     for (int pass = 0; pass < 2 && !ended; ++pass) {
-      kill_tagged(api, container, params, tag, log);
-      const auto drain_until = Clock::now() + kDrainAfterKill;  // the rest of the output, briefly
-      while (!(ended = take(drain_until)) && Clock::now() < drain_until) {
+      const auto pass_deadline = Clock::now() + kKillPass;
+      KillExec kill(api, container, params, tag, pass_deadline, log);
+      std::optional<Clock::time_point> killed_at;
+      for (;;) {
+        const auto now = Clock::now();
+        if (!killed_at && kill.poll()) killed_at = now;
+        if (ended && killed_at) break;
+        if (now >= pass_deadline || (killed_at && now >= *killed_at + kEndAfterKill)) break;
+        if (ended) {
+          std::this_thread::sleep_for(kKillPoll);  // only the kill's answer is still to come
+        } else {
+          ended = drain(std::min(pass_deadline, now + kKillPoll));
+        }
       }
     }
     if (!ended) {
       log.warn("processes of a stopped command in sandbox ", container,
                " may still be running: its output did not end after two kills");
+    } else {
+      log.debug(
+          "stopped a ", stop == Stop::cancelled ? "cancelled" : "timed-out", " command in sandbox ",
+          container, " in ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms");
     }
     settle(guard.call);
     output.finish(false);
