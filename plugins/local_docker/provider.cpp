@@ -169,7 +169,8 @@ LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
                       .max_connections = static_cast<long>(max_connections(config_))},
            log_),
       exec_slots_(config_.exec.concurrency),
-      create_slots_(config_.create.concurrency) {}
+      create_slots_(config_.create.concurrency),
+      reaper_(api_, config_.reaper, config_.socket, log_) {}
 
 milliseconds LocalDockerProvider::start_timeout() const {
   return to_ms(config_.create.start_timeout_s);
@@ -194,6 +195,10 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
 
   ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
                options.registry_auth, start_timeout(), log_, cancel);
+
+  // Before the container exists: a host that dies from now on leaves nothing past its TTL, also
+  // a container it created but never started (which the TTL watchdog inside cannot end).
+  if (spec.ttl) reaper_.ensure(cancel);
 
   const std::string name = config_.create.name_prefix + random_hex(12);
   ContainerGuard guard(api_, name, log_);

@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "docker_api.hpp"
 #include "images.hpp"
+#include "reaper.hpp"
 
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/plugin.hpp>
@@ -128,6 +129,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   DockerApi api_;
   Semaphore exec_slots_;
   Semaphore create_slots_;
+  Reaper reaper_;  // ensured by the first create with a TTL
 };
 
 }  // namespace sbx::local_docker
