@@ -399,6 +399,10 @@ TEST_CASE("invalid configs are refused with the JSON path") {
       {R"({"api_version": "v2"})", "$.api_version"},
       {R"({"api_version": "1.12"})", "$.api_version"},
       {R"({"request_timeout_s": "fast"})", "$.request_timeout_s"},
+      {R"({"reaper": {"interval_s": 0}})", "$.reaper.interval_s"},
+      {R"({"reaper": {"interval_s": 7200}})", "$.reaper.interval_s"},
+      {R"({"reaper": {"enabled": "yes"}})", "$.reaper.enabled"},
+      {R"({"reaper": {"every": 2}})", "$.reaper.every"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.config);

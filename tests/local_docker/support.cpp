@@ -49,10 +49,15 @@ constexpr const char* kHostConfig = R"({
 Docker::Docker()
     : client_(http::ClientOptions{.base_url = "http://docker", .unix_socket = kDockerSocket}) {}
 
-http::Response Docker::send(const std::string& method, const std::string& target) {
+http::Response Docker::send(const std::string& method, const std::string& target,
+                            const std::string& body) {
   http::Request request;
   request.method = method;
   request.target = target;
+  if (!body.empty()) {
+    request.body = body;
+    request.headers.emplace_back("Content-Type", "application/json");
+  }
   request.timeout = std::chrono::seconds(60);
   return client_.send(std::move(request));
 }

@@ -46,9 +46,11 @@ class Docker {
   bool wait_gone(const std::string& container, std::chrono::seconds limit);
   // The daemon's storage driver can enforce per-container size limits (overlay2 needs xfs+pquota).
   bool storage_supports_size_limit();
+  // Any request (a JSON body when `body` is not empty); the response whatever its status.
+  sbx::sdk::http::Response send(const std::string& method, const std::string& target,
+                                const std::string& body = "");
 
  private:
-  sbx::sdk::http::Response send(const std::string& method, const std::string& target);
   sbx::sdk::http::Client client_;
 };
 
