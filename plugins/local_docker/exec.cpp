@@ -2,6 +2,8 @@
 
 #include <boost/json/serialize.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -47,6 +49,26 @@ bool looks_like_runtime_error(std::string_view frame) {
   return false;
 }
 
+// When the kernel refuses the execve of the exec's process because its arguments and environment
+// are too large (E2BIG), the runtime's init has started already: the daemon reports exit code 1
+// with a Pid, and the only output is runc's one stderr line "exec /bin/sh: argument list too
+// long". A first stderr frame of exactly that shape is held until the next frame or the end; alone
+// with exit code 1 it means the command never started.
+bool looks_like_exec_e2big(std::string_view frame) {
+  return frame.starts_with("exec ") && frame.ends_with(": argument list too long\n") &&
+         frame.find('\n') == frame.size() - 1;
+}
+
+// The longest argument or environment string execve takes, with its NUL (MAX_ARG_STRLEN: 32
+// pages). The daemon is local, so its kernel is this one.
+size_t max_arg_strlen() {
+  static const size_t limit = [] {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    return static_cast<size_t>(page > 0 ? page : 4096) * 32;
+  }();
+  return limit;
+}
+
 // Kills every process whose environment carries the tag ($1). Reading /proc/<pid>/environ needs
 // only the same uid, so this runs as the user the command ran as; `cat` plus the shell's `case`
 // work in busybox, dash and bash alike (grep in busybox stops at the first NUL of environ).
@@ -67,14 +89,15 @@ constexpr std::string_view kKillScript =
     "done\n";
 
 // Delivers frames to the caller's sink, holding back a first frame that may be the runtime's
-// failure message (see kMaxHeldFrame).
+// failure message (see kMaxHeldFrame and looks_like_exec_e2big).
 class ExecOutput {
  public:
   explicit ExecOutput(sdk::OutputSink& sink) : sink_(sink) {}
 
   void begin_frame(uint8_t stream, uint64_t size) {
     release();
-    holding_ = first_ && stream == 1 && size > 0 && size <= kMaxHeldFrame;
+    holding_ = first_ && (stream == 1 || stream == 2) && size > 0 && size <= kMaxHeldFrame;
+    held_stream_ = stream;
     first_ = false;
   }
   void write(uint8_t stream, std::string_view bytes) {
@@ -85,29 +108,61 @@ class ExecOutput {
     sink_.write(stream == 1 ? sdk::StdStream::out : sdk::StdStream::err, bytes);
   }
   void end_frame() {
-    if (holding_ && !looks_like_runtime_error(held_)) release();
+    const bool keep =
+        held_stream_ == 1 ? looks_like_runtime_error(held_) : looks_like_exec_e2big(held_);
+    if (holding_ && !keep) release();
     holding_ = false;
   }
+
+  // True when the whole output was one stderr line of the runtime saying the exec's process could
+  // not be started because its arguments and environment are too large (still held).
+  bool only_e2big() const { return held_stream_ == 2 && !held_.empty(); }
 
   // Ends the output. When the runtime failed, a held frame is its message and goes to stderr.
   void finish(bool runtime_failure) {
     if (held_.empty()) return;
-    sink_.write(runtime_failure ? sdk::StdStream::err : sdk::StdStream::out, held_);
+    sink_.write(runtime_failure || held_stream_ == 2 ? sdk::StdStream::err : sdk::StdStream::out,
+                held_);
     held_.clear();
   }
 
  private:
   void release() {
     if (held_.empty()) return;
-    sink_.write(sdk::StdStream::out, held_);
+    sink_.write(held_stream_ == 1 ? sdk::StdStream::out : sdk::StdStream::err, held_);
     held_.clear();
   }
 
   sdk::OutputSink& sink_;
   std::string held_;
+  uint8_t held_stream_ = 1;
   bool first_ = true;
   bool holding_ = false;
 };
+
+// For a command that cannot be started because one of its strings is longer than execve takes:
+// the message for the caller's stderr, or nothing.
+std::optional<std::string> oversized_argument(const ExecParams& params) {
+  const size_t limit = max_arg_strlen() - 1;  // without the NUL
+  auto refuse = [&](const std::string& what, size_t size) {
+    return "sbx: the command could not start: " + what + " is " + std::to_string(size) +
+           " bytes; Linux refuses a single argument or environment string longer than " +
+           std::to_string(limit) + " bytes (MAX_ARG_STRLEN, E2BIG). Pass large input as a file " +
+           "(upload it) instead.\n";
+  };
+  for (size_t i = 0; i < params.argv.size(); ++i) {
+    if (params.argv[i].size() > limit) {
+      return refuse(i == 2 ? std::string("the command string") : "argument " + std::to_string(i),
+                    params.argv[i].size());
+    }
+  }
+  for (const auto& [key, value] : params.env) {
+    if (key.size() + 1 + value.size() > limit) {
+      return refuse("the environment variable " + key, key.size() + 1 + value.size());
+    }
+  }
+  return std::nullopt;
+}
 
 // Decodes Docker's multiplexed stream: frames of an 8-byte header (stream byte, three zero bytes,
 // big-endian payload length) and the payload. Accepts any chunking.
@@ -374,6 +429,11 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
                          sdk::OutputSink& out, const sdk::Logger& log,
                          const sdk::CancelToken& cancel) {
   const auto deadline = Clock::now() + std::min(params.timeout, kNoTimeout);  // no overflow
+  // The daemon would start it and report exit 1 with runc's message: refused here, clearly.
+  if (const auto message = oversized_argument(params)) {
+    out.write(sdk::StdStream::err, *message);
+    return sdk::ExitStatus::sandbox_failure();
+  }
   const std::string tag = random_hex(16);
   const std::string exec_id = create_exec(api, container, params, tag, cancel);
 
@@ -450,8 +510,16 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   // Pid 0 with 126/127: the runtime never started the process (its message was the held frame).
   const bool runtime_failure =
       state.pid == 0 && (*state.exit_code == 126 || *state.exit_code == 127);
+  // E2BIG for all strings together (the one check above covers each alone): runc's one line,
+  // exit 1.
+  const bool too_large = output.only_e2big() && *state.exit_code == 1;
   output.finish(runtime_failure);
-  if (runtime_failure) return sdk::ExitStatus::sandbox_failure();
+  if (too_large) {
+    out.write(sdk::StdStream::err,
+              "sbx: the command could not start: its arguments and environment together exceed "
+              "the kernel's limit (E2BIG). Pass large input as a file (upload it) instead.\n");
+  }
+  if (runtime_failure || too_large) return sdk::ExitStatus::sandbox_failure();
   return sdk::ExitStatus::exited(*state.exit_code);
 }
 
