@@ -1,5 +1,7 @@
 #include "containers.hpp"
 
+#include "exec.hpp"
+
 #include <boost/json/array.hpp>
 #include <boost/json/serialize.hpp>
 
@@ -63,6 +65,41 @@ json::object labels_of(const sdk::Spec& spec) {
     labels[kExpiresAtLabel] = std::to_string(now_s + ttl_seconds(*spec.ttl));
   }
   return labels;
+}
+
+// Refuses an environment and entrypoint that the kernel would refuse to start (E2BIG), which the
+// daemon only reports as a main process that exited 1.
+void check_exec_sizes(const sdk::Spec& spec) {
+  const size_t longest = max_arg_strlen() - 1;  // without the NUL
+  size_t total = 0;
+  for (const auto& [key, value] : spec.env) {
+    const size_t size = key.size() + 1 + value.size();
+    if (size > longest) {
+      throw sdk::Error::invalid_argument(
+          "spec.env: " + key + " is " + std::to_string(size) + " bytes as KEY=value; Linux takes " +
+          "at most " + std::to_string(longest) + " bytes per environment string (MAX_ARG_STRLEN)");
+    }
+    total += size + 1;
+  }
+  if (spec.entrypoint) {
+    for (size_t i = 0; i < spec.entrypoint->size(); ++i) {
+      const size_t size = (*spec.entrypoint)[i].size();
+      if (size > longest) {
+        throw sdk::Error::invalid_argument("spec.entrypoint[" + std::to_string(i) + "] is " +
+                                           std::to_string(size) + " bytes; Linux takes at most " +
+                                           std::to_string(longest) +
+                                           " bytes per argument (MAX_ARG_STRLEN)");
+      }
+      total += size + 1;
+    }
+  }
+  if (total > kMaxSpecEnvBytes) {
+    throw sdk::Error::invalid_argument(
+        "spec.env and spec.entrypoint take " + std::to_string(total) +
+        " bytes together; local_docker accepts at most " + std::to_string(kMaxSpecEnvBytes) +
+        " (1 MiB): the kernel gives every process 2 MiB for arguments and environment, and "
+        "the sandbox's environment goes to each command too. Pass large values as files.");
+  }
 }
 
 json::array env_of(const sdk::KeyValues& env) {
@@ -241,6 +278,7 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   json::object host;
   body["Image"] = image.name;
   body["Labels"] = labels_of(spec);
+  check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;
   body["AttachStdin"] = false;
@@ -319,6 +357,34 @@ std::optional<int64_t> ExitWatch::exit_code(std::chrono::milliseconds limit) con
   } catch (const sdk::Error&) {
   }
   return std::nullopt;
+}
+
+std::string container_output_tail(DockerApi& api, const std::string& container, int lines) {
+  try {
+    http::Request request;
+    request.target =
+        "/containers/" + container + "/logs?stdout=1&stderr=1&tail=" + std::to_string(lines);
+    const http::Response response = api.send(std::move(request), sdk::CancelToken());
+    if (response.status != 200) return {};
+    // Without a TTY the log is multiplexed: 8-byte frame headers (stream, 0, 0, 0, big-endian
+    // size).
+    std::string text;
+    std::string_view rest = response.body;
+    while (rest.size() >= 8 && static_cast<unsigned char>(rest[0]) <= 2 && rest[1] == 0 &&
+           rest[2] == 0 && rest[3] == 0) {
+      const auto byte = [&](size_t i) {
+        return static_cast<uint32_t>(static_cast<uint8_t>(rest[i]));
+      };
+      const size_t size = (byte(4) << 24) | (byte(5) << 16) | (byte(6) << 8) | byte(7);
+      rest.remove_prefix(8);
+      text.append(rest.substr(0, size));
+      rest.remove_prefix(std::min(size, rest.size()));
+    }
+    if (text.empty()) text = std::string(rest);  // a TTY container's plain log
+    return shorten(text, 1000);
+  } catch (const std::exception&) {
+    return {};
+  }
 }
 
 json::object inspect_container(DockerApi& api, const std::string& container,

@@ -22,6 +22,12 @@ inline constexpr std::string_view kSandboxLabel = "sbx.sandbox";
 // Unix time (seconds) after which a container with a TTL ends itself.
 inline constexpr std::string_view kExpiresAtLabel = "sbx.expires_at";
 
+// The spec's environment (all "KEY=value" strings with their NULs) and entrypoint together may take
+// at most this much: the kernel gives a process 2 MiB for arguments and environment (a quarter of
+// the default 8 MiB stack), and Docker passes the container's environment to every exec too, so
+// half of it stays for each command and its own environment.
+inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
+
 // The body of POST /containers/create for `spec`. Throws INVALID_ARGUMENT for requests Docker
 // cannot honour (ports without a network, gpu_type, non-positive cpu/memory/disk, bad env keys).
 // `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
@@ -55,6 +61,10 @@ class ExitWatch {
  private:
   http::Call call_;
 };
+
+// The last lines of the container's output (stdout and stderr, at most `lines`), for messages;
+// empty when the container is gone or has printed nothing. Errors are swallowed.
+std::string container_output_tail(DockerApi& api, const std::string& container, int lines);
 
 // GET /containers/{id}/json; NOT_FOUND when the container is gone.
 boost::json::object inspect_container(DockerApi& api, const std::string& container,

@@ -59,16 +59,6 @@ bool looks_like_exec_e2big(std::string_view frame) {
          frame.find('\n') == frame.size() - 1;
 }
 
-// The longest argument or environment string execve takes, with its NUL (MAX_ARG_STRLEN: 32
-// pages). The daemon is local, so its kernel is this one.
-size_t max_arg_strlen() {
-  static const size_t limit = [] {
-    const long page = ::sysconf(_SC_PAGESIZE);
-    return static_cast<size_t>(page > 0 ? page : 4096) * 32;
-  }();
-  return limit;
-}
-
 // Kills every process whose environment carries the tag ($1). Reading /proc/<pid>/environ needs
 // only the same uid, so this runs as the user the command ran as; `cat` plus the shell's `case`
 // work in busybox, dash and bash alike (grep in busybox stops at the first NUL of environ).
@@ -407,6 +397,14 @@ Stop pull_stream(Take& take, Clock::time_point deadline, const sdk::CancelToken&
 }
 
 }  // namespace
+
+size_t max_arg_strlen() {
+  static const size_t limit = [] {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    return static_cast<size_t>(page > 0 ? page : 4096) * 32;
+  }();
+  return limit;
+}
 
 std::string random_hex(size_t bytes) {
   thread_local std::mt19937_64 engine = [] {

@@ -122,20 +122,31 @@ std::string join_ports(const std::vector<uint16_t>& ports) {
 }
 
 // Why a container stopped during startup: its exit code (from the watch; the container may be
-// gone already when it has a TTL) and the runtime's error, if any.
+// gone already when it has a TTL), the runtime's error and the container's last output, if any.
+// The hint that an entrypoint must keep running is given only when nothing says the process could
+// not even start (a runtime error, or runc's "exec <path>: <reason>" such as "argument list too
+// long" for an environment the kernel refuses).
 std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch& watch) {
   std::string reason = "its main process exited";
   if (const auto code = watch.exit_code(2s)) reason += " with exit code " + std::to_string(*code);
+  std::string runtime_error;
   try {
     const auto inspect = inspect_container(api, name, sdk::CancelToken());
     const auto* state = inspect.if_contains("State");
     if (const auto* error =
             state && state->is_object() ? state->get_object().if_contains("Error") : nullptr;
-        error && error->is_string() && !error->get_string().empty()) {
-      reason += ": " + std::string(error->get_string());
+        error && error->is_string()) {
+      runtime_error = std::string(error->get_string());
     }
   } catch (const sdk::Error&) {  // removed already (AutoRemove)
   }
+  if (!runtime_error.empty()) reason += ": " + runtime_error;
+  const std::string output = container_output_tail(api, name, 5);
+  if (!output.empty()) reason += "; its last output: " + output;
+  const bool not_started = !runtime_error.empty() ||
+                           output.find("argument list too long") != std::string::npos ||
+                           (output.starts_with("exec ") && output.find(": ") != std::string::npos);
+  if (not_started) return reason;
   return reason + " (an entrypoint must keep running; without one the keep-alive does)";
 }
 

@@ -108,9 +108,68 @@ TEST_CASE("entrypoint that exits: create fails with the reason, nothing left beh
     FAIL("create must fail");
   } catch (const sbx::CreateError& e) {
     CHECK(contains(e.what(), "exit code 3"));
+    CHECK(contains(e.what(), "an entrypoint must keep running"));
   }
   CHECK(seconds_since(start) < 15);
   CHECK(t.left().empty());
+}
+
+TEST_CASE("an environment the kernel would refuse is INVALID_ARGUMENT up front, nothing created") {
+  Tracked t;
+  t.spec.env["BIG"] = std::string(1 << 20, 'v');  // 1 MiB in one string: over MAX_ARG_STRLEN
+  const auto start = std::chrono::steady_clock::now();
+  std::string error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "spec.env: BIG is 1048580 bytes"), error);
+  CHECK(contains(error, "131071"));
+  CHECK_FALSE(contains(error, "entrypoint must keep running"));
+  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(seconds_since(start) < 2.0);  // refused before the daemon did anything
+  // Each string within the limit, all together over 1 MiB.
+  t.spec.env.clear();
+  for (int i = 0; i < 12; ++i)
+    t.spec.env["V" + std::to_string(i)] = std::string(100000, 'v');
+  error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "1048576"), error);
+  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  // An entrypoint argument too long for execve.
+  t.spec.env.clear();
+  t.spec.entrypoint = {"sh", "-c", "sleep 600; : " + std::string(200000, 'x')};
+  error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "spec.entrypoint[2]"), error);
+  CHECK(t.left().empty());
+  // Within the limits it works, and every command gets the environment.
+  auto fine = ldtest::spec();
+  fine.env["BIG"] = std::string(100000, 'v');
+  sbx::Sandbox box = provider().create(fine);
+  CHECK(box.exec("echo ${#BIG}").stdout_text == "100000\n");
+  box.close();
+}
+
+TEST_CASE("an image whose environment the kernel refuses: the reason, not the entrypoint hint") {
+  // An image with a 1.5 MiB environment string (committed from a container that never ran): the
+  // runtime's execve of the container's first process fails with E2BIG.
+  const std::string image = "sbx-test-bigenv:" + ldtest::unique();
+  const boost::json::object body{
+      {"Image", ldtest::kBusybox},
+      {"Env", boost::json::array{"BIG=" + std::string(1536 * 1024, 'e')}},
+      {"Labels", boost::json::object{{ldtest::kSuiteLabel, "image"}}}};
+  const auto created = docker().send("POST", "/containers/create", boost::json::serialize(body));
+  REQUIRE_MESSAGE(created.status == 201, created.body);
+  const std::string source(boost::json::parse(created.body).at("Id").as_string());
+  const auto committed = docker().send(
+      "POST", "/commit?container=" + source + "&repo=sbx-test-bigenv&tag=" + image.substr(16),
+      "{}");
+  docker().remove(source);
+  REQUIRE_MESSAGE(committed.status == 201, committed.body);
+
+  Tracked t;
+  t.spec.image = image;
+  t.spec.ttl_s.reset();  // without AutoRemove the container's output can still be read
+  const std::string error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "argument list too long"), error);
+  CHECK_MESSAGE(!contains(error, "entrypoint must keep running"), error);
+  CHECK(t.left().empty());
+  docker().untag_image(image);
 }
 
 TEST_CASE("startup files: absolute, nested, relative to the workdir, relative without one") {
