@@ -50,7 +50,7 @@ json::array string_array(const std::vector<std::string>& items) {
   return out;
 }
 
-json::object labels_of(const sdk::Spec& spec) {
+json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at) {
   json::object labels;
   // Metadata first: the host's labels (used to find and reap sandboxes) win over a metadata key
   // of the same name, and the sandbox marker wins over both.
@@ -59,11 +59,7 @@ json::object labels_of(const sdk::Spec& spec) {
   for (const auto& [key, value] : spec.labels)
     labels[key] = value;
   labels[kSandboxLabel] = "1";
-  if (spec.ttl) {
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
-    const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now).count();
-    labels[kExpiresAtLabel] = std::to_string(now_s + ttl_seconds(*spec.ttl));
-  }
+  if (expires_at) labels[kExpiresAtLabel] = std::to_string(*expires_at);
   return labels;
 }
 
@@ -270,14 +266,21 @@ std::string bracket_ipv6(const std::string& host) {
 
 }  // namespace
 
+std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
+  if (!spec.ttl) return std::nullopt;
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now).count();
+  return now_s + ttl_seconds(*spec.ttl);
+}
+
 json::object container_config(const Config& config, const sdk::Spec& spec,
                               const SandboxOptions& options, const ImageRef& image,
-                              bool with_disk_limit) {
+                              std::optional<int64_t> expires_at, bool with_disk_limit) {
   const CreateConfig& create = config.create;
   json::object body;
   json::object host;
   body["Image"] = image.name;
-  body["Labels"] = labels_of(spec);
+  body["Labels"] = labels_of(spec, expires_at);
   check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;

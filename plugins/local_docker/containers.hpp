@@ -11,6 +11,8 @@
 #include <boost/json/object.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,9 +33,14 @@ inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
 // The body of POST /containers/create for `spec`. Throws INVALID_ARGUMENT for requests Docker
 // cannot honour (ports without a network, gpu_type, non-positive cpu/memory/disk, bad env keys).
 // `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
+// `expires_at` (from expiry_of) is stamped as the sbx.expires_at label.
 boost::json::object container_config(const Config& config, const sdk::Spec& spec,
                                      const SandboxOptions& options, const ImageRef& image,
-                                     bool with_disk_limit);
+                                     std::optional<int64_t> expires_at, bool with_disk_limit);
+
+// With a TTL: the unix time (seconds) at which the sandbox expires if created now, rounded so that
+// its TTL watchdog (which starts later, with the container) never ends it before.
+std::optional<int64_t> expiry_of(const sdk::Spec& spec);
 
 // POST /containers/create?name=...; returns the container id. Daemon warnings are logged.
 std::string create_container(DockerApi& api, const std::string& name,

@@ -17,6 +17,9 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 
+// After a command died past its sandbox's expiry: how long the container may take to stop for the
+// death to count as the TTL's.
+constexpr milliseconds kTtlStopWait = 2s;
 // Bound on the `command -v bash` exec that picks a sandbox's shell.
 constexpr milliseconds kShellProbeTimeout = 10s;
 // Room in the pool for everything that is not an exec: execs beyond exec.concurrency wait on the
@@ -196,7 +199,8 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   // Everything that can be refused is checked before the daemon sees anything.
   const ImageRef image = parse_image(*spec.image);
   const SandboxOptions options = SandboxOptions::parse(spec.provider_options);
-  container_config(config_, spec, options, image, true);
+  const std::optional<int64_t> expires_at = expiry_of(spec);
+  container_config(config_, spec, options, image, expires_at, true);
   std::vector<std::pair<std::string, std::string>> files;
   for (const auto& file : spec.files) {
     files.emplace_back(container_path(file.path, spec.workdir), file.contents);
@@ -215,7 +219,7 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   ContainerGuard guard(api_, name, log_);
   try {
     try {
-      create_container_for(name, spec, options, image, cancel);
+      create_container_for(name, spec, options, image, expires_at, cancel);
       guard.created();
     } catch (const sdk::Error& e) {
       if (e.http_status() != 0) guard.dismiss();  // the daemon answered: nothing was created
@@ -228,19 +232,19 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
                ms.count(), " ms");
-    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports);
+    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports,
+                                           expires_at);
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
 }
 
-std::string LocalDockerProvider::create_container_for(const std::string& name,
-                                                      const sdk::Spec& spec,
-                                                      const SandboxOptions& options,
-                                                      const ImageRef& image,
-                                                      const sdk::CancelToken& cancel) {
+std::string LocalDockerProvider::create_container_for(
+    const std::string& name, const sdk::Spec& spec, const SandboxOptions& options,
+    const ImageRef& image, std::optional<int64_t> expires_at, const sdk::CancelToken& cancel) {
   try {
-    return create_container(api_, name, container_config(config_, spec, options, image, true), log_,
+    return create_container(api_, name,
+                            container_config(config_, spec, options, image, expires_at, true), log_,
                             cancel);
   } catch (const sdk::Error& e) {
     if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
@@ -253,7 +257,8 @@ std::string LocalDockerProvider::create_container_for(const std::string& name,
     }
     log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
               ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
-    return create_container(api_, name, container_config(config_, spec, options, image, false),
+    return create_container(api_, name,
+                            container_config(config_, spec, options, image, expires_at, false),
                             log_, cancel);
   }
 }
@@ -355,7 +360,47 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   params.cwd = request.cwd;
   params.user = docker_user(request.user);
   params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
-  return run_exec(api_, box.container(), params, out, log_, cancel);
+  // A command still running when the sandbox's TTL ends is killed with the container (137, or an
+  // error once the container is gone): that is the sandbox's doing, not the command's.
+  auto ttl_result = [&] {
+    out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
+                                       std::to_string(*box.expires_at()) +
+                                       ") and was removed while the command ran\n");
+    return sdk::ExitStatus::sandbox_failure();
+  };
+  sdk::ExitStatus status;
+  try {
+    status = run_exec(api_, box.container(), params, out, log_, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
+    throw;
+  }
+  if (!status.error_type && status.return_code >= 128 && ended_by_ttl(box, cancel)) {
+    return ttl_result();
+  }
+  return status;
+}
+
+bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel) {
+  if (!box.expires_at()) return false;
+  // The watchdog ends the container at or after expires_at (it starts with the container, and
+  // the expiry was taken from a clock rounded down at create).
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  if (std::chrono::duration_cast<std::chrono::seconds>(now).count() < *box.expires_at()) {
+    return false;
+  }
+  // The command's processes die as the container stops, a moment before the daemon records it:
+  // wait (briefly) for the container to stop rather than look at its state once.
+  try {
+    http::Request wait;
+    wait.method = "POST";
+    wait.target = "/containers/" + box.container() + "/wait?condition=not-running";
+    wait.timeout = kTtlStopWait;
+    const http::Response response = api_.send(std::move(wait), cancel);
+    return response.status == 200 || response.status == 404;
+  } catch (const sdk::Error&) {  // still running after kTtlStopWait: not the TTL's doing
+    return false;
+  }
 }
 
 void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,

@@ -67,6 +67,30 @@ TEST_CASE("TTL: the container ends and removes itself, without close") {
   CHECK(docker().wait_gone(id, 20s));
 }
 
+TEST_CASE("a TTL that ends during a command: 125/sandbox saying so, not a bare 137") {
+  auto spec = ldtest::spec();
+  spec.ttl_s = 3;
+  sbx::Sandbox box = provider().create(spec);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = box.exec("echo started; sleep 10; echo never");
+  const double took = seconds_since(start);
+  CHECK(r.return_code == 125);
+  REQUIRE(r.error_type);
+  CHECK(*r.error_type == "sandbox");
+  CHECK(r.stdout_text == "started\n");
+  CHECK_MESSAGE(r.stderr_text.find("reached its TTL") != std::string::npos, r.stderr_text);
+  CHECK(took < 8.0);  // ended with the container, not after the sleep
+  // A command that ends by itself before the TTL keeps its own status, also a signal's.
+  auto short_lived = ldtest::spec();
+  short_lived.ttl_s = 30;
+  sbx::Sandbox other = provider().create(short_lived);
+  const auto killed = other.exec("kill -9 $$");
+  CHECK(killed.return_code == 137);
+  CHECK_FALSE(killed.error_type);
+  other.close();
+  box.close();
+}
+
 TEST_CASE("no TTL: the keep-alive process, no self-removal") {
   auto spec = ldtest::spec();
   spec.ttl_s.reset();
