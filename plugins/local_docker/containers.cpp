@@ -420,11 +420,22 @@ sdk::SandboxStatus container_status(DockerApi& api, const std::string& container
   return status_from_state(state ? string_of(*state, "Status") : std::string());
 }
 
-void remove_container(DockerApi& api, const std::string& container,
-                      const sdk::CancelToken& cancel) {
+void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel,
+                      std::optional<std::chrono::steady_clock::time_point> deadline) {
+  // 0: the request timeout; otherwise what is left of the deadline.
+  auto timeout = [&] {
+    if (!deadline) return std::chrono::milliseconds(0);
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      throw sdk::Error::timeout("removing container " + container + ": out of time");
+    }
+    return left;
+  };
   http::Request request;
   request.method = "DELETE";
   request.target = "/containers/" + container + "?force=1&v=1";
+  request.timeout = timeout();
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status < 300 || response.status == 404) return;
   // A container with AutoRemove that just ended is being removed by the daemon already: wait for
@@ -433,6 +444,7 @@ void remove_container(DockerApi& api, const std::string& container,
     http::Request wait;
     wait.method = "POST";
     wait.target = "/containers/" + container + "/wait?condition=removed";
+    wait.timeout = timeout();
     const http::Response waited = api.send(std::move(wait), cancel);
     if (waited.status < 300 || waited.status == 404) return;
     throw api_error(waited.status, waited.body,

@@ -85,8 +85,11 @@ sdk::SandboxStatus container_status(DockerApi& api, const std::string& container
                                     const sdk::CancelToken& cancel);
 
 // Force-removes the container and its anonymous volumes. A container that is gone, or already
-// being removed, counts as removed.
-void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
+// being removed, counts as removed. With a `deadline`, the requests (the removal and, when the
+// daemon is removing it already, the wait for that) end by then together (Error::timeout);
+// otherwise each has the request timeout.
+void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel,
+                      std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
 // Containers with the sandbox label whose labels match `selector` (an empty value matches any
 // value of that key).

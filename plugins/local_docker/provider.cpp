@@ -64,7 +64,10 @@ struct ContainerStopped : std::runtime_error {
 };
 
 // Force-removes a container whose create failed somewhere after the create request was sent
-// (even a cancelled request may have created it). Removal ignores the caller's cancellation.
+// (even a cancelled request may have created it). Removal ignores the caller's cancellation. The
+// destructor blocks for at most one request timeout in total (60 s by default), whatever the
+// attempts: a daemon that does not answer in that time leaves the container to the TTL reaper
+// (with a TTL) or to `sbx reap`, and the failure is logged.
 class ContainerGuard {
  public:
   ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log)
@@ -73,14 +76,18 @@ class ContainerGuard {
   ContainerGuard& operator=(const ContainerGuard&) = delete;
   ~ContainerGuard() {
     if (state_ == State::dismissed) return;
+    const auto deadline = Clock::now() + api_.request_timeout();
     // When the create request got no answer (cancelled, timed out, connection lost) the daemon may
     // still be creating the container: look again a few times.
     const int attempts = state_ == State::created ? 1 : 5;
     for (int i = 0; i < attempts; ++i) {
-      if (i > 0) std::this_thread::sleep_for(400ms);
+      if (i > 0) {
+        if (Clock::now() + kGuardPause >= deadline) break;
+        std::this_thread::sleep_for(kGuardPause);
+      }
       try {
-        // A fresh token: the create's own may be cancelled already. The request timeout bounds it.
-        remove_container(api_, name_, sdk::CancelToken());
+        // A fresh token: the create's own may be cancelled already.
+        remove_container(api_, name_, sdk::CancelToken(), deadline);
       } catch (const std::exception& e) {
         log_.error("could not remove container ", name_, " after its create failed: ", e.what());
         return;
@@ -92,6 +99,8 @@ class ContainerGuard {
   void dismiss() { state_ = State::dismissed; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kGuardPause = 400ms;
   enum class State { unknown, created, dismissed };
   DockerApi& api_;
   std::string name_;
