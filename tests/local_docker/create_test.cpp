@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -166,6 +167,52 @@ TEST_CASE("an environment the kernel would refuse is INVALID_ARGUMENT up front, 
   fine.env["BIG"] = std::string(100000, 'v');
   sbx::Sandbox box = provider().create(fine);
   CHECK(box.exec("echo ${#BIG}").stdout_text == "100000\n");
+  box.close();
+}
+
+TEST_CASE("spec strings that are not valid UTF-8 are INVALID_ARGUMENT, nothing created") {
+  const std::string bad = "bad\xff";
+  struct Case {
+    const char* what;
+    std::function<void(sbx::SandboxSpec&)> spoil;
+  };
+  const Case cases[] = {
+      {"env value", [&](sbx::SandboxSpec& s) { s.env["GOOD_NAME"] = bad; }},
+      {"env name", [&](sbx::SandboxSpec& s) { s.env[bad] = "good value"; }},
+      {"metadata value", [&](sbx::SandboxSpec& s) { s.metadata["team"] = bad; }},
+      {"metadata key", [&](sbx::SandboxSpec& s) { s.metadata[bad] = "x"; }},
+      {"workdir", [&](sbx::SandboxSpec& s) { s.workdir = "/work/" + bad; }},
+      {"entrypoint",
+       [&](sbx::SandboxSpec& s) {
+         s.entrypoint = {"sleep", bad};
+       }},
+      {"startup file path", [&](sbx::SandboxSpec& s) { s.files["/etc/" + bad] = "x"; }},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    Tracked t;
+    c.spoil(t.spec);
+    const std::string error = what_of([&] { provider().create(t.spec); });
+    CHECK_MESSAGE(contains(error, "not valid UTF-8"), error);
+    CHECK(contains(error, "bad\\xff"));
+    CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+    CHECK(t.left().empty());
+  }
+  // Valid UTF-8 beyond ASCII arrives byte for byte.
+  auto spec = ldtest::spec();
+  const std::string text =
+      "gr\xc3\xbc\xc3\x9f"
+      "e \xf0\x9f\x98\x80";
+  spec.env["GREETING"] = text;
+  spec.metadata["note"] = text;
+  sbx::Sandbox box = provider().create(spec);
+  CHECK(box.exec("printf %s \"$GREETING\"").stdout_text == text);
+  CHECK(docker().inspect(box.id())->at("Config").at("Labels").at("note").as_string() == text);
+  // Commands, exec env and cwd cross the same JSON.
+  CHECK_THROWS_AS(box.exec("echo " + bad), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.exec("echo", {.env = {{"X", bad}}}), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.exec("echo", {.cwd = "/" + bad}), sbx::InvalidArgumentError);
+  CHECK(box.exec("echo " + text).stdout_text == text + "\n");
   box.close();
 }
 
