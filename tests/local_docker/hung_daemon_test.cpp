@@ -21,12 +21,18 @@ using ldtest::seconds_since;
 
 namespace {
 
-// A Docker daemon stand-in: HTTP/1.1 on a unix socket. For each request, `answer` returns the JSON
-// body of a 200 answer, or nothing: then the connection is left without an answer until the client
-// gives up or the server stops.
+// A Docker daemon stand-in: HTTP/1.1 on a unix socket. For each request, `answer` returns the
+// answer (sent after its delay), or nothing: then the connection is left without an answer until
+// the client gives up or the server stops.
+struct Reply {
+  std::string body = "{}";  // JSON
+  int status = 200;
+  std::chrono::milliseconds delay{0};
+};
+
 class FakeDaemon {
  public:
-  using Answer = std::function<std::optional<std::string>(const std::string& request_line)>;
+  using Answer = std::function<std::optional<Reply>(const std::string& request_line)>;
 
   explicit FakeDaemon(Answer answer) : answer_(std::move(answer)) {
     path_ = (dir_.path / "docker.sock").string();
@@ -98,15 +104,15 @@ class FakeDaemon {
           std::lock_guard lock(mutex_);
           seen_.push_back(line);
         }
-        const auto body = answer_(line);
-        if (!body) {
+        const auto reply = answer_(line);
+        if (!reply) {
           hanging = true;  // never answered
           break;
         }
-        const std::string response =
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            "Content-Length: " +
-            std::to_string(body->size()) + "\r\n\r\n" + *body;
+        std::this_thread::sleep_for(reply->delay);
+        const std::string response = "HTTP/1.1 " + std::to_string(reply->status) +
+                                     " X\r\nContent-Type: application/json\r\nContent-Length: " +
+                                     std::to_string(reply->body.size()) + "\r\n\r\n" + reply->body;
         (void)::send(fd, response.data(), response.size(), MSG_NOSIGNAL);
       }
     }
@@ -136,7 +142,7 @@ sbx::Host::Options options_for(const FakeDaemon& daemon) {
 }  // namespace
 
 TEST_CASE("a daemon that never answers /version: concurrent first calls share one negotiation") {
-  FakeDaemon daemon([](const std::string&) { return std::nullopt; });
+  FakeDaemon daemon([](const std::string&) -> std::optional<Reply> { return std::nullopt; });
   sbx::Host host(options_for(daemon));
   sbx::Provider provider = host.provider("p");
   const auto start = std::chrono::steady_clock::now();
@@ -167,12 +173,17 @@ TEST_CASE("a daemon that never answers /version: concurrent first calls share on
 }
 
 TEST_CASE("a create whose container request hangs: its clean-up takes one request timeout") {
-  FakeDaemon daemon([](const std::string& line) -> std::optional<std::string> {
+  FakeDaemon daemon([](const std::string& line) -> std::optional<Reply> {
     if (line.rfind("GET /version ", 0) == 0) {
-      return R"({"ApiVersion": "1.41", "MinAPIVersion": "1.12", "Version": "fake"})";
+      return Reply{R"({"ApiVersion": "1.41", "MinAPIVersion": "1.12", "Version": "fake"})"};
     }
-    if (line.rfind("GET /v1.41/images/", 0) == 0) return "{}";  // the image is there
-    return std::nullopt;  // create, remove, anything else: never answered
+    if (line.rfind("GET /v1.41/images/", 0) == 0) return Reply{};  // the image is there
+    // Each removal is answered, slowly: "no such container" after 0.8 s. The clean-up looks again
+    // after a create that got no answer; all its looks together get one request timeout (1 s).
+    if (line.rfind("DELETE /v1.41/containers/", 0) == 0) {
+      return Reply{R"({"message": "No such container"})", 404, 800ms};
+    }
+    return std::nullopt;  // the create request, anything else: never answered
   });
   sbx::Host host(options_for(daemon));
   auto spec = ldtest::spec();
@@ -180,7 +191,8 @@ TEST_CASE("a create whose container request hangs: its clean-up takes one reques
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(host.provider("p").create(spec), sbx::Error);
   const double took = seconds_since(start);
-  MESSAGE("the create failed after ", took, " s (request timeout 1 s)");
+  MESSAGE("the create failed after ", took, " s (request timeout 1 s), with ",
+          daemon.requests("DELETE /v1.41/containers/"), " removal attempts");
   CHECK(daemon.requests("POST /v1.41/containers/create") == 1);
   CHECK(daemon.requests("DELETE /v1.41/containers/") >= 1);
   // 1 s for the create request, at most 1 s for all the removal attempts together.
