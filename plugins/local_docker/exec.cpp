@@ -310,9 +310,10 @@ ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::
 
 // One pass of the kill script (as the command's user, with its shell), run without blocking: the
 // kill exec is created and started as calls in flight, advanced by poll(), so that the caller keeps
-// draining the command's stream meanwhile. The daemon does not end an exec (the kill's included)
-// while another exec's output of the same container waits to be read: a kill that waited for its
-// own answer without draining would wait behind the very output it is meant to stop. Best effort:
+// draining the command's stream meanwhile. The daemon does not end the kill exec while the output
+// of the command it kills waits to be read (the killed command's exit is processed only once its
+// output is drained, and the kill's exit after it): a kill that waited for its own answer without
+// draining would wait behind the very output it is meant to stop. Best effort:
 // failures are logged. Not cancellable (the kill must happen also when the exec was cancelled);
 // bounded by `deadline`. One thread (the exec's) uses it; the destructor settles both calls.
 class KillExec {
