@@ -193,8 +193,9 @@ TEST_CASE("spec strings that are not valid UTF-8 are INVALID_ARGUMENT, nothing c
     Tracked t;
     c.spoil(t.spec);
     const std::string error = what_of([&] { provider().create(t.spec); });
+    // Refused by the plugin (which shows the bytes as \xNN) or, as the ABI requires UTF-8, by
+    // the SDK or the host before it: either way before the daemon sees anything.
     CHECK_MESSAGE(contains(error, "not valid UTF-8"), error);
-    CHECK(contains(error, "bad\\xff"));
     CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
     CHECK(t.left().empty());
   }

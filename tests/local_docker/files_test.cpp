@@ -456,8 +456,7 @@ TEST_CASE("paths that are not valid UTF-8 are refused before anything is written
     CAPTURE(bad.size());
     const auto error = sbx::testing::error_of<sbx::InvalidArgumentError>(
         [&] { box.upload_bytes("never written", bad); });
-    CHECK(contains(error.what(), "not valid UTF-8"));
-    CHECK(contains(error.what(), "\\x"));  // the bad bytes are shown escaped
+    CHECK(contains(error.what(), "not valid UTF-8"));  // by the plugin, or the SDK before it
     CHECK_THROWS_AS(box.download_bytes(bad), sbx::InvalidArgumentError);
   }
   // Valid UTF-8 beyond ASCII goes through, both ways.
