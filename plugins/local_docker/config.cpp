@@ -57,6 +57,15 @@ const char kConfigSchemaText[] = R"json({
         "concurrency": {"type": "integer", "minimum": 1, "default": 32}
       }
     },
+    "reaper": {
+      "type": "object",
+      "additionalProperties": false,
+      "description": "the TTL reaper container (removes expired sandboxes when their host died)",
+      "properties": {
+        "enabled": {"type": "boolean", "default": true},
+        "interval_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600, "default": 2}
+      }
+    },
     "probe": {
       "type": "object",
       "additionalProperties": false,
@@ -157,6 +166,14 @@ ExecConfig read_exec(ObjectReader& reader) {
   return e;
 }
 
+ReaperConfig read_reaper(ObjectReader& reader) {
+  ReaperConfig r;
+  r.enabled = reader.boolean("enabled", r.enabled);
+  r.interval_s = reader.number("interval_s", 0, 3600, true).value_or(r.interval_s);
+  reader.finish();
+  return r;
+}
+
 // The socket named by $DOCKER_HOST; only unix:// endpoints make sense for a local provider.
 std::optional<std::string> socket_from_docker_host(const char* docker_host) {
   if (!docker_host || !*docker_host) return std::nullopt;
@@ -222,6 +239,7 @@ Config Config::parse(const boost::json::object& json, const char* docker_host) {
       read_pull_policy(reader, "image_pull_policy").value_or(config.image_pull_policy);
   if (auto create = reader.object("create")) config.create = read_create(*create);
   if (auto exec = reader.object("exec")) config.exec = read_exec(*exec);
+  if (auto reaper = reader.object("reaper")) config.reaper = read_reaper(*reaper);
   config.probe = default_probe();
   if (auto probe = reader.object("probe")) {
     config.probe = sdk::ProbeConfig::read(*probe, config.probe);

@@ -47,6 +47,12 @@ struct ExecConfig {
   int64_t concurrency = 32;          // execs in flight per provider instance
 };
 
+// The TTL reaper: a container that lives as long as the daemon and removes expired sandboxes.
+struct ReaperConfig {
+  bool enabled = true;
+  double interval_s = 2;  // between two sweeps
+};
+
 struct Config {
   std::string socket = "/var/run/docker.sock";
   std::optional<std::string> api_version;  // pinned "1.NN"; unset = negotiated at first use
@@ -54,6 +60,7 @@ struct Config {
   PullPolicy image_pull_policy = PullPolicy::if_not_present;
   CreateConfig create;
   ExecConfig exec;
+  ReaperConfig reaper;
   sdk::ProbeConfig probe;
 
   // The probe defaults of this provider (the seed's six fields).

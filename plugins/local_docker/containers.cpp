@@ -1,5 +1,8 @@
 #include "containers.hpp"
 
+#include "exec.hpp"
+#include "utf8.hpp"
+
 #include <boost/json/array.hpp>
 #include <boost/json/serialize.hpp>
 
@@ -48,7 +51,7 @@ json::array string_array(const std::vector<std::string>& items) {
   return out;
 }
 
-json::object labels_of(const sdk::Spec& spec) {
+json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at) {
   json::object labels;
   // Metadata first: the host's labels (used to find and reap sandboxes) win over a metadata key
   // of the same name, and the sandbox marker wins over both.
@@ -57,19 +60,74 @@ json::object labels_of(const sdk::Spec& spec) {
   for (const auto& [key, value] : spec.labels)
     labels[key] = value;
   labels[kSandboxLabel] = "1";
-  if (spec.ttl) {
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
-    const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now).count();
-    labels[kExpiresAtLabel] = std::to_string(now_s + ttl_seconds(*spec.ttl));
-  }
+  if (expires_at) labels[kExpiresAtLabel] = std::to_string(*expires_at);
   return labels;
+}
+
+// Refuses an environment and entrypoint that the kernel would refuse to start (E2BIG), which the
+// daemon only reports as a main process that exited 1.
+void check_exec_sizes(const sdk::Spec& spec) {
+  const size_t longest = max_arg_strlen() - 1;  // without the NUL
+  size_t total = 0;
+  for (const auto& [key, value] : spec.env) {
+    const size_t size = key.size() + 1 + value.size();
+    if (size > longest) {
+      throw sdk::Error::invalid_argument(
+          "spec.env: " + key + " is " + std::to_string(size) + " bytes as KEY=value; Linux takes " +
+          "at most " + std::to_string(longest) + " bytes per environment string (MAX_ARG_STRLEN)");
+    }
+    total += size + 1;
+  }
+  if (spec.entrypoint) {
+    for (size_t i = 0; i < spec.entrypoint->size(); ++i) {
+      const size_t size = (*spec.entrypoint)[i].size();
+      if (size > longest) {
+        throw sdk::Error::invalid_argument("spec.entrypoint[" + std::to_string(i) + "] is " +
+                                           std::to_string(size) + " bytes; Linux takes at most " +
+                                           std::to_string(longest) +
+                                           " bytes per argument (MAX_ARG_STRLEN)");
+      }
+      total += size + 1;
+    }
+  }
+  if (total > kMaxSpecEnvBytes) {
+    throw sdk::Error::invalid_argument(
+        "spec.env and spec.entrypoint take " + std::to_string(total) +
+        " bytes together; local_docker accepts at most " + std::to_string(kMaxSpecEnvBytes) +
+        " (1 MiB): the kernel gives every process 2 MiB for arguments and environment, and "
+        "the sandbox's environment goes to each command too. Pass large values as files.");
+  }
+}
+
+// Everything of the spec that goes into the create request's JSON must be valid UTF-8 (the daemon
+// would silently replace invalid bytes). The image reference is checked by parse_image, startup
+// file paths by container_path, provider_options arrived as JSON.
+void check_utf8(const sdk::Spec& spec) {
+  for (const auto& [key, value] : spec.env) {
+    require_utf8(key, "a spec.env name");
+    require_utf8(value, "spec.env " + printable(key));
+  }
+  for (const auto* map : {&spec.metadata, &spec.labels}) {
+    const char* what = map == &spec.metadata ? "spec.metadata" : "a host label";
+    for (const auto& [key, value] : *map) {
+      require_utf8(key, std::string("a ") + what + " key");
+      require_utf8(value, std::string(what) + " " + printable(key));
+    }
+  }
+  if (spec.workdir) require_utf8(*spec.workdir, "spec.workdir");
+  if (spec.entrypoint) {
+    for (size_t i = 0; i < spec.entrypoint->size(); ++i) {
+      require_utf8((*spec.entrypoint)[i], "spec.entrypoint[" + std::to_string(i) + "]");
+    }
+  }
 }
 
 json::array env_of(const sdk::KeyValues& env) {
   json::array out;
   for (const auto& [key, value] : env) {
     if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
-      throw sdk::Error::invalid_argument("spec.env: invalid variable name '" + key + "'");
+      throw sdk::Error::invalid_argument("spec.env: invalid variable name '" + printable(key) +
+                                         "'");
     }
     out.emplace_back(key + "=" + value);
   }
@@ -233,14 +291,23 @@ std::string bracket_ipv6(const std::string& host) {
 
 }  // namespace
 
+std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
+  if (!spec.ttl) return std::nullopt;
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now).count();
+  return now_s + ttl_seconds(*spec.ttl);
+}
+
 json::object container_config(const Config& config, const sdk::Spec& spec,
                               const SandboxOptions& options, const ImageRef& image,
-                              bool with_disk_limit) {
+                              std::optional<int64_t> expires_at, bool with_disk_limit) {
   const CreateConfig& create = config.create;
   json::object body;
   json::object host;
   body["Image"] = image.name;
-  body["Labels"] = labels_of(spec);
+  body["Labels"] = labels_of(spec, expires_at);
+  check_utf8(spec);
+  check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;
   body["AttachStdin"] = false;
@@ -321,6 +388,34 @@ std::optional<int64_t> ExitWatch::exit_code(std::chrono::milliseconds limit) con
   return std::nullopt;
 }
 
+std::string container_output_tail(DockerApi& api, const std::string& container, int lines) {
+  try {
+    http::Request request;
+    request.target =
+        "/containers/" + container + "/logs?stdout=1&stderr=1&tail=" + std::to_string(lines);
+    const http::Response response = api.send(std::move(request), sdk::CancelToken());
+    if (response.status != 200) return {};
+    // Without a TTY the log is multiplexed: 8-byte frame headers (stream, 0, 0, 0, big-endian
+    // size).
+    std::string text;
+    std::string_view rest = response.body;
+    while (rest.size() >= 8 && static_cast<unsigned char>(rest[0]) <= 2 && rest[1] == 0 &&
+           rest[2] == 0 && rest[3] == 0) {
+      const auto byte = [&](size_t i) {
+        return static_cast<uint32_t>(static_cast<uint8_t>(rest[i]));
+      };
+      const size_t size = (byte(4) << 24) | (byte(5) << 16) | (byte(6) << 8) | byte(7);
+      rest.remove_prefix(8);
+      text.append(rest.substr(0, size));
+      rest.remove_prefix(std::min(size, rest.size()));
+    }
+    if (text.empty()) text = std::string(rest);  // a TTY container's plain log
+    return shorten(text, 1000);
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 json::object inspect_container(DockerApi& api, const std::string& container,
                                const sdk::CancelToken& cancel) {
   const http::Response response = api.call("GET", "/containers/" + container + "/json", "",
@@ -351,11 +446,22 @@ sdk::SandboxStatus container_status(DockerApi& api, const std::string& container
   return status_from_state(state ? string_of(*state, "Status") : std::string());
 }
 
-void remove_container(DockerApi& api, const std::string& container,
-                      const sdk::CancelToken& cancel) {
+void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel,
+                      std::optional<std::chrono::steady_clock::time_point> deadline) {
+  // 0: the request timeout; otherwise what is left of the deadline.
+  auto timeout = [&] {
+    if (!deadline) return std::chrono::milliseconds(0);
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      throw sdk::Error::timeout("removing container " + container + ": out of time");
+    }
+    return left;
+  };
   http::Request request;
   request.method = "DELETE";
   request.target = "/containers/" + container + "?force=1&v=1";
+  request.timeout = timeout();
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status < 300 || response.status == 404) return;
   // A container with AutoRemove that just ended is being removed by the daemon already: wait for
@@ -364,6 +470,7 @@ void remove_container(DockerApi& api, const std::string& container,
     http::Request wait;
     wait.method = "POST";
     wait.target = "/containers/" + container + "/wait?condition=removed";
+    wait.timeout = timeout();
     const http::Response waited = api.send(std::move(wait), cancel);
     if (waited.status < 300 || waited.status == 404) return;
     throw api_error(waited.status, waited.body,

@@ -11,6 +11,8 @@
 #include <boost/json/object.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,12 +24,23 @@ inline constexpr std::string_view kSandboxLabel = "sbx.sandbox";
 // Unix time (seconds) after which a container with a TTL ends itself.
 inline constexpr std::string_view kExpiresAtLabel = "sbx.expires_at";
 
+// The spec's environment (all "KEY=value" strings with their NULs) and entrypoint together may take
+// at most this much: the kernel gives a process 2 MiB for arguments and environment (a quarter of
+// the default 8 MiB stack), and Docker passes the container's environment to every exec too, so
+// half of it stays for each command and its own environment.
+inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
+
 // The body of POST /containers/create for `spec`. Throws INVALID_ARGUMENT for requests Docker
 // cannot honour (ports without a network, gpu_type, non-positive cpu/memory/disk, bad env keys).
 // `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
+// `expires_at` (from expiry_of) is stamped as the sbx.expires_at label.
 boost::json::object container_config(const Config& config, const sdk::Spec& spec,
                                      const SandboxOptions& options, const ImageRef& image,
-                                     bool with_disk_limit);
+                                     std::optional<int64_t> expires_at, bool with_disk_limit);
+
+// With a TTL: the unix time (seconds) at which the sandbox expires if created now, rounded so that
+// its TTL watchdog (which starts later, with the container) never ends it before.
+std::optional<int64_t> expiry_of(const sdk::Spec& spec);
 
 // POST /containers/create?name=...; returns the container id. Daemon warnings are logged.
 std::string create_container(DockerApi& api, const std::string& name,
@@ -56,6 +69,10 @@ class ExitWatch {
   http::Call call_;
 };
 
+// The last lines of the container's output (stdout and stderr, at most `lines`), for messages;
+// empty when the container is gone or has printed nothing. Errors are swallowed.
+std::string container_output_tail(DockerApi& api, const std::string& container, int lines);
+
 // GET /containers/{id}/json; NOT_FOUND when the container is gone.
 boost::json::object inspect_container(DockerApi& api, const std::string& container,
                                       const sdk::CancelToken& cancel);
@@ -68,8 +85,11 @@ sdk::SandboxStatus container_status(DockerApi& api, const std::string& container
                                     const sdk::CancelToken& cancel);
 
 // Force-removes the container and its anonymous volumes. A container that is gone, or already
-// being removed, counts as removed.
-void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
+// being removed, counts as removed. With a `deadline`, the requests (the removal and, when the
+// daemon is removing it already, the wait for that) end by then together (Error::timeout);
+// otherwise each has the request timeout.
+void remove_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel,
+                      std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
 // Containers with the sandbox label whose labels match `selector` (an empty value matches any
 // value of that key).

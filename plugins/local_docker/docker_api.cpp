@@ -58,17 +58,7 @@ sdk::Error DockerApi::unreachable(const sdk::Error& cause) const {
                                  cause.what());
 }
 
-std::string DockerApi::negotiate(const sdk::CancelToken& cancel) {
-  http::Request request;
-  request.target = "/version";
-  request.timeout = options_.request_timeout;
-  http::Response response;
-  try {
-    response = client_.send(std::move(request), cancel);
-  } catch (const sdk::Error& e) {
-    if (e.status() == SBX_STATUS_UNAVAILABLE) throw unreachable(e);
-    throw;
-  }
+DockerApi::Negotiated DockerApi::choose_version(const http::Response& response) const {
   if (response.status != 200) throw api_error(response.status, response.body, "GET /version");
   const auto body = parse_body(response.body, "GET /version");
   const std::string daemon_text = string_member(body, "ApiVersion");
@@ -92,16 +82,63 @@ std::string DockerApi::negotiate(const sdk::CancelToken& cancel) {
                                           " or newer; local_docker speaks up to " +
                                           kNewestApi.text());
   }
-  log_.info("Docker ", engine, " at ", options_.socket, ": using Engine API ", chosen.text(),
-            " (daemon ", daemon->text(), ")");
-  return chosen.text();
+  return {chosen.text(), engine, daemon->text()};
 }
 
 std::string DockerApi::version(const sdk::CancelToken& cancel) {
-  std::lock_guard lock(version_mutex_);
-  // A failed negotiation is not remembered: the daemon may come up later.
-  if (version_.empty()) version_ = negotiate(cancel);
-  return version_;
+  http::Call call;
+  uint64_t number = 0;
+  {
+    std::lock_guard lock(version_mutex_);
+    if (!version_.empty()) return version_;
+    if (!negotiation_) {
+      // Not tied to this caller's cancellation: others may wait for it too. The request timeout
+      // bounds it.
+      http::Request request;
+      request.target = "/version";
+      request.timeout = options_.request_timeout;
+      negotiation_ = client_.start(std::move(request));
+      ++negotiation_number_;
+    }
+    call = *negotiation_;
+    number = negotiation_number_;
+  }
+  while (!call.wait_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(50))) {
+    sdk::throw_if_cancelled(cancel);
+  }
+  Negotiated chosen;
+  try {
+    try {
+      chosen = choose_version(call.get());
+    } catch (const sdk::Error& e) {
+      if (e.status() == SBX_STATUS_UNAVAILABLE) throw unreachable(e);
+      if (e.status() == SBX_STATUS_TIMEOUT) {
+        throw sdk::Error::timeout("the Docker daemon at " + options_.socket +
+                                  " did not answer GET /version within " +
+                                  seconds_text(options_.request_timeout) + " s");
+      }
+      throw;
+    }
+  } catch (...) {
+    // Not remembered (the daemon may come up later): the next caller starts a new negotiation.
+    std::lock_guard lock(version_mutex_);
+    if (negotiation_ && negotiation_number_ == number) negotiation_.reset();
+    throw;
+  }
+  bool first = false;
+  {
+    std::lock_guard lock(version_mutex_);
+    if (version_.empty()) {
+      version_ = chosen.api;
+      first = true;
+    }
+    if (negotiation_ && negotiation_number_ == number) negotiation_.reset();
+  }
+  if (first) {
+    log_.info("Docker ", chosen.engine, " at ", options_.socket, ": using Engine API ", chosen.api,
+              " (daemon ", chosen.daemon_api, ")");
+  }
+  return chosen.api;
 }
 
 std::string DockerApi::versioned(std::string_view target, const sdk::CancelToken& cancel) {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -48,6 +49,8 @@ struct ApiOptions {
   long max_connections = 64;
 };
 
+// THREADING: thread-safe; the calls block the calling thread (except start()), never while holding
+// a lock of this object.
 class DockerApi {
  public:
   DockerApi(ApiOptions options, sdk::Logger log);
@@ -55,7 +58,9 @@ class DockerApi {
   const std::string& socket() const noexcept { return options_.socket; }
   std::chrono::milliseconds request_timeout() const noexcept { return options_.request_timeout; }
 
-  // "/v1.41" + target, negotiating the version on first use.
+  // "/v1.41" + target, negotiating the version on first use: concurrent first callers share one
+  // GET /version in flight (bounded by the request timeout), each waiting with its own
+  // cancellation; a failed negotiation fails all who waited for it and is not remembered.
   std::string versioned(std::string_view target, const sdk::CancelToken& cancel);
 
   // Sends a request under the negotiated version and waits for it. A response with any status is
@@ -76,14 +81,22 @@ class DockerApi {
 
  private:
   std::string version(const sdk::CancelToken& cancel);
-  std::string negotiate(const sdk::CancelToken& cancel);
+  struct Negotiated {
+    std::string api;     // the version to speak, "1.41"
+    std::string engine;  // the daemon's, for the log: Docker "20.10.24" speaking API "1.41"
+    std::string daemon_api;
+  };
+  // From the daemon's answer to GET /version; throws when there is no version to speak.
+  Negotiated choose_version(const http::Response& response) const;
   sdk::Error unreachable(const sdk::Error& cause) const;
 
   ApiOptions options_;
   sdk::Logger log_;
   http::Client client_;
-  std::mutex version_mutex_;
-  std::string version_;  // "1.41" once known
+  std::mutex version_mutex_;               // guards the three below; never held across a request
+  std::string version_;                    // "1.41" once known
+  std::optional<http::Call> negotiation_;  // GET /version in flight
+  uint64_t negotiation_number_ = 0;        // which one negotiation_ is
 };
 
 // Where a streamed response body goes: to `feed` when the status is 200; for any other status the

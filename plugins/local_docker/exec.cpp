@@ -1,6 +1,10 @@
 #include "exec.hpp"
 
+#include "utf8.hpp"
+
 #include <boost/json/serialize.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -20,10 +24,13 @@ constexpr auto kCancelPoll = 50ms;
 // Output bytes waiting for the caller's sink before the stream pauses (and the daemon, then the
 // command, wait for the caller).
 constexpr size_t kPulledOutputLimit = 256 * 1024;
-// After a kill, how long the rest of the output may take to arrive before the stream is cut.
-constexpr auto kDrainAfterKill = 2s;
-// Bound on the kill exec itself.
-constexpr auto kKillTimeout = 10s;
+// Bound on one kill pass: creating and running the kill exec while the command's stream is drained,
+// until both have ended. Two passes at most, so a stopped exec returns within 2 x this.
+constexpr auto kKillPass = 3s;
+// After the kill exec finished, how long the command's stream may take to end before a second pass.
+constexpr auto kEndAfterKill = 500ms;
+// While a kill runs, how often the drain loop looks at the kill's progress.
+constexpr auto kKillPoll = 10ms;
 // How long the exit code may lag behind the end of the stream.
 constexpr auto kExitCodeWait = 2s;
 
@@ -42,6 +49,16 @@ bool looks_like_runtime_error(std::string_view frame) {
     if (frame.starts_with(prefix)) return true;
   }
   return false;
+}
+
+// When the kernel refuses the execve of the exec's process because its arguments and environment
+// are too large (E2BIG), the runtime's init has started already: the daemon reports exit code 1
+// with a Pid, and the only output is runc's one stderr line "exec /bin/sh: argument list too
+// long". A first stderr frame of exactly that shape is held until the next frame or the end; alone
+// with exit code 1 it means the command never started.
+bool looks_like_exec_e2big(std::string_view frame) {
+  return frame.starts_with("exec ") && frame.ends_with(": argument list too long\n") &&
+         frame.find('\n') == frame.size() - 1;
 }
 
 // Kills every process whose environment carries the tag ($1). Reading /proc/<pid>/environ needs
@@ -64,14 +81,15 @@ constexpr std::string_view kKillScript =
     "done\n";
 
 // Delivers frames to the caller's sink, holding back a first frame that may be the runtime's
-// failure message (see kMaxHeldFrame).
+// failure message (see kMaxHeldFrame and looks_like_exec_e2big).
 class ExecOutput {
  public:
   explicit ExecOutput(sdk::OutputSink& sink) : sink_(sink) {}
 
   void begin_frame(uint8_t stream, uint64_t size) {
     release();
-    holding_ = first_ && stream == 1 && size > 0 && size <= kMaxHeldFrame;
+    holding_ = first_ && (stream == 1 || stream == 2) && size > 0 && size <= kMaxHeldFrame;
+    held_stream_ = stream;
     first_ = false;
   }
   void write(uint8_t stream, std::string_view bytes) {
@@ -82,29 +100,61 @@ class ExecOutput {
     sink_.write(stream == 1 ? sdk::StdStream::out : sdk::StdStream::err, bytes);
   }
   void end_frame() {
-    if (holding_ && !looks_like_runtime_error(held_)) release();
+    const bool keep =
+        held_stream_ == 1 ? looks_like_runtime_error(held_) : looks_like_exec_e2big(held_);
+    if (holding_ && !keep) release();
     holding_ = false;
   }
+
+  // True when the whole output was one stderr line of the runtime saying the exec's process could
+  // not be started because its arguments and environment are too large (still held).
+  bool only_e2big() const { return held_stream_ == 2 && !held_.empty(); }
 
   // Ends the output. When the runtime failed, a held frame is its message and goes to stderr.
   void finish(bool runtime_failure) {
     if (held_.empty()) return;
-    sink_.write(runtime_failure ? sdk::StdStream::err : sdk::StdStream::out, held_);
+    sink_.write(runtime_failure || held_stream_ == 2 ? sdk::StdStream::err : sdk::StdStream::out,
+                held_);
     held_.clear();
   }
 
  private:
   void release() {
     if (held_.empty()) return;
-    sink_.write(sdk::StdStream::out, held_);
+    sink_.write(held_stream_ == 1 ? sdk::StdStream::out : sdk::StdStream::err, held_);
     held_.clear();
   }
 
   sdk::OutputSink& sink_;
   std::string held_;
+  uint8_t held_stream_ = 1;
   bool first_ = true;
   bool holding_ = false;
 };
+
+// For a command that cannot be started because one of its strings is longer than execve takes:
+// the message for the caller's stderr, or nothing.
+std::optional<std::string> oversized_argument(const ExecParams& params) {
+  const size_t limit = max_arg_strlen() - 1;  // without the NUL
+  auto refuse = [&](const std::string& what, size_t size) {
+    return "sbx: the command could not start: " + what + " is " + std::to_string(size) +
+           " bytes; Linux refuses a single argument or environment string longer than " +
+           std::to_string(limit) + " bytes (MAX_ARG_STRLEN, E2BIG). Pass large input as a file " +
+           "(upload it) instead.\n";
+  };
+  for (size_t i = 0; i < params.argv.size(); ++i) {
+    if (params.argv[i].size() > limit) {
+      return refuse(i == 2 ? std::string("the command string") : "argument " + std::to_string(i),
+                    params.argv[i].size());
+    }
+  }
+  for (const auto& [key, value] : params.env) {
+    if (key.size() + 1 + value.size() > limit) {
+      return refuse("the environment variable " + key, key.size() + 1 + value.size());
+    }
+  }
+  return std::nullopt;
+}
 
 // Decodes Docker's multiplexed stream: frames of an 8-byte header (stream byte, three zero bytes,
 // big-endian payload length) and the payload. Accepts any chunking.
@@ -171,31 +221,53 @@ std::string describe(const std::string& container) {
   return "running a command in sandbox " + container;
 }
 
-std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
-                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+// The body of POST /containers/{id}/exec.
+std::string exec_body(const ExecParams& params, const std::optional<std::string>& tag) {
   json::object body{
       {"AttachStdin", false}, {"AttachStdout", true}, {"AttachStderr", true}, {"Tty", false}};
   json::array argv;
-  for (const auto& arg : params.argv)
-    argv.emplace_back(arg);
+  for (size_t i = 0; i < params.argv.size(); ++i) {
+    require_utf8(params.argv[i],
+                 i == 2 ? std::string("the command") : "argument " + std::to_string(i));
+    argv.emplace_back(params.argv[i]);
+  }
   body["Cmd"] = std::move(argv);
   json::array env;
   for (const auto& [key, value] : params.env) {
     if (key.empty() || key.find('=') != std::string::npos) {
-      throw sdk::Error::invalid_argument("exec env: invalid variable name '" + key + "'");
+      throw sdk::Error::invalid_argument("exec env: invalid variable name '" + printable(key) +
+                                         "'");
     }
+    require_utf8(key, "an exec env name");
+    require_utf8(value, "exec env " + printable(key));
     env.emplace_back(key + "=" + value);
   }
   if (tag) env.emplace_back(std::string(kExecIdVar) + "=" + *tag);
   body["Env"] = std::move(env);
-  if (params.cwd) body["WorkingDir"] = *params.cwd;
-  if (params.user) body["User"] = *params.user;
-  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
-                                           json::serialize(body), describe(container), cancel);
-  const json::object result = parse_body(response.body, describe(container));
+  if (params.cwd) {
+    require_utf8(*params.cwd, "the exec's cwd");
+    body["WorkingDir"] = *params.cwd;
+  }
+  if (params.user) {
+    require_utf8(*params.user, "the exec's user");
+    body["User"] = *params.user;
+  }
+  return json::serialize(body);
+}
+
+// The exec's Id from the answer to POST /containers/{id}/exec.
+std::string exec_id_of(std::string_view response_body, const std::string& container) {
+  const json::object result = parse_body(response_body, describe(container));
   const auto* id = result.if_contains("Id");
   if (!id || !id->is_string()) throw sdk::Error::internal(describe(container) + ": no exec Id");
   return std::string(id->get_string());
+}
+
+std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
+                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
+                                           exec_body(params, tag), describe(container), cancel);
+  return exec_id_of(response.body, container);
 }
 
 struct ExecState {
@@ -236,23 +308,94 @@ ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::
   }
 }
 
-// Runs the kill script as `user` with the exec's own shell. Best effort: failures are logged.
-void kill_tagged(DockerApi& api, const std::string& container, const ExecParams& params,
-                 const std::string& tag, const sdk::Logger& log) {
-  const sdk::CancelToken no_cancel;  // the kill must happen even when the exec was cancelled
-  try {
+// One pass of the kill script (as the command's user, with its shell), run without blocking: the
+// kill exec is created and started as calls in flight, advanced by poll(), so that the caller keeps
+// draining the command's stream meanwhile. The daemon does not end the kill exec while the output
+// of the command it kills waits to be read (the killed command's exit is processed only once its
+// output is drained, and the kill's exit after it): a kill that waited for its own answer without
+// draining would wait behind the very output it is meant to stop. Best effort:
+// failures are logged. Not cancellable (the kill must happen also when the exec was cancelled);
+// bounded by `deadline`. One thread (the exec's) uses it; the destructor settles both calls.
+class KillExec {
+ public:
+  KillExec(DockerApi& api, const std::string& container, const ExecParams& params,
+           const std::string& tag, Clock::time_point deadline, const sdk::Logger& log)
+      : api_(api), container_(container), deadline_(deadline), log_(log) {
     ExecParams kill;
     kill.argv = {params.argv.front(), "-c", std::string(kKillScript), "sbx-kill", tag};
     kill.user = params.user;
-    const std::string exec_id = create_exec(api, container, kill, std::nullopt, no_cancel);
-    api.call("POST", "/exec/" + exec_id + "/start", R"({"Detach":false,"Tty":false})",
-             "killing a timed-out command in sandbox " + container, no_cancel,
-             std::chrono::duration_cast<std::chrono::milliseconds>(kKillTimeout));
-  } catch (const std::exception& e) {
-    log.warn("could not kill the processes of a stopped command in sandbox ", container, ": ",
-             e.what());
+    try {
+      http::Request request;
+      request.method = "POST";
+      request.target = "/containers/" + container + "/exec";
+      request.headers.emplace_back("Content-Type", "application/json");
+      request.body = exec_body(kill, std::nullopt);
+      request.timeout = time_left();
+      create_ = api_.start(std::move(request), sdk::CancelToken());
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
   }
-}
+  ~KillExec() {
+    settle(create_);
+    settle(start_);
+  }
+  KillExec(const KillExec&) = delete;
+  KillExec& operator=(const KillExec&) = delete;
+
+  // Advances the kill without waiting; true once it has finished (or failed, or run out of time).
+  bool poll() {
+    if (finished_) return true;
+    try {
+      if (!started_) {
+        if (!create_.done()) return out_of_time();
+        const http::Response created = api_.finish(create_);
+        if (created.status >= 400) throw api_error(created.status, created.body, what());
+        http::Request request;
+        request.method = "POST";
+        request.target = "/exec/" + exec_id_of(created.body, container_) + "/start";
+        request.headers.emplace_back("Content-Type", "application/json");
+        request.body = R"({"Detach":false,"Tty":false})";
+        request.timeout = time_left();
+        start_ = api_.start(std::move(request), sdk::CancelToken());
+        started_ = true;
+      }
+      if (!start_.done()) return out_of_time();
+      const http::Response response = api_.finish(start_);
+      if (response.status >= 400) throw api_error(response.status, response.body, what());
+      finished_ = true;
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    return true;
+  }
+
+ private:
+  std::string what() const { return "killing a stopped command in sandbox " + container_; }
+  std::chrono::milliseconds time_left() const {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+  bool out_of_time() {
+    if (Clock::now() < deadline_) return false;
+    fail("it did not finish in time");
+    return true;
+  }
+  void fail(const char* why) {
+    finished_ = true;
+    log_.warn("could not kill the processes of a stopped command in sandbox ", container_, ": ",
+              why);
+  }
+
+  DockerApi& api_;
+  const std::string& container_;
+  Clock::time_point deadline_;
+  const sdk::Logger& log_;
+  http::Call create_;
+  http::Call start_;
+  bool started_ = false;
+  bool finished_ = false;
+};
 
 enum class Stop { finished, timed_out, cancelled };
 
@@ -269,6 +412,14 @@ Stop pull_stream(Take& take, Clock::time_point deadline, const sdk::CancelToken&
 }
 
 }  // namespace
+
+size_t max_arg_strlen() {
+  static const size_t limit = [] {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    return static_cast<size_t>(page > 0 ? page : 4096) * 32;
+  }();
+  return limit;
+}
 
 std::string random_hex(size_t bytes) {
   thread_local std::mt19937_64 engine = [] {
@@ -291,6 +442,11 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
                          sdk::OutputSink& out, const sdk::Logger& log,
                          const sdk::CancelToken& cancel) {
   const auto deadline = Clock::now() + std::min(params.timeout, kNoTimeout);  // no overflow
+  // The daemon would start it and report exit 1 with runc's message: refused here, clearly.
+  if (const auto message = oversized_argument(params)) {
+    out.write(sdk::StdStream::err, *message);
+    return sdk::ExitStatus::sandbox_failure();
+  }
   const std::string tag = random_hex(16);
   const std::string exec_id = create_exec(api, container, params, tag, cancel);
 
@@ -317,18 +473,39 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
 
   const Stop stop = pull_stream(take, deadline, cancel);
   if (stop != Stop::finished) {
-    // The stream ends when the command's processes are gone; until it does, the kill is not
-    // known to have worked. A second pass catches processes forked while the first ran.
+    const auto stopped_at = Clock::now();
+    // Output after the stop is not delivered (the caller may be the slow reader that must not hold
+    // the kill up): it is read and dropped while the kill runs, because the daemon finishes the
+    // kill exec only once this stream has been drained. The stream ends when the command's
+    // processes are gone; until it does, the kill is not known to have worked. A second pass
+    // catches processes forked while the first ran.
+    auto drain = [&](Clock::time_point until) { return guard.call.read_body(chunk, until); };
     bool ended = false;
     for (int pass = 0; pass < 2 && !ended; ++pass) {
-      kill_tagged(api, container, params, tag, log);
-      const auto drain_until = Clock::now() + kDrainAfterKill;  // the rest of the output, briefly
-      while (!(ended = take(drain_until)) && Clock::now() < drain_until) {
+      const auto pass_deadline = Clock::now() + kKillPass;
+      KillExec kill(api, container, params, tag, pass_deadline, log);
+      std::optional<Clock::time_point> killed_at;
+      for (;;) {
+        const auto now = Clock::now();
+        if (!killed_at && kill.poll()) killed_at = now;
+        if (ended && killed_at) break;
+        if (now >= pass_deadline || (killed_at && now >= *killed_at + kEndAfterKill)) break;
+        if (ended) {
+          std::this_thread::sleep_for(kKillPoll);  // only the kill's answer is still to come
+        } else {
+          ended = drain(std::min(pass_deadline, now + kKillPoll));
+        }
       }
     }
     if (!ended) {
       log.warn("processes of a stopped command in sandbox ", container,
                " may still be running: its output did not end after two kills");
+    } else {
+      log.debug(
+          "stopped a ", stop == Stop::cancelled ? "cancelled" : "timed-out", " command in sandbox ",
+          container, " in ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms");
     }
     settle(guard.call);
     output.finish(false);
@@ -346,8 +523,16 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   // Pid 0 with 126/127: the runtime never started the process (its message was the held frame).
   const bool runtime_failure =
       state.pid == 0 && (*state.exit_code == 126 || *state.exit_code == 127);
+  // E2BIG for all strings together (the one check above covers each alone): runc's one line,
+  // exit 1.
+  const bool too_large = output.only_e2big() && *state.exit_code == 1;
   output.finish(runtime_failure);
-  if (runtime_failure) return sdk::ExitStatus::sandbox_failure();
+  if (too_large) {
+    out.write(sdk::StdStream::err,
+              "sbx: the command could not start: its arguments and environment together exceed "
+              "the kernel's limit (E2BIG). Pass large input as a file (upload it) instead.\n");
+  }
+  if (runtime_failure || too_large) return sdk::ExitStatus::sandbox_failure();
   return sdk::ExitStatus::exited(*state.exit_code);
 }
 

@@ -50,4 +50,8 @@ class CollectingSink final : public sdk::OutputSink {
 // `bytes` random bytes as lowercase hex (names, exec tags).
 std::string random_hex(size_t bytes);
 
+// The longest argument or environment string execve takes, counting its NUL (MAX_ARG_STRLEN: 32
+// pages, 131072 bytes with 4 KiB pages). The daemon is local, so its kernel is this one.
+size_t max_arg_strlen();
+
 }  // namespace sbx::local_docker

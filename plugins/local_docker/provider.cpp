@@ -17,6 +17,9 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 
+// After a command died past its sandbox's expiry: how long the container may take to stop for the
+// death to count as the TTL's.
+constexpr milliseconds kTtlStopWait = 2s;
 // Bound on the `command -v bash` exec that picks a sandbox's shell.
 constexpr milliseconds kShellProbeTimeout = 10s;
 // Room in the pool for everything that is not an exec: execs beyond exec.concurrency wait on the
@@ -61,7 +64,10 @@ struct ContainerStopped : std::runtime_error {
 };
 
 // Force-removes a container whose create failed somewhere after the create request was sent
-// (even a cancelled request may have created it). Removal ignores the caller's cancellation.
+// (even a cancelled request may have created it). Removal ignores the caller's cancellation. The
+// destructor blocks for at most one request timeout in total (60 s by default), whatever the
+// attempts: a daemon that does not answer in that time leaves the container to the TTL reaper
+// (with a TTL) or to `sbx reap`, and the failure is logged.
 class ContainerGuard {
  public:
   ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log)
@@ -70,14 +76,18 @@ class ContainerGuard {
   ContainerGuard& operator=(const ContainerGuard&) = delete;
   ~ContainerGuard() {
     if (state_ == State::dismissed) return;
+    const auto deadline = Clock::now() + api_.request_timeout();
     // When the create request got no answer (cancelled, timed out, connection lost) the daemon may
     // still be creating the container: look again a few times.
     const int attempts = state_ == State::created ? 1 : 5;
     for (int i = 0; i < attempts; ++i) {
-      if (i > 0) std::this_thread::sleep_for(400ms);
+      if (i > 0) {
+        if (Clock::now() + kGuardPause >= deadline) break;
+        std::this_thread::sleep_for(kGuardPause);
+      }
       try {
-        // A fresh token: the create's own may be cancelled already. The request timeout bounds it.
-        remove_container(api_, name_, sdk::CancelToken());
+        // A fresh token: the create's own may be cancelled already.
+        remove_container(api_, name_, sdk::CancelToken(), deadline);
       } catch (const std::exception& e) {
         log_.error("could not remove container ", name_, " after its create failed: ", e.what());
         return;
@@ -89,6 +99,8 @@ class ContainerGuard {
   void dismiss() { state_ = State::dismissed; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kGuardPause = 400ms;
   enum class State { unknown, created, dismissed };
   DockerApi& api_;
   std::string name_;
@@ -122,20 +134,31 @@ std::string join_ports(const std::vector<uint16_t>& ports) {
 }
 
 // Why a container stopped during startup: its exit code (from the watch; the container may be
-// gone already when it has a TTL) and the runtime's error, if any.
+// gone already when it has a TTL), the runtime's error and the container's last output, if any.
+// The hint that an entrypoint must keep running is given only when nothing says the process could
+// not even start (a runtime error, or runc's "exec <path>: <reason>" such as "argument list too
+// long" for an environment the kernel refuses).
 std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch& watch) {
   std::string reason = "its main process exited";
   if (const auto code = watch.exit_code(2s)) reason += " with exit code " + std::to_string(*code);
+  std::string runtime_error;
   try {
     const auto inspect = inspect_container(api, name, sdk::CancelToken());
     const auto* state = inspect.if_contains("State");
     if (const auto* error =
             state && state->is_object() ? state->get_object().if_contains("Error") : nullptr;
-        error && error->is_string() && !error->get_string().empty()) {
-      reason += ": " + std::string(error->get_string());
+        error && error->is_string()) {
+      runtime_error = std::string(error->get_string());
     }
   } catch (const sdk::Error&) {  // removed already (AutoRemove)
   }
+  if (!runtime_error.empty()) reason += ": " + runtime_error;
+  const std::string output = container_output_tail(api, name, 5);
+  if (!output.empty()) reason += "; its last output: " + output;
+  const bool not_started = !runtime_error.empty() ||
+                           output.find("argument list too long") != std::string::npos ||
+                           (output.starts_with("exec ") && output.find(": ") != std::string::npos);
+  if (not_started) return reason;
   return reason + " (an entrypoint must keep running; without one the keep-alive does)";
 }
 
@@ -169,7 +192,8 @@ LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
                       .max_connections = static_cast<long>(max_connections(config_))},
            log_),
       exec_slots_(config_.exec.concurrency),
-      create_slots_(config_.create.concurrency) {}
+      create_slots_(config_.create.concurrency),
+      reaper_(api_, config_.reaper, config_.socket, log_) {}
 
 milliseconds LocalDockerProvider::start_timeout() const {
   return to_ms(config_.create.start_timeout_s);
@@ -184,7 +208,8 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   // Everything that can be refused is checked before the daemon sees anything.
   const ImageRef image = parse_image(*spec.image);
   const SandboxOptions options = SandboxOptions::parse(spec.provider_options);
-  container_config(config_, spec, options, image, true);
+  const std::optional<int64_t> expires_at = expiry_of(spec);
+  container_config(config_, spec, options, image, expires_at, true);
   std::vector<std::pair<std::string, std::string>> files;
   for (const auto& file : spec.files) {
     files.emplace_back(container_path(file.path, spec.workdir), file.contents);
@@ -195,11 +220,15 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
                options.registry_auth, start_timeout(), log_, cancel);
 
+  // Before the container exists: a host that dies from now on leaves nothing past its TTL, also
+  // a container it created but never started (which the TTL watchdog inside cannot end).
+  if (spec.ttl) reaper_.ensure(cancel);
+
   const std::string name = config_.create.name_prefix + random_hex(12);
   ContainerGuard guard(api_, name, log_);
   try {
     try {
-      create_container_for(name, spec, options, image, cancel);
+      create_container_for(name, spec, options, image, expires_at, cancel);
       guard.created();
     } catch (const sdk::Error& e) {
       if (e.http_status() != 0) guard.dismiss();  // the daemon answered: nothing was created
@@ -212,19 +241,19 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
                ms.count(), " ms");
-    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports);
+    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports,
+                                           expires_at);
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
 }
 
-std::string LocalDockerProvider::create_container_for(const std::string& name,
-                                                      const sdk::Spec& spec,
-                                                      const SandboxOptions& options,
-                                                      const ImageRef& image,
-                                                      const sdk::CancelToken& cancel) {
+std::string LocalDockerProvider::create_container_for(
+    const std::string& name, const sdk::Spec& spec, const SandboxOptions& options,
+    const ImageRef& image, std::optional<int64_t> expires_at, const sdk::CancelToken& cancel) {
   try {
-    return create_container(api_, name, container_config(config_, spec, options, image, true), log_,
+    return create_container(api_, name,
+                            container_config(config_, spec, options, image, expires_at, true), log_,
                             cancel);
   } catch (const sdk::Error& e) {
     if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
@@ -237,7 +266,8 @@ std::string LocalDockerProvider::create_container_for(const std::string& name,
     }
     log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
               ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
-    return create_container(api_, name, container_config(config_, spec, options, image, false),
+    return create_container(api_, name,
+                            container_config(config_, spec, options, image, expires_at, false),
                             log_, cancel);
   }
 }
@@ -339,7 +369,47 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   params.cwd = request.cwd;
   params.user = docker_user(request.user);
   params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
-  return run_exec(api_, box.container(), params, out, log_, cancel);
+  // A command still running when the sandbox's TTL ends is killed with the container (137, or an
+  // error once the container is gone): that is the sandbox's doing, not the command's.
+  auto ttl_result = [&] {
+    out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
+                                       std::to_string(*box.expires_at()) +
+                                       ") and was removed while the command ran\n");
+    return sdk::ExitStatus::sandbox_failure();
+  };
+  sdk::ExitStatus status;
+  try {
+    status = run_exec(api_, box.container(), params, out, log_, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
+    throw;
+  }
+  if (!status.error_type && status.return_code >= 128 && ended_by_ttl(box, cancel)) {
+    return ttl_result();
+  }
+  return status;
+}
+
+bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel) {
+  if (!box.expires_at()) return false;
+  // The watchdog ends the container at or after expires_at (it starts with the container, and
+  // the expiry was taken from a clock rounded down at create).
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  if (std::chrono::duration_cast<std::chrono::seconds>(now).count() < *box.expires_at()) {
+    return false;
+  }
+  // The command's processes die as the container stops, a moment before the daemon records it:
+  // wait (briefly) for the container to stop rather than look at its state once.
+  try {
+    http::Request wait;
+    wait.method = "POST";
+    wait.target = "/containers/" + box.container() + "/wait?condition=not-running";
+    wait.timeout = kTtlStopWait;
+    const http::Response response = api_.send(std::move(wait), cancel);
+    return response.status == 200 || response.status == 404;
+  } catch (const sdk::Error&) {  // still running after kTtlStopWait: not the TTL's doing
+    return false;
+  }
 }
 
 void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,

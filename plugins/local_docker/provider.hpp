@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "docker_api.hpp"
 #include "images.hpp"
+#include "reaper.hpp"
 
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/plugin.hpp>
@@ -24,21 +25,24 @@ namespace sbx::local_docker {
 class DockerSandbox final : public sdk::Sandbox {
  public:
   DockerSandbox(std::string name, std::string shell, std::optional<std::string> workdir,
-                std::vector<uint16_t> ports)
+                std::vector<uint16_t> ports, std::optional<int64_t> expires_at)
       : sdk::Sandbox(std::move(name)),
         shell_(std::move(shell)),
         workdir_(std::move(workdir)),
-        ports_(std::move(ports)) {}
+        ports_(std::move(ports)),
+        expires_at_(expires_at) {}
 
   const std::string& container() const noexcept { return id(); }
   const std::string& shell() const noexcept { return shell_; }
   const std::optional<std::string>& workdir() const noexcept { return workdir_; }
   const std::vector<uint16_t>& ports() const noexcept { return ports_; }
+  const std::optional<int64_t>& expires_at() const noexcept { return expires_at_; }
 
  private:
   std::string shell_;  // runs every command: "<shell> -c <command>"
   std::optional<std::string> workdir_;
   std::vector<uint16_t> ports_;
+  std::optional<int64_t> expires_at_;  // unix seconds of the TTL's end (the sbx.expires_at label)
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -111,7 +115,11 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,
+                                   std::optional<int64_t> expires_at,
                                    const sdk::CancelToken& cancel);
+  // Whether the sandbox's TTL has ended and its container has stopped or is gone (the TTL watchdog
+  // or the reaper ended it); waits up to kTtlStopWait for the container to stop.
+  bool ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel);
   // Start and readiness probe; return whether the image has bash, when the probe found out.
   std::optional<bool> start_and_probe(const std::string& name, const sdk::Spec& spec,
                                       const sdk::CancelToken& cancel);
@@ -128,6 +136,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   DockerApi api_;
   Semaphore exec_slots_;
   Semaphore create_slots_;
+  Reaper reaper_;  // ensured by the first create with a TTL
 };
 
 }  // namespace sbx::local_docker

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -67,6 +68,30 @@ TEST_CASE("TTL: the container ends and removes itself, without close") {
   CHECK(docker().wait_gone(id, 20s));
 }
 
+TEST_CASE("a TTL that ends during a command: 125/sandbox saying so, not a bare 137") {
+  auto spec = ldtest::spec();
+  spec.ttl_s = 3;
+  sbx::Sandbox box = provider().create(spec);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = box.exec("echo started; sleep 10; echo never");
+  const double took = seconds_since(start);
+  CHECK(r.return_code == 125);
+  REQUIRE(r.error_type);
+  CHECK(*r.error_type == "sandbox");
+  CHECK(r.stdout_text == "started\n");
+  CHECK_MESSAGE(r.stderr_text.find("reached its TTL") != std::string::npos, r.stderr_text);
+  CHECK(took < 8.0);  // ended with the container, not after the sleep
+  // A command that ends by itself before the TTL keeps its own status, also a signal's.
+  auto short_lived = ldtest::spec();
+  short_lived.ttl_s = 30;
+  sbx::Sandbox other = provider().create(short_lived);
+  const auto killed = other.exec("kill -9 $$");
+  CHECK(killed.return_code == 137);
+  CHECK_FALSE(killed.error_type);
+  other.close();
+  box.close();
+}
+
 TEST_CASE("no TTL: the keep-alive process, no self-removal") {
   auto spec = ldtest::spec();
   spec.ttl_s.reset();
@@ -108,9 +133,115 @@ TEST_CASE("entrypoint that exits: create fails with the reason, nothing left beh
     FAIL("create must fail");
   } catch (const sbx::CreateError& e) {
     CHECK(contains(e.what(), "exit code 3"));
+    CHECK(contains(e.what(), "an entrypoint must keep running"));
   }
   CHECK(seconds_since(start) < 15);
   CHECK(t.left().empty());
+}
+
+TEST_CASE("an environment the kernel would refuse is INVALID_ARGUMENT up front, nothing created") {
+  Tracked t;
+  t.spec.env["BIG"] = std::string(1 << 20, 'v');  // 1 MiB in one string: over MAX_ARG_STRLEN
+  const auto start = std::chrono::steady_clock::now();
+  std::string error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "spec.env: BIG is 1048580 bytes"), error);
+  CHECK(contains(error, "131071"));
+  CHECK_FALSE(contains(error, "entrypoint must keep running"));
+  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(seconds_since(start) < 2.0);  // refused before the daemon did anything
+  // Each string within the limit, all together over 1 MiB.
+  t.spec.env.clear();
+  for (int i = 0; i < 12; ++i)
+    t.spec.env["V" + std::to_string(i)] = std::string(100000, 'v');
+  error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "1048576"), error);
+  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  // An entrypoint argument too long for execve.
+  t.spec.env.clear();
+  t.spec.entrypoint = {"sh", "-c", "sleep 600; : " + std::string(200000, 'x')};
+  error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "spec.entrypoint[2]"), error);
+  CHECK(t.left().empty());
+  // Within the limits it works, and every command gets the environment.
+  auto fine = ldtest::spec();
+  fine.env["BIG"] = std::string(100000, 'v');
+  sbx::Sandbox box = provider().create(fine);
+  CHECK(box.exec("echo ${#BIG}").stdout_text == "100000\n");
+  box.close();
+}
+
+TEST_CASE("spec strings that are not valid UTF-8 are INVALID_ARGUMENT, nothing created") {
+  const std::string bad = "bad\xff";
+  struct Case {
+    const char* what;
+    std::function<void(sbx::SandboxSpec&)> spoil;
+  };
+  const Case cases[] = {
+      {"env value", [&](sbx::SandboxSpec& s) { s.env["GOOD_NAME"] = bad; }},
+      {"env name", [&](sbx::SandboxSpec& s) { s.env[bad] = "good value"; }},
+      {"metadata value", [&](sbx::SandboxSpec& s) { s.metadata["team"] = bad; }},
+      {"metadata key", [&](sbx::SandboxSpec& s) { s.metadata[bad] = "x"; }},
+      {"workdir", [&](sbx::SandboxSpec& s) { s.workdir = "/work/" + bad; }},
+      {"entrypoint",
+       [&](sbx::SandboxSpec& s) {
+         s.entrypoint = {"sleep", bad};
+       }},
+      {"startup file path", [&](sbx::SandboxSpec& s) { s.files["/etc/" + bad] = "x"; }},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    Tracked t;
+    c.spoil(t.spec);
+    const std::string error = what_of([&] { provider().create(t.spec); });
+    // Refused by the plugin (which shows the bytes as \xNN) or, as the ABI requires UTF-8, by
+    // the SDK or the host before it: either way before the daemon sees anything.
+    CHECK_MESSAGE(contains(error, "not valid UTF-8"), error);
+    CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+    CHECK(t.left().empty());
+  }
+  // Valid UTF-8 beyond ASCII arrives byte for byte.
+  auto spec = ldtest::spec();
+  const std::string text =
+      "gr\xc3\xbc\xc3\x9f"
+      "e \xf0\x9f\x98\x80";
+  spec.env["GREETING"] = text;
+  spec.metadata["note"] = text;
+  sbx::Sandbox box = provider().create(spec);
+  CHECK(box.exec("printf %s \"$GREETING\"").stdout_text == text);
+  CHECK(docker().inspect(box.id())->at("Config").at("Labels").at("note").as_string() == text);
+  // Commands, exec env and cwd cross the same JSON.
+  CHECK_THROWS_AS(box.exec("echo " + bad), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.exec("echo", {.env = {{"X", bad}}}), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(box.exec("echo", {.cwd = "/" + bad}), sbx::InvalidArgumentError);
+  CHECK(box.exec("echo " + text).stdout_text == text + "\n");
+  box.close();
+}
+
+TEST_CASE("an image whose environment the kernel refuses: the reason, not the entrypoint hint") {
+  // An image with a 1.5 MiB environment string (committed from a container that never ran): the
+  // runtime's execve of the container's first process fails with E2BIG.
+  const std::string image = "sbx-test-bigenv:" + ldtest::unique();
+  const boost::json::object body{
+      {"Image", ldtest::kBusybox},
+      {"Env", boost::json::array{"BIG=" + std::string(1536 * 1024, 'e')}},
+      {"Labels", boost::json::object{{ldtest::kSuiteLabel, "image"}}}};
+  const auto created = docker().send("POST", "/containers/create", boost::json::serialize(body));
+  REQUIRE_MESSAGE(created.status == 201, created.body);
+  const std::string source(boost::json::parse(created.body).at("Id").as_string());
+  const auto committed = docker().send(
+      "POST", "/commit?container=" + source + "&repo=sbx-test-bigenv&tag=" + image.substr(16),
+      "{}");
+  docker().remove(source);
+  REQUIRE_MESSAGE(committed.status == 201, committed.body);
+
+  Tracked t;
+  t.spec.image = image;
+  t.spec.ttl_s.reset();  // without AutoRemove the container's output can still be read
+  const std::string error = what_of([&] { provider().create(t.spec); });
+  CHECK_MESSAGE(contains(error, "argument list too long"), error);
+  CHECK_MESSAGE(!contains(error, "entrypoint must keep running"), error);
+  CHECK(t.left().empty());
+  docker().untag_image(image);
 }
 
 TEST_CASE("startup files: absolute, nested, relative to the workdir, relative without one") {
@@ -399,6 +530,10 @@ TEST_CASE("invalid configs are refused with the JSON path") {
       {R"({"api_version": "v2"})", "$.api_version"},
       {R"({"api_version": "1.12"})", "$.api_version"},
       {R"({"request_timeout_s": "fast"})", "$.request_timeout_s"},
+      {R"({"reaper": {"interval_s": 0}})", "$.reaper.interval_s"},
+      {R"({"reaper": {"interval_s": 7200}})", "$.reaper.interval_s"},
+      {R"({"reaper": {"enabled": "yes"}})", "$.reaper.enabled"},
+      {R"({"reaper": {"every": 2}})", "$.reaper.every"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.config);

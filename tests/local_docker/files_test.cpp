@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 namespace fs = std::filesystem;
@@ -441,6 +442,58 @@ TEST_CASE("read-only root file system: uploads go into writable volumes only, le
     CHECK(partial_files(box, c.dir) == "");
   }
   CHECK(partial_files(box, "/data") == "");
+  for (const auto& entry : fs::recursive_directory_iterator(volume.path)) {
+    CHECK_FALSE(contains(entry.path().filename().string(), "sbx-partial"));
+  }
+  box.close();
+}
+
+TEST_CASE("paths that are not valid UTF-8 are refused before anything is written") {
+  sbx::Sandbox box = provider().create(spec_with_workdir());
+  // A stray byte, a truncated sequence, an overlong '/', a surrogate, past U+10FFFF.
+  for (const std::string bad : {"/tmp/u\xff.txt", "rel/\xc3(.txt", "/tmp/\xc0\xaf.txt",
+                                "/tmp/\xed\xa0\x80.txt", "/tmp/\xf4\x90\x80\x80.txt"}) {
+    CAPTURE(bad.size());
+    const auto error = sbx::testing::error_of<sbx::InvalidArgumentError>(
+        [&] { box.upload_bytes("never written", bad); });
+    CHECK(contains(error.what(), "not valid UTF-8"));  // by the plugin, or the SDK before it
+    CHECK_THROWS_AS(box.download_bytes(bad), sbx::InvalidArgumentError);
+  }
+  // Valid UTF-8 beyond ASCII goes through, both ways.
+  const std::string name =
+      "/tmp/gr\xc3\xbc\xc3\x9f"
+      "e-\xf0\x9f\x98\x80.txt";
+  box.upload_bytes("unicode", name);
+  CHECK(box.exec("cat /tmp/gr*e-*.txt").stdout_text == "unicode");
+  CHECK(box.download_bytes(name) == "unicode");
+  CHECK(
+      box.exec("find / \\( -path /proc -o -path /sys \\) -prune -o -name '*.sbx-partial-*' -print")
+          .stdout_text == "");
+  box.close();
+}
+
+TEST_CASE("no failed upload leaves a temporary file anywhere") {
+  TempDir volume;
+  auto spec = spec_with_workdir();
+  spec.provider_options["volumes"] = boost::json::array{volume.path.string() + ":/ro:ro"};
+  spec.files = {{"/work/file.txt", "a file"}};
+  sbx::Sandbox box = provider().create(spec);
+  std::vector<std::pair<const char*, std::function<void()>>> failures = {
+      {"not UTF-8", [&] { box.upload_bytes("x", "/work/bad\xff.txt"); }},
+      {"a directory", [&] { box.upload_bytes("x", "/work"); }},
+      {"a file on the way", [&] { box.upload_bytes("x", "/work/file.txt/below.txt"); }},
+      {"a read-only volume", [&] { box.upload_bytes("x", "/ro/x.txt"); }},
+      {"a read-only file system", [&] { box.upload_bytes("x", "/proc/x.txt"); }},
+      {"a missing local file", [&] { box.upload("/nonexistent/sbx-test/file", "/work/y.txt"); }},
+  };
+  for (const auto& [what, fail] : failures) {
+    CAPTURE(what);
+    CHECK_THROWS_AS(fail(), sbx::Error);
+  }
+  CHECK(
+      box.exec("find / \\( -path /proc -o -path /sys \\) -prune -o -name '*.sbx-partial-*' -print")
+          .stdout_text == "");
+  CHECK(box.exec("cat /work/file.txt").stdout_text == "a file");
   for (const auto& entry : fs::recursive_directory_iterator(volume.path)) {
     CHECK_FALSE(contains(entry.path().filename().string(), "sbx-partial"));
   }

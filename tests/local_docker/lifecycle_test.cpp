@@ -123,6 +123,50 @@ TEST_CASE("exit codes are results, not errors") {
   box.close();
 }
 
+TEST_CASE("a command whose arguments are too long for execve: 125/sandbox with a clear reason") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  // One argument of up to 131071 bytes (MAX_ARG_STRLEN with its NUL) is fine...
+  auto command_of = [](size_t size) {  // exactly `size` bytes
+    const std::string tail = "; echo ran";
+    return ": " + std::string(size - 2 - tail.size(), 'a') + tail;
+  };
+  REQUIRE(command_of(131071).size() == 131071);
+  auto r = box.exec(command_of(131071));
+  CHECK(r.return_code == 0);
+  CHECK(r.stdout_text == "ran\n");
+  // ... one byte more is E2BIG: sh -c gets the command as one argument.
+  r = box.exec(command_of(131072));
+  CHECK(r.return_code == 125);
+  REQUIRE(r.error_type);
+  CHECK(*r.error_type == "sandbox");
+  CHECK(r.stdout_text.empty());
+  CHECK_MESSAGE(r.stderr_text.find("could not start") != std::string::npos, r.stderr_text);
+  CHECK(r.stderr_text.find("131071") != std::string::npos);
+  // The same for one environment string of the exec.
+  r = box.exec("echo ran", {.env = {{"BIG", std::string(140000, 'b')}}});
+  CHECK(r.return_code == 125);
+  CHECK(r.error_type == std::optional<std::string>("sandbox"));
+  CHECK(r.stderr_text.find("BIG") != std::string::npos);
+  // Each string within the limit, all together over the kernel's 2 MiB: the daemon's answer (runc's
+  // "exec ...: argument list too long", exit 1) is recognised.
+  sbx::ExecOptions many;
+  for (int i = 0; i < 24; ++i)
+    many.env["V" + std::to_string(i)] = std::string(100000, 'v');
+  r = box.exec("echo ran", many);
+  CHECK(r.return_code == 125);
+  CHECK(r.error_type == std::optional<std::string>("sandbox"));
+  CHECK(r.stdout_text.empty());
+  CHECK_MESSAGE(r.stderr_text.find("argument list too long") != std::string::npos, r.stderr_text);
+  CHECK(r.stderr_text.find("could not start") != std::string::npos);
+  // A command printing the same line itself, with another exit code, is a result.
+  r = box.exec("echo 'exec /bin/sh: argument list too long' >&2; exit 3");
+  CHECK(r.return_code == 3);
+  CHECK_FALSE(r.error_type);
+  CHECK(r.stderr_text == "exec /bin/sh: argument list too long\n");
+  CHECK(box.exec("echo still usable").stdout_text == "still usable\n");
+  box.close();
+}
+
 TEST_CASE("output streams as it is produced, stdout and stderr apart") {
   sbx::Sandbox box = provider().create(ldtest::spec());
   std::mutex m;

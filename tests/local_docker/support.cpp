@@ -1,9 +1,21 @@
 #include "support.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
+
+extern char** environ;
 
 namespace ldtest {
 namespace {
@@ -37,10 +49,15 @@ constexpr const char* kHostConfig = R"({
 Docker::Docker()
     : client_(http::ClientOptions{.base_url = "http://docker", .unix_socket = kDockerSocket}) {}
 
-http::Response Docker::send(const std::string& method, const std::string& target) {
+http::Response Docker::send(const std::string& method, const std::string& target,
+                            const std::string& body) {
   http::Request request;
   request.method = method;
   request.target = target;
+  if (!body.empty()) {
+    request.body = body;
+    request.headers.emplace_back("Content-Type", "application/json");
+  }
   request.timeout = std::chrono::seconds(60);
   return client_.send(std::move(request));
 }
@@ -150,6 +167,93 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::vector<std::string> leftovers(const std::string& key, const std::string& value) {
   return docker().containers_with_label(key + "=" + value);
+}
+
+std::string test_binary(const std::string& name) {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / name).string();
+}
+
+std::string sbx_binary() {
+  return test_binary("sbx");
+}
+
+Child::Child(const Options& options) {
+  REQUIRE_FALSE(options.argv.empty());
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  int pipe_fds[2] = {-1, -1};
+  if (options.pipe_stdout) {
+    REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options.stdout_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, options.stderr_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> argv;
+  for (const auto& arg : options.argv)
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    env_text.emplace_back(*e);
+  for (const auto& e : options.env)
+    env_text.push_back(e);
+  std::vector<char*> envp;
+  for (auto& e : env_text)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int rc = ::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (options.pipe_stdout) {
+    ::close(pipe_fds[1]);
+    stdout_fd_ = pipe_fds[0];
+  }
+  REQUIRE_MESSAGE(rc == 0, "posix_spawn ", options.argv[0], ": ", std::strerror(rc));
+}
+
+Child::Child(Child&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)),
+      stdout_fd_(std::exchange(other.stdout_fd_, -1)),
+      status_(other.status_) {}
+
+Child::~Child() {
+  close_stdout();
+  if (pid_ > 0 && running()) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+void Child::close_stdout() {
+  if (stdout_fd_ >= 0) ::close(stdout_fd_);
+  stdout_fd_ = -1;
+}
+
+void Child::kill(int signal) {
+  if (pid_ > 0 && running()) ::kill(pid_, signal);
+}
+
+bool Child::running() {
+  if (status_ || pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == pid_) status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return false;
+}
+
+std::optional<int> Child::wait_for(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (running()) {
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return status_;
 }
 
 }  // namespace ldtest

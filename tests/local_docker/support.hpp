@@ -10,6 +10,8 @@
 
 #include <boost/json.hpp>
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
@@ -44,9 +46,11 @@ class Docker {
   bool wait_gone(const std::string& container, std::chrono::seconds limit);
   // The daemon's storage driver can enforce per-container size limits (overlay2 needs xfs+pquota).
   bool storage_supports_size_limit();
+  // Any request (a JSON body when `body` is not empty); the response whatever its status.
+  sbx::sdk::http::Response send(const std::string& method, const std::string& target,
+                                const std::string& body = "");
 
  private:
-  sbx::sdk::http::Response send(const std::string& method, const std::string& target);
   sbx::sdk::http::Client client_;
 };
 
@@ -77,5 +81,44 @@ double seconds_since(std::chrono::steady_clock::time_point start);
 
 // Sandboxes whose containers carry `key=value` (checks "nothing left behind").
 std::vector<std::string> leftovers(const std::string& key, const std::string& value);
+
+// build/bin/sbx, next to the test programs.
+std::string sbx_binary();
+// A program next to the test programs (build/bin/<name>).
+std::string test_binary(const std::string& name);
+
+// A child process started with posix_spawn: stdout and stderr to files (or a pipe for stdout), the
+// environment of this process plus `env`. Killed (SIGKILL) and reaped at destruction if still
+// running. One thread uses it.
+class Child {
+ public:
+  struct Options {
+    std::vector<std::string> argv;
+    std::vector<std::string> env;           // extra "K=V" entries
+    std::string stdout_path = "/dev/null";  // ignored with pipe_stdout
+    std::string stderr_path = "/dev/null";
+    bool pipe_stdout = false;  // stdout_fd() is the read end of a pipe
+  };
+  explicit Child(const Options& options);
+  ~Child();
+  Child(Child&& other) noexcept;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  Child& operator=(Child&&) = delete;
+
+  pid_t pid() const { return pid_; }
+  int stdout_fd() const { return stdout_fd_; }
+  void close_stdout();
+  void kill(int signal);
+  // Waits for the exit: the exit code, 128 + N when a signal N ended it; nothing when `limit`
+  // passed first (the child is left running).
+  std::optional<int> wait_for(std::chrono::milliseconds limit);
+  bool running();
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::optional<int> status_;
+};
 
 }  // namespace ldtest

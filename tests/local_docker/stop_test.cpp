@@ -1,0 +1,155 @@
+// local_docker: stopping a command that floods its output. The daemon finishes an exec of a
+// container only once the output of its other execs has been read, so the kill of a timed-out or
+// cancelled command must drain that command's stream while it runs; these cases bound how long a
+// stop takes through the host API and through `sbx run`.
+
+#include "../common/test_helpers.hpp"
+#include "support.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+using namespace std::chrono_literals;
+using ldtest::provider;
+using ldtest::seconds_since;
+
+namespace {
+
+// The processes of a container whose command line contains `needle` (busybox ps).
+std::string processes_matching(sbx::Sandbox& box, const std::string& needle) {
+  const auto r = box.exec(
+      "ps -o pid,user,args | grep -F -- '" + needle + "' | grep -v grep || true", {.user = "root"});
+  REQUIRE(r.return_code == 0);
+  return r.stdout_text;
+}
+
+struct TempDir : sbx::testing::TempDir {
+  TempDir() : sbx::testing::TempDir("sbx-ld-stop") {}
+};
+
+// `sbx run` on busybox with the suite label (so leftovers_test sees a leaked sandbox) and a TTL.
+std::vector<std::string> sbx_run(std::vector<std::string> options,
+                                 const std::vector<std::string>& command) {
+  std::vector<std::string> argv{ldtest::sbx_binary(),
+                                "run",
+                                "--image",
+                                ldtest::kBusybox,
+                                "--ttl",
+                                "120",
+                                "--metadata",
+                                std::string(ldtest::kSuiteLabel) + "=" + ldtest::kSuiteValue};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.emplace_back("--");
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("sbx run --timeout 2 on a command that floods its output: 125 within 3 s") {
+  TempDir dir;
+  const std::string err = (dir.path / "stderr").string();
+  const auto start = std::chrono::steady_clock::now();
+  ldtest::Child run({.argv = sbx_run({"--timeout", "2"}, {"cat", "/dev/zero"}),
+                     .stdout_path = "/dev/null",
+                     .stderr_path = err});
+  const auto code = run.wait_for(30s);
+  const double took = seconds_since(start);
+  REQUIRE(code);
+  CHECK(*code == 125);
+  const std::string text = sbx::testing::read_file(err);
+  CHECK_MESSAGE(text.find("error_type=timeout") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("could not kill") == std::string::npos, text);
+  MESSAGE("sbx run --timeout 2 -- cat /dev/zero took ", took, " s");
+  CHECK(took >= 2.0);
+  CHECK(took < 3.0);
+}
+
+TEST_CASE("sbx run -- yes | head -1: the closed pipe stops the command within 1.5 s") {
+  TempDir dir;
+  const std::string err = (dir.path / "stderr").string();
+  const auto start = std::chrono::steady_clock::now();
+  ldtest::Child run({.argv = sbx_run({}, {"yes"}), .stderr_path = err, .pipe_stdout = true});
+  // head -1: one line, then the reader goes away.
+  std::string line;
+  char c = 0;
+  while (line.size() < 16 && ::read(run.stdout_fd(), &c, 1) == 1 && c != '\n')
+    line += c;
+  run.close_stdout();
+  const auto code = run.wait_for(30s);
+  const double took = seconds_since(start);
+  CHECK(line == "y");
+  REQUIRE(code);
+  CHECK(*code == 141);
+  const std::string text = sbx::testing::read_file(err);
+  CHECK_MESSAGE(text.find("could not kill") == std::string::npos, text);
+  MESSAGE("sbx run -- yes | head -1 took ", took, " s");
+  CHECK(took < 1.5);
+}
+
+TEST_CASE("an exec cancelled from its own output callback while flooding ends within 1 s") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  std::mutex m;
+  std::condition_variable published;
+  std::optional<sbx::Operation<sbx::ExecResult>> op;
+  std::atomic<size_t> seen{0};
+  std::atomic<size_t> after_cancel{0};
+  std::atomic<bool> cancelled{false};
+  std::chrono::steady_clock::time_point cancelled_at;
+  sbx::ExecOptions options;
+  options.on_output = [&](sbx::OutputStream, std::string_view bytes) {
+    if (cancelled) {
+      after_cancel += bytes.size();
+      return;
+    }
+    if ((seen += bytes.size()) < 4 * 1024 * 1024) return;
+    std::unique_lock lock(m);
+    published.wait(lock, [&] { return op.has_value(); });
+    cancelled_at = std::chrono::steady_clock::now();
+    cancelled = true;
+    op->cancel();  // from inside the callback, as `sbx run` does on EPIPE
+  };
+  {
+    auto started = box.exec_async("cat /dev/zero", options);
+    std::lock_guard lock(m);
+    op = started;
+  }
+  published.notify_all();
+  CHECK_THROWS_AS(op->get(), sbx::CancelledError);
+  REQUIRE(cancelled);
+  const double took = seconds_since(cancelled_at);
+  MESSAGE("cancel to end: ", took, " s; output delivered after the cancel: ", after_cancel.load(),
+          " bytes");
+  CHECK(took < 1.0);
+  // What was read after the stop is dropped; at most the rest of the chunk in hand gets through.
+  CHECK(after_cancel <= 512 * 1024);
+  CHECK(processes_matching(box, "/dev/zero") == "");
+  CHECK(box.exec("echo still usable").stdout_text == "still usable\n");
+  box.close();
+}
+
+TEST_CASE("a timed-out exec with a slow output callback stops within 1 s of its timeout") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  sbx::ExecOptions options;
+  options.timeout_s = 1.5;
+  options.on_output = [](sbx::OutputStream, std::string_view) {
+    std::this_thread::sleep_for(20ms);  // a reader slower than the command
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = box.exec_async("cat /dev/zero", options).get();
+  const double took = seconds_since(start);
+  CHECK(r.return_code == 125);
+  REQUIRE(r.error_type);
+  CHECK(*r.error_type == "timeout");
+  MESSAGE("timeout 1.5 s, returned after ", took, " s");
+  CHECK(took >= 1.5);
+  CHECK(took < 2.5);
+  CHECK(processes_matching(box, "/dev/zero") == "");
+  box.close();
+}
