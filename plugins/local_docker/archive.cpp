@@ -1,7 +1,6 @@
 #include "archive.hpp"
 
 #include "exec.hpp"
-#include "utf8.hpp"
 
 #include <sbx/sdk/tar.hpp>
 
@@ -303,10 +302,6 @@ std::string container_path(std::string_view path, const std::optional<std::strin
   if (path.find('\0') != std::string_view::npos) {
     throw sdk::Error::invalid_argument("the sandbox path contains a NUL byte");
   }
-  // The path reaches the container through JSON too (the upload's rename exec), where the daemon
-  // would turn invalid bytes into U+FFFD: refused before anything is written.
-  require_utf8(path, "the sandbox path");
-  if (workdir) require_utf8(*workdir, "spec.workdir");
   std::string joined =
       path.front() == '/' ? std::string(path) : workdir.value_or("/") + "/" + std::string(path);
   std::vector<std::string_view> parts;

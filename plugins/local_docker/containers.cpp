@@ -1,7 +1,6 @@
 #include "containers.hpp"
 
 #include "exec.hpp"
-#include "utf8.hpp"
 
 #include <boost/json/array.hpp>
 #include <boost/json/serialize.hpp>
@@ -99,35 +98,11 @@ void check_exec_sizes(const sdk::Spec& spec) {
   }
 }
 
-// Everything of the spec that goes into the create request's JSON must be valid UTF-8 (the daemon
-// would silently replace invalid bytes). The image reference is checked by parse_image, startup
-// file paths by container_path, provider_options arrived as JSON.
-void check_utf8(const sdk::Spec& spec) {
-  for (const auto& [key, value] : spec.env) {
-    require_utf8(key, "a spec.env name");
-    require_utf8(value, "spec.env " + printable(key));
-  }
-  for (const auto* map : {&spec.metadata, &spec.labels}) {
-    const char* what = map == &spec.metadata ? "spec.metadata" : "a host label";
-    for (const auto& [key, value] : *map) {
-      require_utf8(key, std::string("a ") + what + " key");
-      require_utf8(value, std::string(what) + " " + printable(key));
-    }
-  }
-  if (spec.workdir) require_utf8(*spec.workdir, "spec.workdir");
-  if (spec.entrypoint) {
-    for (size_t i = 0; i < spec.entrypoint->size(); ++i) {
-      require_utf8((*spec.entrypoint)[i], "spec.entrypoint[" + std::to_string(i) + "]");
-    }
-  }
-}
-
 json::array env_of(const sdk::KeyValues& env) {
   json::array out;
   for (const auto& [key, value] : env) {
     if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
-      throw sdk::Error::invalid_argument("spec.env: invalid variable name '" + printable(key) +
-                                         "'");
+      throw sdk::Error::invalid_argument("spec.env: invalid variable name '" + key + "'");
     }
     out.emplace_back(key + "=" + value);
   }
@@ -306,7 +281,6 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   json::object host;
   body["Image"] = image.name;
   body["Labels"] = labels_of(spec, expires_at);
-  check_utf8(spec);
   check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;

@@ -1,7 +1,5 @@
 #include "exec.hpp"
 
-#include "utf8.hpp"
-
 #include <boost/json/serialize.hpp>
 
 #include <unistd.h>
@@ -226,32 +224,20 @@ std::string exec_body(const ExecParams& params, const std::optional<std::string>
   json::object body{
       {"AttachStdin", false}, {"AttachStdout", true}, {"AttachStderr", true}, {"Tty", false}};
   json::array argv;
-  for (size_t i = 0; i < params.argv.size(); ++i) {
-    require_utf8(params.argv[i],
-                 i == 2 ? std::string("the command") : "argument " + std::to_string(i));
-    argv.emplace_back(params.argv[i]);
-  }
+  for (const auto& arg : params.argv)
+    argv.emplace_back(arg);
   body["Cmd"] = std::move(argv);
   json::array env;
   for (const auto& [key, value] : params.env) {
     if (key.empty() || key.find('=') != std::string::npos) {
-      throw sdk::Error::invalid_argument("exec env: invalid variable name '" + printable(key) +
-                                         "'");
+      throw sdk::Error::invalid_argument("exec env: invalid variable name '" + key + "'");
     }
-    require_utf8(key, "an exec env name");
-    require_utf8(value, "exec env " + printable(key));
     env.emplace_back(key + "=" + value);
   }
   if (tag) env.emplace_back(std::string(kExecIdVar) + "=" + *tag);
   body["Env"] = std::move(env);
-  if (params.cwd) {
-    require_utf8(*params.cwd, "the exec's cwd");
-    body["WorkingDir"] = *params.cwd;
-  }
-  if (params.user) {
-    require_utf8(*params.user, "the exec's user");
-    body["User"] = *params.user;
-  }
+  if (params.cwd) body["WorkingDir"] = *params.cwd;
+  if (params.user) body["User"] = *params.user;
   return json::serialize(body);
 }
 
