@@ -153,3 +153,86 @@ TEST_CASE("a timed-out exec with a slow output callback stops within 1 s of its 
   CHECK(processes_matching(box, "/dev/zero") == "");
   box.close();
 }
+
+namespace {
+
+// The daemon's pid (dockerd), for freezing it.
+pid_t dockerd_pid() {
+  FILE* p = ::popen("pgrep -o -x dockerd", "r");
+  REQUIRE(p);
+  char line[64] = {};
+  const bool read = std::fgets(line, sizeof line, p) != nullptr;
+  ::pclose(p);
+  REQUIRE_MESSAGE(read, "no dockerd process found");
+  return static_cast<pid_t>(std::stol(line));
+}
+
+// Freezes the daemon with SIGSTOP for its lifetime. A watchdog process thaws it after 60 s
+// whatever happens to this test (a crash here must not leave the machine's daemon frozen).
+class FrozenDaemon {
+ public:
+  explicit FrozenDaemon(pid_t pid) : pid_(pid) {
+    watchdog_.emplace(ldtest::Child::Options{
+        .argv = {"/bin/sh", "-c", "sleep 60; kill -CONT " + std::to_string(pid)}});
+    REQUIRE(::kill(pid_, SIGSTOP) == 0);
+  }
+  ~FrozenDaemon() {
+    ::kill(pid_, SIGCONT);
+    watchdog_.reset();
+  }
+  FrozenDaemon(const FrozenDaemon&) = delete;
+  FrozenDaemon& operator=(const FrozenDaemon&) = delete;
+
+ private:
+  pid_t pid_;
+  std::optional<ldtest::Child> watchdog_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a frozen daemon: Ctrl-C ends sbx run within --stop-timeout, naming what is left and "
+    "how to reap it") {
+  TempDir dir;
+  const std::string err = (dir.path / "stderr").string();
+  const std::string run_id = "frozen" + ldtest::unique();
+  ldtest::Child run({.argv = sbx_run({"--stop-timeout", "3"}, {"sleep", "100"}),
+                     .env = {"SBX_RUN_ID=" + run_id},
+                     .stderr_path = err});
+  // Wait until the command runs (its container exists and is running), then freeze the daemon.
+  bool running = false;
+  for (int i = 0; i < 100 && !running; ++i) {
+    std::this_thread::sleep_for(100ms);
+    for (const auto& name : ldtest::docker().containers_with_label("sbx.run=" + run_id)) {
+      const auto inspect = ldtest::docker().inspect(name);
+      running = inspect && inspect->at("State").at("Running").as_bool();
+    }
+  }
+  REQUIRE(running);
+  std::this_thread::sleep_for(500ms);  // the exec has started
+  double took = 0;
+  std::optional<int> code;
+  {
+    FrozenDaemon frozen(dockerd_pid());
+    const auto start = std::chrono::steady_clock::now();
+    run.kill(SIGINT);
+    code = run.wait_for(30s);
+    took = seconds_since(start);
+  }
+  REQUIRE(code);
+  CHECK(*code == 130);
+  MESSAGE("sbx run with a frozen daemon ended ", took, " s after Ctrl-C (stop timeout 3 s)");
+  CHECK(took < 5.0);  // 3 s plus what it takes to notice
+  const std::string text = sbx::testing::read_file(err);
+  CHECK_MESSAGE(text.find("may still exist. Remove it with: sbx reap --provider local_docker "
+                          "--label sbx.run=" +
+                          run_id) != std::string::npos,
+                text);
+  // With the daemon thawed, the reap the message names removes what was left.
+  const auto leftovers = ldtest::docker().containers_with_label("sbx.run=" + run_id);
+  ldtest::Child reap({.argv = {ldtest::sbx_binary(), "reap", "--provider", "local_docker",
+                               "--label", "sbx.run=" + run_id}});
+  CHECK(reap.wait_for(60s) == 0);
+  for (const auto& name : leftovers)
+    CHECK(ldtest::docker().wait_gone(name, 30s));
+}
