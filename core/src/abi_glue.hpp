@@ -52,6 +52,8 @@ inline SandboxStatus to_status(int32_t status) {
       return SandboxStatus::stopped;
     case SBX_SANDBOX_ERROR:
       return SandboxStatus::error;
+    case SBX_SANDBOX_PAUSED:
+      return SandboxStatus::paused;
     default:
       return SandboxStatus::unknown;
   }

@@ -261,6 +261,16 @@ const char* call_kind_name(CallKind kind) noexcept {
       return "list";
     case CallKind::reap:
       return "reap";
+    case CallKind::pause:
+      return "pause";
+    case CallKind::resume:
+      return "resume";
+    case CallKind::serialize:
+      return "serialize";
+    case CallKind::connect:
+      return "connect";
+    case CallKind::renew:
+      return "renew";
   }
   return "operation";
 }
@@ -433,7 +443,7 @@ bool OpBase::abandon(const Error& error) {
   }
   // Before the caller hears of it: what the host lent the plugin is taken back first.
   if (abandon_hook_) abandon_hook_();
-  if (!finish([&] { error_.emplace(error); })) return false;  // it completed meanwhile
+  if (!finish([&] { store_error(error); })) return false;  // it completed meanwhile
   logger()->warn("{}", error.what());
   return true;
 }

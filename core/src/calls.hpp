@@ -25,7 +25,22 @@
 namespace sbx::detail {
 
 // The kinds of callbacks a token may be used with.
-enum class CallKind { create, exec, upload, download, status, close, endpoint, list, reap };
+enum class CallKind {
+  create,
+  exec,
+  upload,
+  download,
+  status,
+  close,
+  endpoint,
+  list,
+  reap,
+  pause,
+  resume,
+  serialize,
+  connect,
+  renew
+};
 const char* call_kind_name(CallKind kind) noexcept;
 
 // What a plugin's callback reaches through its token. One per started operation.
@@ -112,6 +127,7 @@ Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>> start_operation(
     std::shared_ptr<Generation> generation, std::shared_ptr<Ctx> ctx, const OpDeadline& deadline,
     Start&& start) {
   auto state = std::make_shared<OpState<T>>(std::move(generation), call_kind_name(Ctx::kKind));
+  if constexpr (Ctx::kKind == CallKind::create) state->mark_create();
   ctx->state = state;
   ctx->op = state;
   state->on_abandon([weak = std::weak_ptr<Ctx>(ctx)] {

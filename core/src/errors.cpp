@@ -26,10 +26,19 @@ template <class E>
 [[noreturn]] void raise(const Error& source) {
   E error(source.what(), source.retryable(), source.http_status(), source.request_id());
   error.set_local_errno(source.local_errno());
+  if (source.create_failure()) error.set_create_failure();
   throw error;
 }
 
 [[noreturn]] void raise_status(const Error& e) {
+  // A failed create is a CreateError whatever the reason (the seed's rule); the reason stays in
+  // status(). Readiness failures keep their subclass, cancellations stay CancelledError.
+  if (e.create_failure() && e.status() != SBX_STATUS_CANCELLED &&
+      e.status() != SBX_STATUS_CREATE_VERIFICATION_FAILED) {
+    CreateError error(e.status(), e.what(), e.retryable(), e.http_status(), e.request_id());
+    error.set_local_errno(e.local_errno());
+    throw error;
+  }
   switch (e.status()) {
     case SBX_STATUS_INVALID_ARGUMENT:
       raise<InvalidArgumentError>(e);

@@ -3,10 +3,11 @@
 #include "abi_glue.hpp"
 #include "calls.hpp"
 
+#include <sbx/abi/ext/connect.h>
 #include <sbx/abi/ext/list_reap.h>
 #include <sbx/core/provider.hpp>
 
-#include <boost/json/serialize.hpp>
+#include <boost/json.hpp>
 
 namespace sbx {
 namespace detail {
@@ -131,6 +132,30 @@ void close_stray(void* token, sbx_sandbox* sandbox) {
   Sandbox stray(std::move(s));  // closes it (without waiting, inside this callback)
 }
 
+// Takes ownership of a sandbox a create or connect handed over. When it cannot be used (a short
+// struct, an id that is empty or not UTF-8), `unusable` says why; the Sandbox made from the state
+// then only closes and releases it.
+std::shared_ptr<SandboxState> adopt(const std::shared_ptr<Generation>& generation,
+                                    sbx_sandbox* sandbox, const char* call,
+                                    std::optional<Error>& unusable) {
+  auto s = std::make_shared<SandboxState>();
+  s->generation = generation;
+  s->handle = sandbox;
+  const std::string who = describe(*generation) + " " + call + " a sandbox whose ";
+  if (!SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data)) {
+    unusable = InternalError(who + "sbx_sandbox has " + std::to_string(sandbox->struct_size) +
+                             " bytes, smaller than ABI 1.0 defines; it was closed");
+    s->id = "(unreadable id)";
+    return s;
+  }
+  s->id = copy_of(sandbox->id);
+  if (s->id.empty() || !sdk::utf8::valid(s->id)) {
+    unusable = InternalError(who + "id is " + (s->id.empty() ? "empty" : "not valid UTF-8") +
+                             "; it was closed");
+  }
+  return s;
+}
+
 struct CreateCtx : CallCtx {
   static constexpr CallKind kKind = CallKind::create;
   CreateCtx() : CallCtx(kKind) {}
@@ -139,9 +164,8 @@ struct CreateCtx : CallCtx {
   std::optional<std::string> workdir;
   std::vector<int64_t> ports;
 
-  // A sandbox handed over is owned by the host whatever happens next: one that cannot be used
-  // (a short struct, an id that is not UTF-8) or that arrives after the host gave up on the
-  // create is closed and released, never dropped.
+  // A sandbox handed over is owned by the host whatever happens next: one that cannot be used or
+  // that arrives after the host gave up on the create is closed and released, never dropped.
   static void SBX_ABI on_complete(void* token, sbx_sandbox* sandbox, const sbx_error* error) {
     CallbackScope scope;
     const std::shared_ptr<CreateCtx> ctx = calls::complete<CreateCtx>(token, "on_complete");
@@ -149,31 +173,60 @@ struct CreateCtx : CallCtx {
       if (sandbox) close_stray(token, sandbox);
       return;
     }
-    const Generation& g = *ctx->generation;
     if (!sandbox) {
       if (calls::late(*ctx)) return;
-      in_callback(*ctx->state, [&] { ctx->state->fail(plugin_error(g, error, "create")); });
+      in_callback(*ctx->state,
+                  [&] { ctx->state->fail(plugin_error(*ctx->generation, error, "create")); });
       return;
     }
-    auto s = std::make_shared<SandboxState>();
-    s->generation = ctx->generation;
-    s->handle = sandbox;
     std::optional<Error> unusable;
-    if (!SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data)) {
-      unusable = InternalError(describe(g) + " created a sandbox whose sbx_sandbox has " +
-                               std::to_string(sandbox->struct_size) +
-                               " bytes, smaller than ABI 1.0 defines; it was closed");
-      s->id = "(unreadable id)";
-    } else {
-      s->id = copy_of(sandbox->id);
-      if (s->id.empty() || !sdk::utf8::valid(s->id)) {
-        unusable = InternalError(describe(g) + " created a sandbox whose id is " +
-                                 (s->id.empty() ? "empty" : "not valid UTF-8") + "; it was closed");
-      }
-    }
+    auto s = adopt(ctx->generation, sandbox, "created", unusable);
     s->workdir = std::move(ctx->workdir);
     s->ports = std::move(ctx->ports);
     Sandbox box(std::move(s));  // closes the sandbox when dropped below, unless handed on
+    if (calls::late(*ctx)) return;
+    in_callback(*ctx->state, [&] {
+      if (unusable) return ctx->state->fail(*unusable);
+      ctx->state->succeed(std::move(box));
+    });
+  }
+};
+
+// As create; the workdir and ports come from the provider, which knows how the sandbox was made.
+struct ConnectCtx : CallCtx {
+  static constexpr CallKind kKind = CallKind::connect;
+  ConnectCtx() : CallCtx(kKind) {}
+  std::shared_ptr<OpState<Sandbox>> state;
+  std::shared_ptr<Generation> generation;
+
+  static void SBX_ABI on_complete(void* token, sbx_sandbox* sandbox,
+                                  const sbx_connected_sandbox* info, const sbx_error* error) {
+    CallbackScope scope;
+    const std::shared_ptr<ConnectCtx> ctx = calls::complete<ConnectCtx>(token, "on_complete");
+    if (!ctx) {
+      if (sandbox) close_stray(token, sandbox);
+      return;
+    }
+    if (!sandbox) {
+      if (calls::late(*ctx)) return;
+      in_callback(*ctx->state,
+                  [&] { ctx->state->fail(plugin_error(*ctx->generation, error, "connect")); });
+      return;
+    }
+    std::optional<Error> unusable;
+    auto s = adopt(ctx->generation, sandbox, "connected", unusable);
+    if (!unusable && (!info || !SBX_HAS_FIELD(info, sbx_connected_sandbox, ports) ||
+                      (info->ports.count && !info->ports.items))) {
+      unusable = InternalError(describe(*ctx->generation) +
+                               " connected a sandbox without a usable sbx_connected_sandbox");
+    } else if (!unusable) {
+      if (info->workdir.data) s->workdir = sdk::utf8::sanitize(copy_of(info->workdir));
+      s->ports.assign(info->ports.items, info->ports.items + info->ports.count);
+    }
+    // A connected sandbox that cannot be used, or that nobody waits for any more, is released
+    // but not closed: this call did not make it.
+    Sandbox box(std::move(s));
+    if (unusable || calls::late(*ctx)) box.detach();
     if (calls::late(*ctx)) return;
     in_callback(*ctx->state, [&] {
       if (unusable) return ctx->state->fail(*unusable);
@@ -274,6 +327,53 @@ Operation<Sandbox> Provider::create_async(SandboxSpec spec) const {
 
 Sandbox Provider::create(SandboxSpec spec) const {
   return create_async(std::move(spec)).get();
+}
+
+Operation<Sandbox> Provider::connect_async(std::string descriptor) const {
+  const detail::Generation& g = *generation_;
+  const auto* ext = static_cast<const sbx_provider_connect*>(g.extension(SBX_EXT_CONNECT));
+  if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_connect, connect) || !ext->connect) {
+    throw UnimplementedError("provider '" + g.name + "' does not support serialize()/connect() (" +
+                             SBX_EXT_CONNECT + ")");
+  }
+  // What every provider would refuse alike is refused here, with the same words for all.
+  detail::require_utf8(descriptor, "the descriptor");
+  boost::system::error_code ec;
+  const boost::json::value parsed = boost::json::parse(descriptor, ec);
+  if (ec || !parsed.is_object()) {
+    throw InvalidArgumentError("the descriptor is not a JSON object" +
+                               (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  const auto& o = parsed.get_object();
+  if (const auto* format = o.if_contains("format");
+      format && (!format->is_string() || format->get_string() != SBX_DESCRIPTOR_FORMAT)) {
+    throw InvalidArgumentError("the descriptor's format is " + boost::json::serialize(*format) +
+                               "; this host reads \"" SBX_DESCRIPTOR_FORMAT "\"");
+  }
+  if (const auto* provider = o.if_contains("provider");
+      provider && (!provider->is_string() || provider->get_string() != g.provider_id)) {
+    throw InvalidArgumentError("the descriptor is of provider " +
+                               boost::json::serialize(*provider) + ", not of '" + g.provider_id +
+                               "' (provider '" + g.name + "')");
+  }
+  const auto* id = o.if_contains("sandbox_id");
+  if (!id || !id->is_string() || id->get_string().empty()) {
+    throw InvalidArgumentError("the descriptor has no \"sandbox_id\"");
+  }
+  auto ctx = std::make_shared<detail::ConnectCtx>();
+  ctx->generation = generation_;
+  sbx_provider* p = generation_->provider;
+  const detail::OpDeadline deadline{g.deadlines.call(), detail::OpDeadline::From::start,
+                                    "the host's limit for this call"};
+  return detail::start_operation<Sandbox>(generation_, std::move(ctx), deadline, [&](void* token) {
+    const sbx_connect_callbacks callbacks{sizeof(sbx_connect_callbacks), token,
+                                          &detail::ConnectCtx::on_complete};
+    return ext->connect(p, detail::view_of(descriptor), &callbacks);
+  });
+}
+
+Sandbox Provider::connect(std::string_view descriptor) const {
+  return connect_async(std::string(descriptor)).get();
 }
 
 bool Provider::supports(std::string_view extension_id) const {

@@ -3,7 +3,10 @@
 #include "abi_glue.hpp"
 #include "calls.hpp"
 
+#include <sbx/abi/ext/connect.h>
 #include <sbx/abi/ext/endpoint.h>
+#include <sbx/abi/ext/pause.h>
+#include <sbx/abi/ext/renew.h>
 #include <sbx/core/sandbox.hpp>
 
 #include <fcntl.h>
@@ -12,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -348,6 +352,50 @@ struct DownloadCtx : CallCtx, SandboxRef {
   }
 };
 
+// pause and resume complete like close, without touching the sandbox's state.
+template <CallKind K>
+struct PauseCtx : DoneCtx {
+  static constexpr CallKind kKind = K;
+  PauseCtx() : DoneCtx(kKind) {}
+};
+
+struct SerializeCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::serialize;
+  SerializeCtx() : CallCtx(kKind) {}
+  std::shared_ptr<OpState<std::string>> state;
+  static void SBX_ABI on_complete(void* token, sbx_str descriptor, const sbx_error* error) {
+    CallbackScope scope;
+    const std::shared_ptr<SerializeCtx> ctx = calls::complete<SerializeCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
+    const Generation& g = *ctx->sandbox->generation;
+    in_callback(*ctx->state, [&] {
+      if (error || !descriptor.data) return ctx->state->fail(plugin_error(g, error, "serialize"));
+      std::string text = copy_of(descriptor);
+      if (!sdk::utf8::valid(text)) {
+        return ctx->state->fail(
+            InternalError(describe(g) + " made a descriptor that is not valid UTF-8"));
+      }
+      ctx->state->succeed(std::move(text));
+    });
+  }
+};
+
+struct RenewCtx : CallCtx, SandboxRef {
+  static constexpr CallKind kKind = CallKind::renew;
+  RenewCtx() : CallCtx(kKind) {}
+  std::shared_ptr<OpState<std::chrono::system_clock::time_point>> state;
+  static void SBX_ABI on_complete(void* token, int64_t expires_at_unix_ms, const sbx_error* error) {
+    CallbackScope scope;
+    const std::shared_ptr<RenewCtx> ctx = calls::complete<RenewCtx>(token, "on_complete");
+    if (!ctx || calls::late(*ctx)) return;
+    in_callback(*ctx->state, [&] {
+      if (error) return ctx->state->fail(plugin_error(*ctx->sandbox->generation, error, "renew"));
+      ctx->state->succeed(
+          std::chrono::system_clock::time_point(std::chrono::milliseconds(expires_at_unix_ms)));
+    });
+  }
+};
+
 struct EndpointCtx : CallCtx, SandboxRef {
   static constexpr CallKind kKind = CallKind::endpoint;
   EndpointCtx() : CallCtx(kKind) {}
@@ -436,26 +484,50 @@ Sandbox::~Sandbox() {
   }
 }
 
-const std::string& Sandbox::id() const {
-  return state_->id;
-}
-const std::string& Sandbox::provider_name() const {
-  return state_->generation->name;
-}
-bool Sandbox::closed() const {
-  return state_->closed.load();
-}
-
 namespace {
 
-void require_open(const detail::SandboxState& s) {
-  if (s.closed.load()) throw FailedPreconditionError("Sandbox " + s.id + " is closed");
+// The seed's message for a Sandbox with no handle (never created, moved from, or detached).
+[[noreturn]] void not_started() {
+  throw FailedPreconditionError("Sandbox has not been started");
 }
+
+const detail::SandboxState& started(const std::shared_ptr<detail::SandboxState>& s) {
+  if (!s) not_started();
+  return *s;
+}
+
+void require_open(const std::shared_ptr<detail::SandboxState>& s) {
+  if (started(s).closed.load()) throw FailedPreconditionError("Sandbox " + s->id + " is closed");
+}
+
+// The extension table `id` of the sandbox's provider, when it reaches `last_field_end` (the end of
+// the last field of the extension's first revision), or UnimplementedError naming what is missing.
+template <class Table>
+const Table& extension(const detail::Generation& g, const char* id, size_t last_field_end,
+                       const char* what) {
+  const auto* table = static_cast<const Table*>(g.extension(id));
+  if (!table || table->struct_size < last_field_end) {
+    throw UnimplementedError("provider '" + g.name + "' does not support " + what + " (" + id +
+                             ")");
+  }
+  return *table;
+}
+#define SBX_FIELD_END(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
 
 }  // namespace
 
+const std::string& Sandbox::id() const {
+  return started(state_).id;
+}
+const std::string& Sandbox::provider_name() const {
+  return started(state_).generation->name;
+}
+bool Sandbox::closed() const {
+  return started(state_).closed.load();
+}
+
 Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions options) {
-  require_open(*state_);
+  require_open(state_);
   options.validate();
   detail::require_utf8(command, "the command");
   const auto& g = state_->generation;
@@ -512,7 +584,7 @@ Operation<void> start_upload(const std::shared_ptr<detail::SandboxState>& s,
 }  // namespace
 
 Operation<void> Sandbox::upload_async(std::filesystem::path local_path, std::string remote_path) {
-  require_open(*state_);
+  require_open(state_);
   auto ctx = std::make_shared<detail::UploadCtx>();
   ctx->local_path = local_path;
   ctx->fd = ::open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -555,7 +627,7 @@ void Sandbox::upload(const std::filesystem::path& local_path, std::string_view r
 }
 
 Operation<void> Sandbox::upload_bytes_async(std::string contents, std::string remote_path) {
-  require_open(*state_);
+  require_open(state_);
   auto ctx = std::make_shared<detail::UploadCtx>();
   ctx->memory = std::move(contents);
   ctx->stream.size = static_cast<int64_t>(ctx->memory.size());
@@ -588,7 +660,7 @@ Operation<void> start_download(const std::shared_ptr<detail::SandboxState>& s,
 }  // namespace
 
 Operation<void> Sandbox::download_async(std::string remote_path, std::filesystem::path local_path) {
-  require_open(*state_);
+  require_open(state_);
   detail::require_utf8(remote_path, "the sandbox path");
   auto ctx = std::make_shared<detail::DownloadCtx>();
   ctx->target = std::filesystem::absolute(local_path);
@@ -614,7 +686,7 @@ void Sandbox::download(std::string_view remote_path, const std::filesystem::path
 }
 
 std::string Sandbox::download_bytes(std::string_view remote_path) {
-  require_open(*state_);
+  require_open(state_);
   detail::require_utf8(remote_path, "the sandbox path");
   // Shared with the context: a plugin that writes after the host abandoned the download writes
   // into a buffer that still exists (and that nobody reads).
@@ -626,6 +698,11 @@ std::string Sandbox::download_bytes(std::string_view remote_path) {
 }
 
 Operation<SandboxStatus> Sandbox::status_async() {
+  if (!state_) {  // as NeMo Gym's facade: no handle, no status to ask for
+    auto state = std::make_shared<detail::OpState<SandboxStatus>>(nullptr, "status");
+    state->succeed(SandboxStatus::unknown);
+    return Operation<SandboxStatus>(state);
+  }
   const auto& g = state_->generation;
   if (state_->closed.load()) {
     return detail::completed<SandboxStatus>(g, detail::CallKind::status, SandboxStatus::stopped);
@@ -644,6 +721,7 @@ SandboxStatus Sandbox::status() {
 }
 
 Endpoint Sandbox::endpoint(int64_t port) {
+  started(state_);
   // The seed's order: port range, then declaration, then capability.
   if (port < 1 || port > 65535) {
     throw InvalidArgumentError("Sandbox endpoint port must be between 1 and 65535, got " +
@@ -662,7 +740,7 @@ Endpoint Sandbox::endpoint(int64_t port) {
   if (!ext || !SBX_HAS_FIELD(ext, sbx_provider_endpoint, get) || !ext->get) {
     throw UnimplementedError("provider '" + g->name + "' does not support service endpoints");
   }
-  require_open(*state_);
+  require_open(state_);
   auto ctx = std::make_shared<detail::EndpointCtx>();
   ctx->sandbox = state_;
   return start_operation<Endpoint>(g, std::move(ctx), call_deadline(*g),
@@ -677,6 +755,11 @@ Endpoint Sandbox::endpoint(int64_t port) {
 }
 
 Operation<void> Sandbox::close_async() {
+  if (!state_) {  // nothing to close
+    auto state = std::make_shared<detail::OpState<detail::Unit>>(nullptr, "close");
+    state->succeed();
+    return Operation<void>(state);
+  }
   const auto& g = state_->generation;
   if (state_->closed.exchange(true))
     return detail::completed<detail::Unit>(g, detail::CallKind::close);
@@ -691,6 +774,80 @@ Operation<void> Sandbox::close_async() {
 
 void Sandbox::close() {
   if (state_) close_async().get();
+}
+
+namespace {
+
+template <detail::CallKind K>
+Operation<void> pause_or_resume(const std::shared_ptr<detail::SandboxState>& s) {
+  require_open(s);
+  const auto& g = s->generation;
+  const auto& ext = extension<sbx_provider_pause>(
+      *g, SBX_EXT_PAUSE, SBX_FIELD_END(sbx_provider_pause, resume), "pausing sandboxes");
+  using Ctx = detail::PauseCtx<K>;
+  auto ctx = std::make_shared<Ctx>();
+  ctx->sandbox = s;
+  return start_operation<detail::Unit>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token, &detail::done_thunk<Ctx>};
+    return (K == detail::CallKind::pause ? ext.pause : ext.resume)(g->provider, s->handle,
+                                                                   &callbacks);
+  });
+}
+
+}  // namespace
+
+Operation<void> Sandbox::pause_async() {
+  return pause_or_resume<detail::CallKind::pause>(state_);
+}
+void Sandbox::pause() {
+  pause_async().get();
+}
+Operation<void> Sandbox::resume_async() {
+  return pause_or_resume<detail::CallKind::resume>(state_);
+}
+void Sandbox::resume() {
+  resume_async().get();
+}
+
+Operation<std::string> Sandbox::serialize_async() {
+  require_open(state_);
+  const auto& g = state_->generation;
+  const auto& ext = extension<sbx_provider_connect>(
+      *g, SBX_EXT_CONNECT, SBX_FIELD_END(sbx_provider_connect, connect), "serialize()/connect()");
+  auto ctx = std::make_shared<detail::SerializeCtx>();
+  ctx->sandbox = state_;
+  return start_operation<std::string>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_descriptor_callbacks callbacks{sizeof(sbx_descriptor_callbacks), token,
+                                             &detail::SerializeCtx::on_complete};
+    return ext.serialize(g->provider, state_->handle, &callbacks);
+  });
+}
+std::string Sandbox::serialize() {
+  return serialize_async().get();
+}
+
+Operation<std::chrono::system_clock::time_point> Sandbox::renew_async(
+    std::chrono::system_clock::time_point expires_at) {
+  require_open(state_);
+  const auto& g = state_->generation;
+  const auto& ext = extension<sbx_provider_renew>(
+      *g, SBX_EXT_RENEW, SBX_FIELD_END(sbx_provider_renew, renew), "renewing sandboxes");
+  const int64_t unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(expires_at.time_since_epoch()).count();
+  auto ctx = std::make_shared<detail::RenewCtx>();
+  ctx->sandbox = state_;
+  return start_operation<std::chrono::system_clock::time_point>(
+      g, std::move(ctx), call_deadline(*g), [&](void* token) {
+        const sbx_renew_callbacks callbacks{sizeof(sbx_renew_callbacks), token,
+                                            &detail::RenewCtx::on_complete};
+        return ext.renew(g->provider, state_->handle, unix_ms, &callbacks);
+      });
+}
+std::chrono::system_clock::time_point Sandbox::renew(double ttl_s) {
+  if (!(ttl_s > 0) || !std::isfinite(ttl_s)) {
+    throw InvalidArgumentError("Sandbox ttl_s must be > 0, got " + std::to_string(ttl_s));
+  }
+  return renew_async(std::chrono::system_clock::now() + Deadlines::ms(ttl_s)).get();
 }
 
 void Sandbox::detach() {

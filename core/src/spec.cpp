@@ -23,6 +23,8 @@ std::string_view to_string(SandboxStatus status) noexcept {
       return "stopped";
     case SandboxStatus::error:
       return "error";
+    case SandboxStatus::paused:
+      return "paused";
     case SandboxStatus::unknown:
       return "unknown";
   }

@@ -22,12 +22,20 @@ struct MemoryStream {
   }
 };
 
-class BlockingAdapter final : public Provider, public EndpointExtension, public ListReapExtension {
+class BlockingAdapter final : public Provider,
+                              public EndpointExtension,
+                              public ListReapExtension,
+                              public PauseExtension,
+                              public ConnectExtension,
+                              public RenewExtension {
  public:
   BlockingAdapter(std::unique_ptr<BlockingProvider> impl, Logger log)
       : impl_(std::move(impl)),
         endpoint_(dynamic_cast<BlockingEndpoint*>(impl_.get())),
         list_reap_(dynamic_cast<BlockingListReap*>(impl_.get())),
+        pause_(dynamic_cast<BlockingPause*>(impl_.get())),
+        connect_(dynamic_cast<BlockingConnect*>(impl_.get())),
+        renew_(dynamic_cast<BlockingRenew*>(impl_.get())),
         log_(log),
         pool_(impl_->pool_options()) {}
 
@@ -76,6 +84,9 @@ class BlockingAdapter final : public Provider, public EndpointExtension, public 
 
   EndpointExtension* endpoint_extension() override { return endpoint_ ? this : nullptr; }
   ListReapExtension* list_reap_extension() override { return list_reap_ ? this : nullptr; }
+  PauseExtension* pause_extension() override { return pause_ ? this : nullptr; }
+  ConnectExtension* connect_extension() override { return connect_ ? this : nullptr; }
+  RenewExtension* renew_extension() override { return renew_ ? this : nullptr; }
 
   void endpoint(Sandbox& sandbox, uint16_t port, Completion<Endpoint> done) override {
     run(std::move(done), [this, &sandbox, port](const CancelToken& cancel) {
@@ -92,6 +103,36 @@ class BlockingAdapter final : public Provider, public EndpointExtension, public 
   void reap(KeyValues selector, Completion<std::vector<SandboxInfo>> done) override {
     run(std::move(done), [this, selector = std::move(selector)](const CancelToken& cancel) {
       return list_reap_->reap(selector, cancel);
+    });
+  }
+
+  void pause(Sandbox& sandbox, Completion<void> done) override {
+    run(std::move(done),
+        [this, &sandbox](const CancelToken& cancel) { pause_->pause(sandbox, cancel); });
+  }
+
+  void resume(Sandbox& sandbox, Completion<void> done) override {
+    run(std::move(done),
+        [this, &sandbox](const CancelToken& cancel) { pause_->resume(sandbox, cancel); });
+  }
+
+  void serialize(Sandbox& sandbox, Completion<std::string> done) override {
+    run(std::move(done), [this, &sandbox](const CancelToken& cancel) {
+      return connect_->serialize(sandbox, cancel);
+    });
+  }
+
+  void connect(std::string descriptor, Completion<Connected> done) override {
+    run(std::move(done), [this, descriptor = std::move(descriptor)](const CancelToken& cancel) {
+      Connected connected = connect_->connect(descriptor, cancel);
+      if (!connected.sandbox) throw Error::internal("the provider connected no sandbox");
+      return connected;
+    });
+  }
+
+  void renew(Sandbox& sandbox, int64_t expires_at_unix_ms, Completion<int64_t> done) override {
+    run(std::move(done), [this, &sandbox, expires_at_unix_ms](const CancelToken& cancel) {
+      return renew_->renew(sandbox, expires_at_unix_ms, cancel);
     });
   }
 
@@ -136,6 +177,9 @@ class BlockingAdapter final : public Provider, public EndpointExtension, public 
   std::unique_ptr<BlockingProvider> impl_;
   BlockingEndpoint* endpoint_;
   BlockingListReap* list_reap_;
+  BlockingPause* pause_;
+  BlockingConnect* connect_;
+  BlockingRenew* renew_;
   Logger log_;
   ThreadPool pool_;  // last: destroyed (joined) first, while impl_ is still alive
 };

@@ -2,8 +2,11 @@
 // arguments, call the C++ Provider, and deliver each operation's outcome exactly once. No exception
 // leaves this file through a C function.
 
+#include <sbx/abi/ext/connect.h>
 #include <sbx/abi/ext/endpoint.h>
 #include <sbx/abi/ext/list_reap.h>
+#include <sbx/abi/ext/pause.h>
+#include <sbx/abi/ext/renew.h>
 #include <sbx/sdk/json.hpp>
 #include <sbx/sdk/plugin.hpp>
 
@@ -307,8 +310,11 @@ class TransferOp final : public Op<void> {
 
 class StatusOp final : public Op<SandboxStatus> {
  public:
-  explicit StatusOp(const sbx_status_callbacks* cb) : cb_(*cb) {}
+  // `host_knows_paused`: the host's ABI is 1.1 or later; a 1.0 host hears RUNNING for PAUSED.
+  StatusOp(const sbx_status_callbacks* cb, bool host_knows_paused)
+      : cb_(*cb), host_knows_paused_(host_knows_paused) {}
   void deliver_value(SandboxStatus&& status) noexcept override {
+    if (status == SandboxStatus::paused && !host_knows_paused_) status = SandboxStatus::running;
     cb_.on_complete(cb_.user_data, static_cast<int32_t>(status), nullptr);
   }
   void deliver_error(const Error& error) noexcept override {
@@ -318,6 +324,65 @@ class StatusOp final : public Op<SandboxStatus> {
 
  private:
   sbx_status_callbacks cb_;
+  bool host_knows_paused_;
+};
+
+class DescriptorOp final : public Op<std::string> {
+ public:
+  explicit DescriptorOp(const sbx_descriptor_callbacks* cb) : cb_(*cb) {}
+  void deliver_value(std::string&& descriptor) noexcept override {
+    cb_.on_complete(cb_.user_data, to_sbx(descriptor), nullptr);
+  }
+  void deliver_error(const Error& error) noexcept override {
+    with_c_error(error, [&](const sbx_error* e) {
+      cb_.on_complete(cb_.user_data, sbx_str{nullptr, 0}, e);
+    });
+  }
+
+ private:
+  sbx_descriptor_callbacks cb_;
+};
+
+// As CreateOp: a sandbox handed over is the host's; with it, what the host must know of it.
+class ConnectOp final : public Op<Connected> {
+ public:
+  explicit ConnectOp(const sbx_connect_callbacks* cb) : cb_(*cb) {}
+  void deliver_value(Connected&& connected) noexcept override {
+    if (!connected.sandbox)
+      return deliver_error(Error::internal("the provider connected no sandbox"));
+    SandboxBox* box;
+    try {
+      box = new SandboxBox(std::move(connected.sandbox));
+    } catch (...) {
+      return deliver_error(current_exception_to_error());
+    }
+    const sbx_connected_sandbox info{
+        sizeof(sbx_connected_sandbox),
+        connected.workdir ? to_sbx(*connected.workdir) : sbx_str{nullptr, 0},
+        {connected.ports.data(), connected.ports.size()}};
+    cb_.on_complete(cb_.user_data, &box->c, &info, nullptr);
+  }
+  void deliver_error(const Error& error) noexcept override {
+    with_c_error(error,
+                 [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, nullptr, nullptr, e); });
+  }
+
+ private:
+  sbx_connect_callbacks cb_;
+};
+
+class RenewOp final : public Op<int64_t> {
+ public:
+  explicit RenewOp(const sbx_renew_callbacks* cb) : cb_(*cb) {}
+  void deliver_value(int64_t&& expires_at) noexcept override {
+    cb_.on_complete(cb_.user_data, expires_at, nullptr);
+  }
+  void deliver_error(const Error& error) noexcept override {
+    with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, 0, e); });
+  }
+
+ private:
+  sbx_renew_callbacks cb_;
 };
 
 class EndpointOp final : public Op<Endpoint> {
@@ -377,6 +442,10 @@ struct ProviderBox {
   Logger log;
   EndpointExtension* endpoint = nullptr;
   ListReapExtension* list_reap = nullptr;
+  PauseExtension* pause = nullptr;
+  ConnectExtension* connect = nullptr;
+  RenewExtension* renew = nullptr;
+  bool host_knows_paused = false;  // the host's ABI is 1.1 or later
 
   static ProviderBox& from(const sbx_provider* p) {
     return *static_cast<ProviderBox*>(p->provider_data);
@@ -395,6 +464,12 @@ void fail_unstarted(const Callbacks& cb, const sbx_error* e) {
     cb.on_complete(cb.user_data, e);
   } else if constexpr (std::is_same_v<Callbacks, sbx_status_callbacks>) {
     cb.on_complete(cb.user_data, SBX_SANDBOX_UNKNOWN, e);
+  } else if constexpr (std::is_same_v<Callbacks, sbx_renew_callbacks>) {
+    cb.on_complete(cb.user_data, 0, e);
+  } else if constexpr (std::is_same_v<Callbacks, sbx_descriptor_callbacks>) {
+    cb.on_complete(cb.user_data, sbx_str{nullptr, 0}, e);
+  } else if constexpr (std::is_same_v<Callbacks, sbx_connect_callbacks>) {
+    cb.on_complete(cb.user_data, nullptr, nullptr, e);
   } else {
     cb.on_complete(cb.user_data, nullptr, e);
   }
@@ -494,7 +569,7 @@ sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* s,
 sbx_operation* SBX_ABI provider_status(sbx_provider* p, sbx_sandbox* s,
                                        const sbx_status_callbacks* cb) {
   if (!usable(cb)) return nullptr;
-  auto* op = new_op<StatusOp>(cb);
+  auto* op = new_op<StatusOp>(cb, ProviderBox::from(p).host_knows_paused);
   if (!op) return nullptr;
   return start(op, [&] {
     Completion<SandboxStatus> done(op);
@@ -544,7 +619,63 @@ sbx_operation* SBX_ABI list_or_reap(sbx_provider* p, sbx_kv_list selector, const
   });
 }
 
+// sbx.pause/1: both directions complete like close.
+template <bool kPause>
+sbx_operation* SBX_ABI pause_or_resume(sbx_provider* p, sbx_sandbox* s,
+                                       const sbx_done_callbacks* cb) {
+  if (!usable(cb)) return nullptr;
+  auto* op = new_op<DoneOp>(cb);
+  if (!op) return nullptr;
+  return start(op, [&] {
+    Completion<void> done(op);
+    auto& ext = *ProviderBox::from(p).pause;
+    if constexpr (kPause) {
+      ext.pause(sandbox_of(s), std::move(done));
+    } else {
+      ext.resume(sandbox_of(s), std::move(done));
+    }
+  });
+}
+
+sbx_operation* SBX_ABI connect_serialize(sbx_provider* p, sbx_sandbox* s,
+                                         const sbx_descriptor_callbacks* cb) {
+  if (!usable(cb)) return nullptr;
+  auto* op = new_op<DescriptorOp>(cb);
+  if (!op) return nullptr;
+  return start(op, [&] {
+    Completion<std::string> done(op);
+    ProviderBox::from(p).connect->serialize(sandbox_of(s), std::move(done));
+  });
+}
+
+sbx_operation* SBX_ABI connect_connect(sbx_provider* p, sbx_str descriptor,
+                                       const sbx_connect_callbacks* cb) {
+  if (!usable(cb)) return nullptr;
+  auto* op = new_op<ConnectOp>(cb);
+  if (!op) return nullptr;
+  return start(op, [&] {
+    Completion<Connected> done(op);
+    ProviderBox::from(p).connect->connect(text(descriptor, "the descriptor"), std::move(done));
+  });
+}
+
+sbx_operation* SBX_ABI renew_renew(sbx_provider* p, sbx_sandbox* s, int64_t expires_at_unix_ms,
+                                   const sbx_renew_callbacks* cb) {
+  if (!usable(cb)) return nullptr;
+  auto* op = new_op<RenewOp>(cb);
+  if (!op) return nullptr;
+  return start(op, [&] {
+    Completion<int64_t> done(op);
+    ProviderBox::from(p).renew->renew(sandbox_of(s), expires_at_unix_ms, std::move(done));
+  });
+}
+
 const sbx_provider_endpoint kEndpointTable{sizeof(sbx_provider_endpoint), &endpoint_get};
+const sbx_provider_pause kPauseTable{sizeof(sbx_provider_pause), &pause_or_resume<true>,
+                                     &pause_or_resume<false>};
+const sbx_provider_connect kConnectTable{sizeof(sbx_provider_connect), &connect_serialize,
+                                         &connect_connect};
+const sbx_provider_renew kRenewTable{sizeof(sbx_provider_renew), &renew_renew};
 const sbx_provider_list_reap kListReapTable{sizeof(sbx_provider_list_reap),
                                             &list_or_reap<sbx_list_callbacks, false>,
                                             &list_or_reap<sbx_reap_callbacks, true>};
@@ -555,6 +686,9 @@ const void* SBX_ABI provider_get_extension(const sbx_provider* p, const char* id
   const std::string_view name(id);
   if (name == SBX_EXT_ENDPOINT && box.endpoint) return &kEndpointTable;
   if (name == SBX_EXT_LIST_REAP && box.list_reap) return &kListReapTable;
+  if (name == SBX_EXT_PAUSE && box.pause) return &kPauseTable;
+  if (name == SBX_EXT_CONNECT && box.connect) return &kConnectTable;
+  if (name == SBX_EXT_RENEW && box.renew) return &kRenewTable;
   return nullptr;
 }
 
@@ -598,10 +732,15 @@ void SBX_ABI plugin_deinit() {
   if (--g_init_count == 0) g_plugin_host.store(nullptr);
 }
 
-sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log) {
+sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log,
+                              bool host_knows_paused) {
   auto box = std::make_unique<ProviderBox>();
   box->endpoint = provider->endpoint_extension();
   box->list_reap = provider->list_reap_extension();
+  box->pause = provider->pause_extension();
+  box->connect = provider->connect_extension();
+  box->renew = provider->renew_extension();
+  box->host_knows_paused = host_knows_paused;
   box->impl = std::move(provider);
   box->log = log;
   sbx_provider& c = box->c;
@@ -631,7 +770,8 @@ sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provid
     }
     const boost::json::object config = json::parse_object(view(config_json), "config");
     const ProviderContext context{host, Logger(host)};
-    *out = make_c_provider(make(context, config), context.log);
+    const bool host_knows_paused = host->abi_version.major > 1 || host->abi_version.minor >= 1;
+    *out = make_c_provider(make(context, config), context.log, host_knows_paused);
     return SBX_STATUS_OK;
   } catch (...) {
     const Error error = current_exception_to_error();

@@ -105,7 +105,8 @@ TEST_CASE("output after completion is reported and not delivered") {
 TEST_CASE("a create that never completes is abandoned at the host's deadline") {
   sbx::Host host = host_for("never_create");
   const auto start = Clock::now();
-  const auto e = sbx::testing::error_of<sbx::TimeoutError>([&] { host.provider("m").create({}); });
+  const auto e = sbx::testing::error_of<sbx::CreateError>([&] { host.provider("m").create({}); });
+  CHECK(e.status() == SBX_STATUS_TIMEOUT);  // a CreateError, as every failure of create
   CHECK(seconds_since(start) < 5);
   CHECK(contains(e.what(), "provider 'm' (plugin "));
   CHECK(contains(e.what(), "did not complete the create within 0.5 s"));
@@ -177,8 +178,8 @@ TEST_CASE(
 TEST_CASE("structs smaller than ABI 1.0 are refused before a field is read") {
   SUBCASE("a created sandbox") {
     sbx::Host host = host_for("short_sandbox");
-    const auto e =
-        sbx::testing::error_of<sbx::InternalError>([&] { host.provider("m").create({}); });
+    const auto e = sbx::testing::error_of<sbx::CreateError>([&] { host.provider("m").create({}); });
+    CHECK(e.status() == SBX_STATUS_INTERNAL);
     CHECK(contains(e.what(), "whose sbx_sandbox has 8 bytes"));
   }
   SUBCASE("an exec result") {

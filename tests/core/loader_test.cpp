@@ -51,7 +51,7 @@ TEST_CASE("bad plugin files are refused with clear messages") {
   const std::string wrong_abi = error_of(plugins, "wrong_abi.so");
   CHECK(contains(wrong_abi, "wrong_abi.so"));
   CHECK(contains(wrong_abi, "plugin ABI version 2.0"));
-  CHECK(contains(wrong_abi, "host's ABI version 1.0"));
+  CHECK(contains(wrong_abi, "host's ABI version 1.1"));
 
   // Listing reads descriptors only; init runs when the plugin is used.
   CHECK(error_of(plugins, "init_fails.so").empty());
@@ -151,7 +151,7 @@ TEST_CASE("a plugin file named in a config block is loaded directly") {
   } catch (const sbx::PluginLoadError& e) {
     CHECK(contains(e.what(), "wrong_abi.so"));
     CHECK(contains(e.what(), "2.0"));
-    CHECK(contains(e.what(), "1.0"));
+    CHECK(contains(e.what(), "1.1"));
   }
 }
 

@@ -30,6 +30,10 @@ class Error : public std::runtime_error {
   // elsewhere. `sbx` exits 74 for these.
   int local_errno() const noexcept { return local_errno_; }
   void set_local_errno(int error_number) noexcept { local_errno_ = error_number; }
+  // True when this error ended a create (or connect): it is raised as CreateError or a subclass,
+  // whatever its status, as NeMo Gym raises SandboxCreateError for every failure of create.
+  bool create_failure() const noexcept { return create_failure_; }
+  void set_create_failure() noexcept { create_failure_ = true; }
 
  private:
   // The message lives in a plain std::string, not in std::runtime_error: libstdc++ shares
@@ -41,6 +45,7 @@ class Error : public std::runtime_error {
   int32_t http_status_;
   std::string request_id_;
   int local_errno_ = 0;
+  bool create_failure_ = false;
 };
 
 #define SBX_DEFINE_ERROR(Name, Base, Status)                                                   \
@@ -66,7 +71,24 @@ SBX_DEFINE_ERROR(FailedPreconditionError, Error, SBX_STATUS_FAILED_PRECONDITION)
 SBX_DEFINE_ERROR(UnimplementedError, Error, SBX_STATUS_UNIMPLEMENTED)
 SBX_DEFINE_ERROR(PermissionDeniedError, Error, SBX_STATUS_PERMISSION_DENIED)
 SBX_DEFINE_ERROR(InternalError, Error, SBX_STATUS_INTERNAL)
-SBX_DEFINE_ERROR(CreateError, Error, SBX_STATUS_CREATE_FAILED)
+// NeMo Gym's SandboxCreateError: every failure of a create. status() is CREATE_FAILED, or the
+// specific reason when the provider gave one (UNAVAILABLE: the backend could not be reached;
+// NOT_FOUND: no such image; PERMISSION_DENIED: a pull was refused; TIMEOUT; INVALID_ARGUMENT: an
+// option the provider refused; ...). A spec the host refuses before any provider is called is an
+// InvalidArgumentError, not a CreateError; a cancelled create is a CancelledError.
+class CreateError : public Error {
+ public:
+  explicit CreateError(const std::string& message, bool retryable = false, int32_t http_status = 0,
+                       std::string request_id = {})
+      : Error(SBX_STATUS_CREATE_FAILED, message, retryable, http_status, std::move(request_id)) {
+    set_create_failure();
+  }
+  CreateError(sbx_status reason, const std::string& message, bool retryable, int32_t http_status,
+              std::string request_id)
+      : Error(reason, message, retryable, http_status, std::move(request_id)) {
+    set_create_failure();
+  }
+};
 SBX_DEFINE_ERROR(CreateVerificationError, CreateError, SBX_STATUS_CREATE_VERIFICATION_FAILED)
 // A bad config file: the message names the file and the JSON path of the offending value.
 SBX_DEFINE_ERROR(ConfigError, InvalidArgumentError, SBX_STATUS_INVALID_ARGUMENT)

@@ -35,6 +35,14 @@ class Provider {
   Sandbox create(SandboxSpec spec) const;
   Operation<Sandbox> create_async(SandboxSpec spec) const;
 
+  // sbx.connect/1: a working Sandbox for a descriptor from Sandbox::serialize() (or, for providers
+  // that can find the rest themselves, such as local_docker, {"sandbox_id": "..."}). The Sandbox
+  // owns the sandbox like one from create(). InvalidArgumentError for a malformed descriptor or one
+  // of another provider, NotFoundError for a sandbox that is gone, UnimplementedError when the
+  // provider cannot connect.
+  Sandbox connect(std::string_view descriptor) const;
+  Operation<Sandbox> connect_async(std::string descriptor) const;
+
   // Extensions by id (e.g. "sbx.endpoint/1").
   bool supports(std::string_view extension_id) const;
 

@@ -1,5 +1,8 @@
 // sbx::Sandbox: one sandbox, RAII. Every call has a synchronous form and an asynchronous *_async
 // form returning an Operation. Destroying a Sandbox that was not closed or detached closes it.
+// An empty Sandbox (default-constructed, moved from, or detached) raises FailedPreconditionError
+// "Sandbox has not been started" from every call but status() (UNKNOWN, as in NeMo Gym), close()
+// and detach() (which do nothing).
 //
 // THREADING: a Sandbox may be used from several threads at once (e.g. concurrent execs).
 #pragma once
@@ -7,6 +10,7 @@
 #include <sbx/core/operation.hpp>
 #include <sbx/core/spec.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -56,6 +60,25 @@ class Sandbox {
   // A route to a service on a declared port (spec.ports). Throws InvalidArgumentError for a port
   // outside 1..65535 or not declared, UnimplementedError if the provider has no endpoints.
   Endpoint endpoint(int64_t port);
+
+  // sbx.pause/1: freezes every process of the sandbox; while paused, status() is `paused` and exec,
+  // upload and download fail at once with FailedPreconditionError. UnimplementedError when the
+  // provider cannot pause.
+  void pause();
+  Operation<void> pause_async();
+  void resume();
+  Operation<void> resume_async();
+
+  // sbx.connect/1: a descriptor (JSON text, see sbx/abi/ext/connect.h) that Provider::connect turns
+  // back into a working Sandbox, in this process or another. The descriptor holds no secret.
+  std::string serialize();
+  Operation<std::string> serialize_async();
+
+  // sbx.renew/1: moves the sandbox's expiry to `ttl_s` from now (or to `expires_at`); returns the
+  // expiry now in force. The backend honours it without a host process, as it does spec.ttl_s.
+  std::chrono::system_clock::time_point renew(double ttl_s);
+  Operation<std::chrono::system_clock::time_point> renew_async(
+      std::chrono::system_clock::time_point expires_at);
 
   // Ends the sandbox. Safe to call twice; the second call does nothing.
   void close();

@@ -17,8 +17,8 @@ namespace sbx {
 
 using StringMap = std::map<std::string, std::string>;
 
-// NeMo Gym's SandboxStatus (exactly these five values).
-enum class SandboxStatus { starting, running, stopped, error, unknown };
+// NeMo Gym's SandboxStatus: these six values (paused since NeMo Gym 0.7 and sbx ABI 1.1).
+enum class SandboxStatus { starting, running, stopped, error, unknown, paused };
 std::string_view to_string(SandboxStatus status) noexcept;
 
 // NeMo Gym's SandboxResources.

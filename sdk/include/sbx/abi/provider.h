@@ -65,6 +65,9 @@ typedef struct sbx_sandbox {
 #define SBX_SANDBOX_RUNNING 2
 #define SBX_SANDBOX_STOPPED 3
 #define SBX_SANDBOX_ERROR 4
+/* 1.1: processes frozen by sbx.pause/1 (ext/pause.h). A plugin never reports it to a host whose
+ * sbx_host.abi_version is 1.0 (the SDK reports RUNNING there, as a 1.0 plugin would). */
+#define SBX_SANDBOX_PAUSED 5
 
 /* ---- Requests and results -------------------------------------------------------------------- */
 

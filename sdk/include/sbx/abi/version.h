@@ -7,6 +7,9 @@
  *   - PATCH changes documentation only.
  * Both sides learn the other's version: the plugin states its own in `sbx_plugin.abi_version`; the
  * host states its own in `sbx_host.abi_version`, given to `init`.
+ *
+ * 1.1 added: the sandbox status SBX_SANDBOX_PAUSED (never reported to a 1.0 host), and the
+ * extensions sbx.pause/1, sbx.connect/1 and sbx.renew/1 (sbx/abi/ext/).
  */
 #ifndef SBX_ABI_VERSION_H
 #define SBX_ABI_VERSION_H
@@ -37,7 +40,7 @@
 #endif
 
 #define SBX_ABI_VERSION_MAJOR 1u
-#define SBX_ABI_VERSION_MINOR 0u
+#define SBX_ABI_VERSION_MINOR 1u
 #define SBX_ABI_VERSION_PATCH 0u
 
 SBX_EXTERN_C_BEGIN

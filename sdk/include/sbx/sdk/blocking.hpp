@@ -59,6 +59,34 @@ class BlockingListReap {
   ~BlockingListReap() = default;
 };
 
+// ABI 1.1 capabilities (see PauseExtension, ConnectExtension, RenewExtension in provider.hpp).
+class BlockingPause {
+ public:
+  virtual void pause(Sandbox& sandbox, const CancelToken& cancel) = 0;
+  virtual void resume(Sandbox& sandbox, const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingPause() = default;
+};
+
+class BlockingConnect {
+ public:
+  virtual std::string serialize(Sandbox& sandbox, const CancelToken& cancel) = 0;
+  virtual Connected connect(const std::string& descriptor, const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingConnect() = default;
+};
+
+class BlockingRenew {
+ public:
+  virtual int64_t renew(Sandbox& sandbox, int64_t expires_at_unix_ms,
+                        const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingRenew() = default;
+};
+
 // Runs a BlockingProvider behind the asynchronous Provider interface.
 std::unique_ptr<Provider> make_blocking_adapter(std::unique_ptr<BlockingProvider> provider,
                                                 Logger log);

@@ -31,7 +31,9 @@ namespace sbx::sdk {
 namespace detail {
 
 // Wraps a provider object in the C ABI's sbx_provider (trampolines.cpp). Takes ownership.
-sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log);
+// `host_knows_paused`: the host's ABI is 1.1 or later (a 1.0 host hears RUNNING for PAUSED).
+sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log,
+                              bool host_knows_paused = true);
 
 // Runs `make` and reports a failure through `errors`; the shared part of every factory.
 sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provider** out,

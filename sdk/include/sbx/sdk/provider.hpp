@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -158,6 +159,49 @@ class ListReapExtension {
   ~ListReapExtension() = default;
 };
 
+// Optional capability sbx.pause/1 (ABI 1.1, ext/pause.h): freeze and thaw a sandbox. While it is
+// paused, status() must report SandboxStatus::paused and exec, upload and download must fail at
+// once with Error::failed_precondition.
+class PauseExtension {
+ public:
+  virtual void pause(Sandbox& sandbox, Completion<void> done) = 0;
+  virtual void resume(Sandbox& sandbox, Completion<void> done) = 0;
+
+ protected:
+  ~PauseExtension() = default;
+};
+
+// A sandbox reached through sbx.connect/1, with what its create told the host.
+struct Connected {
+  std::unique_ptr<Sandbox> sandbox;
+  std::optional<std::string> workdir;
+  std::vector<uint16_t> ports;
+};
+
+// Optional capability sbx.connect/1 (ABI 1.1, ext/connect.h): a sandbox handle as a descriptor
+// (JSON text with "format": "sbx.descriptor/1", "provider" and "sandbox_id"), and back.
+class ConnectExtension {
+ public:
+  virtual void serialize(Sandbox& sandbox, Completion<std::string> done) = 0;
+  // Fails with INVALID_ARGUMENT for a malformed descriptor or one of another provider, NOT_FOUND
+  // for a sandbox that is gone.
+  virtual void connect(std::string descriptor, Completion<Connected> done) = 0;
+
+ protected:
+  ~ConnectExtension() = default;
+};
+
+// Optional capability sbx.renew/1 (ABI 1.1, ext/renew.h): move a sandbox's expiry, for real (a
+// provider that cannot honour it without a host process does not offer this).
+class RenewExtension {
+ public:
+  // Completes with the expiry now in force (Unix milliseconds, possibly rounded up).
+  virtual void renew(Sandbox& sandbox, int64_t expires_at_unix_ms, Completion<int64_t> done) = 0;
+
+ protected:
+  ~RenewExtension() = default;
+};
+
 // What a provider's constructor receives besides its config.
 struct ProviderContext {
   const sbx_host* host = nullptr;  // scoped to this provider; outlives it
@@ -184,6 +228,9 @@ class Provider {
   virtual ListReapExtension* list_reap_extension() {
     return dynamic_cast<ListReapExtension*>(this);
   }
+  virtual PauseExtension* pause_extension() { return dynamic_cast<PauseExtension*>(this); }
+  virtual ConnectExtension* connect_extension() { return dynamic_cast<ConnectExtension*>(this); }
+  virtual RenewExtension* renew_extension() { return dynamic_cast<RenewExtension*>(this); }
 };
 
 }  // namespace sbx::sdk

@@ -81,6 +81,7 @@ enum class SandboxStatus : int32_t {
   running = SBX_SANDBOX_RUNNING,
   stopped = SBX_SANDBOX_STOPPED,
   error = SBX_SANDBOX_ERROR,
+  paused = SBX_SANDBOX_PAUSED,  // ABI 1.1; the SDK reports `running` to a 1.0 host
 };
 
 struct UploadRequest {

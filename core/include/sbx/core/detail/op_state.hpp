@@ -88,9 +88,13 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   // Errors are kept as values and thrown anew by each get(): an exception object is never shared
   // between the completing thread and the waiting one.
   void fail(const Error& error) {
-    finish([&] { error_.emplace(error); });
+    finish([&] { store_error(error); });
   }
   void fail(const std::exception_ptr& error) { fail(to_error(error)); }
+
+  // Errors of this operation end a create: they are raised as CreateError (errors.hpp). Set before
+  // the operation starts.
+  void mark_create() noexcept { create_ = true; }
 
  protected:
   // Stores the outcome and wakes the waiters, unless the operation has ended already (the first
@@ -111,6 +115,10 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
       continuation();
     return true;
   }
+  void store_error(const Error& error) {
+    error_.emplace(error);
+    if (create_) error_->set_create_failure();
+  }
   // Under the lock: rethrows the stored error, if any.
   void throw_if_failed_locked() const {
     if (error_) throw_error(*error_);
@@ -125,6 +133,7 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   sbx_operation* handle_ = nullptr;
   bool cancel_requested_ = false;
   bool cancel_grace_armed_ = false;
+  bool create_ = false;
   bool done_ = false;
   std::optional<Error> error_;
   std::vector<std::function<void()>> continuations_;

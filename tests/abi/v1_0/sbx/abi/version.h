@@ -1,0 +1,65 @@
+/* sbx provider ABI: version numbers, negotiation rule and portability macros.
+ *
+ * Rule (docs/abi/versioning.md):
+ *   - A host and a plugin work together iff their MAJOR versions are equal.
+ *   - A MINOR version only appends fields to structs and slots to function tables. A reader checks
+ *     `struct_size` (SBX_HAS_FIELD) before touching a field newer than the oldest minor it accepts.
+ *   - PATCH changes documentation only.
+ * Both sides learn the other's version: the plugin states its own in `sbx_plugin.abi_version`; the
+ * host states its own in `sbx_host.abi_version`, given to `init`.
+ */
+#ifndef SBX_ABI_VERSION_H
+#define SBX_ABI_VERSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define SBX_EXTERN_C_BEGIN extern "C" {
+#define SBX_EXTERN_C_END }
+#else
+#define SBX_EXTERN_C_BEGIN
+#define SBX_EXTERN_C_END
+#endif
+
+/* Calling convention of every function pointer and exported function in the ABI. */
+#if defined(_WIN32) && !defined(_WIN64)
+#define SBX_ABI __cdecl
+#else
+#define SBX_ABI
+#endif
+
+/* Marks the one symbol a plugin exports (`sbx_plugin_entry`, see entry.h). */
+#if defined(_WIN32)
+#define SBX_EXPORT __declspec(dllexport)
+#else
+#define SBX_EXPORT __attribute__((visibility("default")))
+#endif
+
+#define SBX_ABI_VERSION_MAJOR 1u
+#define SBX_ABI_VERSION_MINOR 0u
+#define SBX_ABI_VERSION_PATCH 0u
+
+SBX_EXTERN_C_BEGIN
+
+typedef struct sbx_version {
+  uint32_t major;
+  uint32_t minor;
+  uint32_t patch;
+} sbx_version;
+
+#define SBX_ABI_VERSION_INIT {SBX_ABI_VERSION_MAJOR, SBX_ABI_VERSION_MINOR, SBX_ABI_VERSION_PATCH}
+
+/* True when a peer built against `other` can be used by code built against these headers. */
+static inline int sbx_version_is_compatible(sbx_version other) {
+  return other.major == SBX_ABI_VERSION_MAJOR;
+}
+
+/* True when a struct received from a peer is large enough to contain `field`.
+ * `ptr` points to a struct whose first member is `uint32_t struct_size`. */
+#define SBX_HAS_FIELD(ptr, type, field) \
+  ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+
+SBX_EXTERN_C_END
+
+#endif /* SBX_ABI_VERSION_H */
