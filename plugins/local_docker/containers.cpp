@@ -60,6 +60,13 @@ json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at)
     labels[key] = value;
   labels[kSandboxLabel] = "1";
   if (expires_at) labels[kExpiresAtLabel] = std::to_string(*expires_at);
+  if (spec.workdir) labels[kWorkdirLabel] = *spec.workdir;
+  if (!spec.ports.empty()) {
+    std::string ports;
+    for (uint16_t port : spec.ports)
+      ports += (ports.empty() ? "" : ",") + std::to_string(port);
+    labels[kPortsLabel] = ports;
+  }
   return labels;
 }
 
@@ -398,7 +405,8 @@ json::object inspect_container(DockerApi& api, const std::string& container,
 }
 
 sdk::SandboxStatus status_from_state(std::string_view state) {
-  if (state == "running" || state == "paused") return sdk::SandboxStatus::running;
+  if (state == "running") return sdk::SandboxStatus::running;
+  if (state == "paused") return sdk::SandboxStatus::paused;
   if (state == "created" || state == "restarting") return sdk::SandboxStatus::starting;
   if (state == "exited" || state == "removing" || state == "dead") {
     return sdk::SandboxStatus::stopped;

@@ -23,6 +23,10 @@ namespace sbx::local_docker {
 inline constexpr std::string_view kSandboxLabel = "sbx.sandbox";
 // Unix time (seconds) after which a container with a TTL ends itself.
 inline constexpr std::string_view kExpiresAtLabel = "sbx.expires_at";
+// What a later process needs to reach the sandbox (sbx.connect/1): the spec's workdir and its
+// declared ports ("8000,8001"), stamped at create (a container's labels cannot change later).
+inline constexpr std::string_view kWorkdirLabel = "sbx.workdir";
+inline constexpr std::string_view kPortsLabel = "sbx.ports";
 
 // The spec's environment (all "KEY=value" strings with their NULs) and entrypoint together may take
 // at most this much: the kernel gives a process 2 MiB for arguments and environment (a quarter of

@@ -3,6 +3,7 @@
 #include "archive.hpp"
 #include "containers.hpp"
 #include "exec.hpp"
+#include "lifecycle.hpp"
 
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
@@ -227,8 +228,9 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   const std::string name = config_.create.name_prefix + random_hex(12);
   ContainerGuard guard(api_, name, log_);
   try {
+    std::string container_id;
     try {
-      create_container_for(name, spec, options, image, expires_at, cancel);
+      container_id = create_container_for(name, spec, options, image, expires_at, cancel);
       guard.created();
     } catch (const sdk::Error& e) {
       if (e.http_status() != 0) guard.dismiss();  // the daemon answered: nothing was created
@@ -241,8 +243,8 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
                ms.count(), " ms");
-    return std::make_unique<DockerSandbox>(name, std::move(shell), spec.workdir, spec.ports,
-                                           expires_at);
+    return std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
+                                           spec.workdir, spec.ports, expires_at);
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
@@ -361,10 +363,15 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name,
 
 sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
-  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
   const Semaphore::Slot slot(exec_slots_, cancel);
+  std::string shell = box.shell();
+  if (shell.empty()) {  // a connected sandbox: find out once (two first execs may both look)
+    shell = resolve_shell(box.container(), std::nullopt, cancel);
+    box.set_shell(shell);
+  }
   ExecParams params;
-  params.argv = {box.shell(), "-c", request.command};
+  params.argv = {shell, "-c", request.command};
   params.env = request.env;
   params.cwd = request.cwd;
   params.user = docker_user(request.user);
@@ -382,6 +389,11 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     status = run_exec(api_, box.container(), params, out, log_, cancel);
   } catch (const sdk::Error& e) {
     if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
+    if (e.status() == SBX_STATUS_FAILED_PRECONDITION && e.http_status() == 409 &&
+        std::string_view(e.what()).find("paused") != std::string_view::npos) {
+      throw sdk::Error::failed_precondition("sandbox " + box.container() +
+                                            " is paused; resume it first");
+    }
     throw;
   }
   if (!status.error_type && status.return_code >= 128 && ended_by_ttl(box, cancel)) {
@@ -415,14 +427,17 @@ bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::Canc
 void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = static_cast<DockerSandbox&>(sandbox);
-  upload_file(api_, box.container(), container_path(request.remote_path, box.workdir()),
-              request.mode, source, log_, cancel);
+  const std::string path = container_path(request.remote_path, box.workdir());
+  require_not_paused(api_, box.container(), cancel);  // the daemon would write, then not rename
+  upload_file(api_, box.container(), path, request.mode, source, log_, cancel);
 }
 
 void LocalDockerProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
                                    sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
   const auto& box = static_cast<DockerSandbox&>(sandbox);
-  download_file(api_, box.container(), container_path(remote_path, box.workdir()), sink, cancel);
+  const std::string path = container_path(remote_path, box.workdir());
+  require_not_paused(api_, box.container(), cancel);
+  download_file(api_, box.container(), path, sink, cancel);
 }
 
 sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
@@ -432,6 +447,32 @@ sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
 
 void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
   remove_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+}
+
+void LocalDockerProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  pause_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+}
+
+void LocalDockerProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  resume_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+}
+
+std::string LocalDockerProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  return make_descriptor(box.container(), box.container_id());
+}
+
+sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
+                                            const sdk::CancelToken& cancel) {
+  FoundSandbox found = find_sandbox(api_, descriptor, cancel);
+  sdk::Connected connected;
+  connected.workdir = found.workdir;
+  connected.ports = found.ports;
+  // The shell is found at the first exec (the sandbox may be paused now) unless configured.
+  connected.sandbox = std::make_unique<DockerSandbox>(
+      std::move(found.name), std::move(found.container_id), config_.exec.shell.value_or(""),
+      std::move(found.workdir), std::move(found.ports), found.expires_at);
+  return connected;
 }
 
 void LocalDockerProvider::write_startup_files(sdk::Sandbox&, const std::vector<sdk::StartupFile>&,

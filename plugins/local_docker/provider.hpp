@@ -24,22 +24,36 @@ namespace sbx::local_docker {
 // One sandbox: a container, known by its name (which is also the sandbox id).
 class DockerSandbox final : public sdk::Sandbox {
  public:
-  DockerSandbox(std::string name, std::string shell, std::optional<std::string> workdir,
-                std::vector<uint16_t> ports, std::optional<int64_t> expires_at)
+  DockerSandbox(std::string name, std::string container_id, std::string shell,
+                std::optional<std::string> workdir, std::vector<uint16_t> ports,
+                std::optional<int64_t> expires_at)
       : sdk::Sandbox(std::move(name)),
+        container_id_(std::move(container_id)),
         shell_(std::move(shell)),
         workdir_(std::move(workdir)),
         ports_(std::move(ports)),
         expires_at_(expires_at) {}
 
   const std::string& container() const noexcept { return id(); }
-  const std::string& shell() const noexcept { return shell_; }
+  const std::string& container_id() const noexcept { return container_id_; }
+  // The shell every command runs with ("<shell> -c <command>"); empty until known: a sandbox
+  // reached by connect finds out at its first exec. THREADING: thread-safe.
+  std::string shell() const {
+    std::lock_guard lock(mutex_);
+    return shell_;
+  }
+  void set_shell(std::string shell) {
+    std::lock_guard lock(mutex_);
+    shell_ = std::move(shell);
+  }
   const std::optional<std::string>& workdir() const noexcept { return workdir_; }
   const std::vector<uint16_t>& ports() const noexcept { return ports_; }
   const std::optional<int64_t>& expires_at() const noexcept { return expires_at_; }
 
  private:
-  std::string shell_;  // runs every command: "<shell> -c <command>"
+  std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
+  mutable std::mutex mutex_;
+  std::string shell_;
   std::optional<std::string> workdir_;
   std::vector<uint16_t> ports_;
   std::optional<int64_t> expires_at_;  // unix seconds of the TTL's end (the sbx.expires_at label)
@@ -75,7 +89,9 @@ class Semaphore {
 
 class LocalDockerProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingEndpoint,
-                                  public sdk::BlockingListReap {
+                                  public sdk::BlockingListReap,
+                                  public sdk::BlockingPause,
+                                  public sdk::BlockingConnect {
  public:
   static constexpr const char* kId = "local_docker";
   static constexpr const char* kDescription =
@@ -109,6 +125,13 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                      const sdk::CancelToken& cancel) override;
   std::vector<sdk::SandboxInfo> reap(const sdk::KeyValues& selector,
                                      const sdk::CancelToken& cancel) override;
+
+  // sbx.pause/1: the Engine API's pause and unpause.
+  void pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  void resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  // sbx.connect/1: a container name (and Id) is enough; the rest is on its labels.
+  std::string serialize(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  sdk::Connected connect(const std::string& descriptor, const sdk::CancelToken& cancel) override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -15,6 +15,8 @@
 
 #include <sbx/sbx.hpp>
 
+#include <boost/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -273,6 +275,88 @@ TEST_SUITE("conformance") {
     spec.ports = {};
     spec.ttl_s = -1;
     CHECK_THROWS_AS(provider().create(spec), sbx::InvalidArgumentError);
+  }
+
+  // ---- ABI 1.1 extensions: each case runs when the provider offers the extension, and says so
+  // otherwise (a provider without them is conformant).
+
+  TEST_CASE("sbx.pause/1: paused refuses work at once; resumed works again") {
+    if (!provider().supports("sbx.pause/1")) {
+      MESSAGE("the provider does not offer sbx.pause/1; nothing to check");
+      return;
+    }
+    sbx::Sandbox box = provider().create(base_spec());
+    box.exec("echo before > state");
+    box.pause();
+    CHECK(box.status() == sbx::SandboxStatus::paused);
+    CHECK_NOTHROW(box.pause());  // pausing a paused sandbox changes nothing
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(box.exec("echo no"), sbx::FailedPreconditionError);
+    CHECK_THROWS_AS(box.upload_bytes("x", "/work/x"), sbx::FailedPreconditionError);
+    CHECK_THROWS_AS(box.download_bytes("/work/state"), sbx::FailedPreconditionError);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);  // refused, not waited on
+    box.resume();
+    CHECK_NOTHROW(box.resume());  // resuming a running sandbox changes nothing
+    CHECK(box.status() == sbx::SandboxStatus::running);
+    CHECK(box.exec("cat state").stdout_text == "before\n");
+    box.pause();
+    box.close();  // a paused sandbox can be ended
+    CHECK(box.status() == sbx::SandboxStatus::stopped);
+  }
+
+  TEST_CASE("sbx.connect/1: a descriptor reaches the sandbox from a second host") {
+    if (!provider().supports("sbx.connect/1")) {
+      MESSAGE("the provider does not offer sbx.connect/1; nothing to check");
+      return;
+    }
+    auto spec = base_spec();
+    spec.env["CONFORMANCE_ENV"] = "kept";
+    sbx::Sandbox box = provider().create(spec);
+    box.upload_bytes("made by the first host\n", "/work/note.txt");
+    const std::string descriptor = box.serialize();
+    const auto parsed = boost::json::parse(descriptor).as_object();
+    CHECK(parsed.at("format") == "sbx.descriptor/1");
+    CHECK(parsed.at("provider") == provider().provider_id());
+    CHECK(parsed.at("sandbox_id") == box.id());
+
+    // A second host (another process would do the same): a working handle, with the workdir.
+    sbx::Host::Options options;
+    if (const char* config = env("SBX_CONFORMANCE_CONFIG")) {
+      options.config = sbx::Config::load(config);
+    }
+    if (const char* dir = env("SBX_CONFORMANCE_PLUGIN_DIR")) options.plugin_dirs.push_back(dir);
+    sbx::Host second(std::move(options));
+    sbx::Sandbox again = second.provider(env("SBX_CONFORMANCE_PROVIDER")).connect(descriptor);
+    CHECK(again.id() == box.id());
+    CHECK(again.exec("cat note.txt").stdout_text == "made by the first host\n");
+    CHECK(again.exec("pwd").stdout_text == "/work\n");
+    CHECK(again.exec("echo $CONFORMANCE_ENV").stdout_text == "kept\n");
+    again.close();  // closed there: the first handle's work now fails as for a sandbox that is gone
+    box.detach();
+
+    // A descriptor of a sandbox that is gone, of another provider, or that is damaged.
+    CHECK_THROWS_AS(provider().connect(descriptor), sbx::NotFoundError);
+    boost::json::object other = parsed;
+    other["provider"] = "some_other_provider";
+    CHECK_THROWS_AS(provider().connect(boost::json::serialize(other)), sbx::InvalidArgumentError);
+    CHECK_THROWS_AS(provider().connect(descriptor.substr(0, descriptor.size() / 2)),
+                    sbx::InvalidArgumentError);
+  }
+
+  TEST_CASE("a sandbox that is gone: every call is NotFoundError, status is stopped") {
+    if (!provider().supports("sbx.connect/1")) {
+      MESSAGE("needs sbx.connect/1 for a second handle; nothing to check");
+      return;
+    }
+    sbx::Sandbox box = provider().create(base_spec());
+    sbx::Sandbox other = provider().connect(box.serialize());
+    other.close();  // behind the first handle's back: the host's closed check does not apply
+    CHECK_FALSE(box.closed());
+    CHECK_THROWS_AS(box.exec("echo no"), sbx::NotFoundError);
+    CHECK_THROWS_AS(box.upload_bytes("x", "/work/x"), sbx::NotFoundError);
+    CHECK_THROWS_AS(box.download_bytes("/work/x"), sbx::NotFoundError);
+    CHECK(box.status() == sbx::SandboxStatus::stopped);
+    CHECK_NOTHROW(box.close());  // closing what is gone is success
   }
 
   TEST_CASE("shared sandbox closes cleanly") {

@@ -7,7 +7,14 @@
 //
 // Paths: a sandbox path "/a/b" is "<sandbox dir>/a/b" on the host; a relative path is relative to
 // the spec's workdir (or "/"). Paths that would leave the sandbox directory are refused.
+//
+// ABI 1.1: pause stops the sandbox's process groups (SIGSTOP) and marks the sandbox paused;
+// connect finds a sandbox again by its id under the configured root. What a connect needs (the
+// spec's workdir, env and ports) and the pause mark live in hidden files in the sandbox directory
+// (/.sbx-meta, /.sbx-paused), so another process, or another host object, sees them too.
 
+#include <sbx/abi/ext/connect.h>
+#include <boost/json.hpp>
 #include <sbx/sdk/json.hpp>
 #include <sbx/sdk/plugin.hpp>
 #include <sbx/sdk/thread_pool.hpp>
@@ -110,8 +117,29 @@ class ProcessSandbox final : public sdk::Sandbox {
     return !closed_.exchange(true);
   }
   bool closed() const { return closed_.load(); }
+  // A sandbox that is gone (closed through this or another handle) is NOT_FOUND for every call,
+  // as the ABI asks; one that is paused refuses commands and transfers at once.
   void require_open() const {
-    if (closed()) throw Error::failed_precondition("sandbox " + id() + " is closed");
+    if (closed() || !fs::exists(dir_)) {
+      throw Error::not_found("sandbox " + id() + " no longer exists");
+    }
+  }
+  void require_running() const {
+    require_open();
+    if (paused()) throw Error::failed_precondition("sandbox " + id() + " is paused; resume it first");
+  }
+  bool paused() const { return fs::exists(dir_ / ".sbx-paused"); }
+  // Marks the sandbox paused or running, and stops or continues what runs in it.
+  void set_paused(bool paused) {
+    require_open();
+    std::lock_guard lock(mutex_);
+    if (paused) {
+      std::ofstream(dir_ / ".sbx-paused") << "";
+    } else {
+      fs::remove(dir_ / ".sbx-paused");
+    }
+    for (pid_t g : groups_)
+      ::kill(-g, paused ? SIGSTOP : SIGCONT);
   }
 
  private:
@@ -236,7 +264,9 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   return sdk::ExitStatus::exited(128 + WTERMSIG(status));
 }
 
-class TestProcessesProvider final : public sdk::Provider {
+class TestProcessesProvider final : public sdk::Provider,
+                                    public sdk::PauseExtension,
+                                    public sdk::ConnectExtension {
  public:
   static constexpr const char* kId = "test_processes";
   static constexpr const char* kDescription =
@@ -273,7 +303,7 @@ class TestProcessesProvider final : public sdk::Provider {
   void exec(sdk::Sandbox& s, sdk::ExecRequest request, sdk::ExecCompletion done) override {
     maybe_throw("exec");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
-    sandbox.require_open();
+    sandbox.require_running();
     pool_.submit([this, &sandbox, request = std::move(request), done = std::move(done)]() mutable {
       try {
         const auto timeout = request.timeout.value_or(config_.default_timeout);
@@ -288,11 +318,11 @@ class TestProcessesProvider final : public sdk::Provider {
               sdk::Completion<void> done) override {
     maybe_throw("upload");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
-    sandbox.require_open();
+    sandbox.require_running();
     pool_.submit(
         [this, &sandbox, &source, request = std::move(request), done = std::move(done)]() mutable {
           try {
-            pause(config_.upload_delay, done.cancel_token());
+            injected_delay(config_.upload_delay, done.cancel_token());
             write_file(sandbox.host_path(request.remote_path), request.mode, source,
                        done.cancel_token());
             done.succeed();
@@ -306,7 +336,7 @@ class TestProcessesProvider final : public sdk::Provider {
                 sdk::Completion<void> done) override {
     maybe_throw("download");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
-    sandbox.require_open();
+    sandbox.require_running();
     pool_.submit(
         [&sandbox, &sink, path = std::move(remote_path), done = std::move(done)]() mutable {
           try {
@@ -322,8 +352,8 @@ class TestProcessesProvider final : public sdk::Provider {
     maybe_throw("status");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     auto answer = [&sandbox] {
-      return sandbox.closed() || !fs::exists(sandbox.dir()) ? sdk::SandboxStatus::stopped
-                                                            : sdk::SandboxStatus::running;
+      if (sandbox.closed() || !fs::exists(sandbox.dir())) return sdk::SandboxStatus::stopped;
+      return sandbox.paused() ? sdk::SandboxStatus::paused : sdk::SandboxStatus::running;
     };
     if (config_.complete_inline) return done.succeed(answer());
     pool_.submit([answer, done = std::move(done)]() mutable { done.succeed(answer()); });
@@ -352,7 +382,83 @@ class TestProcessesProvider final : public sdk::Provider {
     });
   }
 
+  void pause(sdk::Sandbox& s, sdk::Completion<void> done) override {
+    static_cast<ProcessSandbox&>(s).set_paused(true);
+    done.succeed();
+  }
+
+  void resume(sdk::Sandbox& s, sdk::Completion<void> done) override {
+    static_cast<ProcessSandbox&>(s).set_paused(false);
+    done.succeed();
+  }
+
+  void serialize(sdk::Sandbox& s, sdk::Completion<std::string> done) override {
+    done.succeed(boost::json::serialize(boost::json::object{
+        {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", s.id()}}));
+  }
+
+  void connect(std::string descriptor, sdk::Completion<sdk::Connected> done) override {
+    const boost::json::object d = sdk::json::parse_object(descriptor, "the descriptor");
+    const auto* provider = d.if_contains("provider");
+    if (provider && (!provider->is_string() || provider->get_string() != kId)) {
+      throw Error::invalid_argument("the descriptor is not of provider test_processes");
+    }
+    const auto* id = d.if_contains("sandbox_id");
+    // Only a name create made (sbx-test-XXXXXX) under this provider's root: a descriptor never
+    // points the provider at another directory.
+    const std::string name = id && id->is_string() ? std::string(id->get_string()) : "";
+    if (!name.starts_with("sbx-test-") || name.size() != 15 ||
+        name.find_first_of("/.") != std::string::npos) {
+      throw Error::invalid_argument("the descriptor's sandbox_id '" + name +
+                                    "' is not a test_processes sandbox");
+    }
+    const fs::path dir = config_.root / name;
+    if (!fs::is_directory(dir)) throw Error::not_found("sandbox " + name + " no longer exists");
+    sdk::Spec spec = read_meta(dir);
+    sdk::Connected connected;
+    connected.workdir = spec.workdir;
+    connected.ports = spec.ports;
+    connected.sandbox = std::make_unique<ProcessSandbox>(dir, std::move(spec));
+    done.succeed(std::move(connected));
+  }
+
  private:
+  // What a connect needs of the spec, kept in the sandbox directory (hidden from `ls`).
+  static void write_meta(const fs::path& dir, const sdk::Spec& spec) {
+    boost::json::object meta;
+    if (spec.workdir) meta["workdir"] = *spec.workdir;
+    boost::json::object env;
+    for (const auto& [k, v] : spec.env)
+      env[k] = v;
+    meta["env"] = std::move(env);
+    boost::json::array ports;
+    for (uint16_t p : spec.ports)
+      ports.push_back(p);
+    meta["ports"] = std::move(ports);
+    std::ofstream(dir / ".sbx-meta") << boost::json::serialize(meta);
+  }
+  static sdk::Spec read_meta(const fs::path& dir) {
+    std::ifstream in(dir / ".sbx-meta");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const boost::json::object meta = sdk::json::parse_object(text, dir.string() + "/.sbx-meta");
+    sdk::Spec spec;
+    if (const auto* w = meta.if_contains("workdir"); w && w->is_string()) {
+      spec.workdir = std::string(w->get_string());
+    }
+    if (const auto* env = meta.if_contains("env"); env && env->is_object()) {
+      for (const auto& member : env->get_object()) {
+        if (member.value().is_string()) {
+          spec.env.emplace(member.key(), std::string(member.value().get_string()));
+        }
+      }
+    }
+    if (const auto* ports = meta.if_contains("ports"); ports && ports->is_array()) {
+      for (const auto& p : ports->get_array())
+        spec.ports.push_back(static_cast<uint16_t>(p.to_number<int64_t>()));
+    }
+    return spec;
+  }
+
   void maybe_throw(std::string_view method) const {
     if (config_.throw_in && *config_.throw_in == method) {
       throw std::runtime_error("test_processes: injected failure in " + std::string(method));
@@ -360,7 +466,7 @@ class TestProcessesProvider final : public sdk::Provider {
   }
 
   // Waits `delay` (injected), or until cancelled.
-  static void pause(std::chrono::milliseconds delay, const sdk::CancelToken& cancel) {
+  static void injected_delay(std::chrono::milliseconds delay, const sdk::CancelToken& cancel) {
     if (delay.count() <= 0) return;
     std::mutex m;
     std::condition_variable_any cv;
@@ -370,7 +476,7 @@ class TestProcessesProvider final : public sdk::Provider {
   }
 
   std::unique_ptr<sdk::Sandbox> create_now(sdk::Spec spec, const sdk::CancelToken& cancel) {
-    pause(config_.create_delay, cancel);
+    injected_delay(config_.create_delay, cancel);
     if (config_.fail_create) throw Error::create_failed(*config_.fail_create);
     std::string pattern = (config_.root / "sbx-test-XXXXXX").string();
     if (!::mkdtemp(pattern.data())) {
@@ -379,6 +485,7 @@ class TestProcessesProvider final : public sdk::Provider {
     }
     auto sandbox = std::make_unique<ProcessSandbox>(pattern, std::move(spec));
     try {
+      write_meta(sandbox->dir(), sandbox->spec());
       if (sandbox->spec().workdir)
         fs::create_directories(sandbox->host_path(*sandbox->spec().workdir));
       for (const auto& file : sandbox->spec().files) {
