@@ -41,8 +41,10 @@ void change_state(DockerApi& api, const std::string& container, const std::strin
   request.target = "/containers/" + container + "/" + action;
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status < 300) return;
+  // Docker answers "already paused" with 409, and "is not paused" with 409 or 500 depending on its
+  // version: the message tells.
   const std::string message = lower(docker_message(response.body));
-  if (response.status == 409 && message.find(already) != std::string::npos) return;
+  if (message.find(already) != std::string::npos) return;
   if (response.status == 404) {
     throw sdk::Error::not_found(what + " sandbox " + container + ": it no longer exists");
   }

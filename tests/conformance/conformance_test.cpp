@@ -316,8 +316,8 @@ TEST_SUITE("conformance") {
     const std::string descriptor = box.serialize();
     const auto parsed = boost::json::parse(descriptor).as_object();
     CHECK(parsed.at("format") == "sbx.descriptor/1");
-    CHECK(parsed.at("provider") == provider().provider_id());
-    CHECK(parsed.at("sandbox_id") == box.id());
+    CHECK(parsed.at("provider").as_string() == provider().provider_id().c_str());
+    CHECK(parsed.at("sandbox_id").as_string() == box.id().c_str());
 
     // A second host (another process would do the same): a working handle, with the workdir.
     sbx::Host::Options options;
@@ -328,8 +328,8 @@ TEST_SUITE("conformance") {
     sbx::Host second(std::move(options));
     sbx::Sandbox again = second.provider(env("SBX_CONFORMANCE_PROVIDER")).connect(descriptor);
     CHECK(again.id() == box.id());
+    // A relative path: the connected handle runs in the sandbox's workdir.
     CHECK(again.exec("cat note.txt").stdout_text == "made by the first host\n");
-    CHECK(again.exec("pwd").stdout_text == "/work\n");
     CHECK(again.exec("echo $CONFORMANCE_ENV").stdout_text == "kept\n");
     again.close();  // closed there: the first handle's work now fails as for a sandbox that is gone
     box.detach();

@@ -225,6 +225,88 @@ TEST_CASE("an upload source that changes size during the upload fails it with th
   CHECK(box.exec("ls").stdout_text.empty());  // nothing was written in the sandbox
 }
 
+TEST_CASE("pause and resume (sbx.pause/1): paused refuses work at once, resumed works again") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({.workdir = "/w"});
+  auto sleeper = box.exec_async("sleep 0.3; echo woke");
+  std::this_thread::sleep_for(100ms);  // it runs
+  box.pause();
+  CHECK(box.status() == sbx::SandboxStatus::paused);
+  CHECK_THROWS_WITH_AS(box.exec("true"), doctest::Contains("is paused; resume it first"),
+                       sbx::FailedPreconditionError);
+  std::this_thread::sleep_for(600ms);
+  CHECK_FALSE(sleeper.ready());  // its processes are stopped, not running on
+  box.resume();
+  CHECK(sleeper.get().stdout_text == "woke\n");
+  CHECK(box.status() == sbx::SandboxStatus::running);
+}
+
+TEST_CASE("serialize and connect (sbx.connect/1): a second host reaches the same sandbox") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({.workdir = "/w", .env = {{"K", "v"}}, .ports = {8000}});
+  box.upload_bytes("hello", "/w/f");
+  const std::string descriptor = box.serialize();
+  // Another host, with its own provider instance (of the same root).
+  sbx::Host::Options options;
+  options.config = sbx::Config::parse(
+      R"({"providers": {"p": {"plugin": "test_processes", "config": {"root": ")" +
+      f.root.string() + R"("}}}})");
+  options.plugin_dirs = {SBX_TEST_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  sbx::Host second(std::move(options));
+  sbx::Sandbox again = second.provider("p").connect(descriptor);
+  CHECK(again.id() == box.id());
+  CHECK(again.exec("cat f; echo $K").stdout_text == "hellov\n");  // workdir and env came along
+  CHECK_THROWS_WITH_AS(again.endpoint(9000), doctest::Contains("declared ports: [8000]"),
+                       sbx::InvalidArgumentError);  // the declared ports came along too
+  again.close();
+  CHECK_THROWS_AS(box.exec("true"), sbx::NotFoundError);  // gone, behind this handle's back
+  CHECK(box.status() == sbx::SandboxStatus::stopped);
+  box.close();
+  CHECK_THROWS_AS(f.provider().connect(descriptor), sbx::NotFoundError);
+  CHECK_THROWS_WITH_AS(f.provider().connect("{\"sandbox_id\": 1}"),
+                       "the descriptor has no \"sandbox_id\"", sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(f.provider().connect("not json"), sbx::InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(
+      f.provider().connect(R"({"provider": "local_docker", "sandbox_id": "x"})"),
+      doctest::Contains("is of provider \"local_docker\", not of 'test_processes'"),
+      sbx::InvalidArgumentError);
+}
+
+TEST_CASE("an empty Sandbox says it has not been started") {
+  sbx::Sandbox empty;
+  CHECK_THROWS_WITH_AS(empty.exec("true"), "Sandbox has not been started",
+                       sbx::FailedPreconditionError);
+  CHECK_THROWS_WITH_AS(empty.id(), "Sandbox has not been started", sbx::FailedPreconditionError);
+  CHECK_THROWS_AS(empty.upload_bytes("x", "/x"), sbx::FailedPreconditionError);
+  CHECK_THROWS_AS(empty.pause(), sbx::FailedPreconditionError);
+  CHECK_THROWS_AS(empty.serialize(), sbx::FailedPreconditionError);
+  CHECK(empty.status() == sbx::SandboxStatus::unknown);
+  CHECK_NOTHROW(empty.close());
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  sbx::Sandbox moved = std::move(box);
+  CHECK_THROWS_WITH_AS(box.exec("true"), "Sandbox has not been started",
+                       sbx::FailedPreconditionError);
+  moved.detach();
+  CHECK_THROWS_WITH_AS(moved.exec("true"), "Sandbox has not been started",
+                       sbx::FailedPreconditionError);
+}
+
+TEST_CASE("every failure of create is a CreateError with its reason") {
+  Fixture failing(R"json({"fail_create": "no capacity (injected)"})json");
+  auto e = sbx::testing::error_of<sbx::CreateError>([&] { failing.provider().create({}); });
+  CHECK(e.status() == SBX_STATUS_CREATE_FAILED);
+  Fixture probe(R"({"fail_probe": true})");
+  CHECK_THROWS_AS(probe.provider().create({}), sbx::CreateVerificationError);
+  // A spec the host refuses is not a create failure, and neither is a cancelled create.
+  Fixture f(R"({"create_delay_ms": 5000})");
+  CHECK_THROWS_AS(f.provider().create({.ttl_s = -1}), sbx::InvalidArgumentError);
+  auto op = f.provider().create_async({});
+  op.cancel();
+  CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+}
+
 TEST_CASE("bad local inputs are clear errors") {
   Fixture f;
   sbx::Sandbox box = f.provider().create({});

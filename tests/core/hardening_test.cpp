@@ -234,6 +234,24 @@ TEST_CASE("no host lock is held while a plugin's factory runs") {
   CHECK(host.provider("slow").valid());
 }
 
+TEST_CASE("sbx.renew/1 through the host: the expiry asked for, as the provider rounds it") {
+  sbx::Host host = host_for("renew");
+  sbx::Sandbox box = host.provider("m").create({});
+  CHECK(host.provider("m").supports("sbx.renew/1"));
+  const auto asked = std::chrono::system_clock::now() + std::chrono::seconds(90);
+  const auto got = box.renew_async(asked).get();
+  CHECK(got >= asked);
+  CHECK(got - asked < std::chrono::seconds(1));
+  CHECK(std::chrono::duration_cast<std::chrono::milliseconds>(got.time_since_epoch()).count() %
+            1000 ==
+        0);
+  CHECK_THROWS_AS(box.renew(-1), sbx::InvalidArgumentError);
+  sbx::Host plain = host_for("rc");
+  sbx::Sandbox other = plain.provider("m").create({});
+  const auto e = sbx::testing::error_of<sbx::UnimplementedError>([&] { other.renew(60); });
+  CHECK(contains(e.what(), "does not support renewing sandboxes (sbx.renew/1)"));
+}
+
 TEST_CASE("deadlines must be positive") {
   sbx::Host::Options options;
   options.deadlines.grace_s = 0;

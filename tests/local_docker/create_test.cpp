@@ -41,6 +41,17 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// Every failure of a create is a CreateError (decision 57); its status() keeps the reason.
+sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec) {
+  try {
+    p.create(spec);
+  } catch (const sbx::CreateError& e) {
+    return e.status();
+  }
+  FAIL("create must fail with a CreateError");
+  return SBX_STATUS_OK;
+}
+
 // A host with one provider block "p" using `config` (JSON text).
 sbx::Provider provider_with(sbx::Host& host) {
   return host.provider("p");
@@ -147,7 +158,7 @@ TEST_CASE("an environment the kernel would refuse is INVALID_ARGUMENT up front, 
   CHECK_MESSAGE(contains(error, "spec.env: BIG is 1048580 bytes"), error);
   CHECK(contains(error, "131071"));
   CHECK_FALSE(contains(error, "entrypoint must keep running"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   CHECK(seconds_since(start) < 2.0);  // refused before the daemon did anything
   // Each string within the limit, all together over 1 MiB.
   t.spec.env.clear();
@@ -155,7 +166,7 @@ TEST_CASE("an environment the kernel would refuse is INVALID_ARGUMENT up front, 
     t.spec.env["V" + std::to_string(i)] = std::string(100000, 'v');
   error = what_of([&] { provider().create(t.spec); });
   CHECK_MESSAGE(contains(error, "1048576"), error);
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   // An entrypoint argument too long for execve.
   t.spec.env.clear();
   t.spec.entrypoint = {"sh", "-c", "sleep 600; : " + std::string(200000, 'x')};
@@ -196,7 +207,7 @@ TEST_CASE("spec strings that are not valid UTF-8 are INVALID_ARGUMENT, nothing c
     // Refused by the plugin (which shows the bytes as \xNN) or, as the ABI requires UTF-8, by
     // the SDK or the host before it: either way before the daemon sees anything.
     CHECK_MESSAGE(contains(error, "not valid UTF-8"), error);
-    CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+    CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);  // by the host
     CHECK(t.left().empty());
   }
   // Valid UTF-8 beyond ASCII arrives byte for byte.
@@ -307,15 +318,14 @@ TEST_CASE("resources: cpu and memory are applied as a hard cap") {
 TEST_CASE("invalid resource values are INVALID_ARGUMENT and leave nothing behind") {
   Tracked t;
   t.spec.resources.memory_mib = 1;  // the daemon's minimum is 6 MB
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   t.spec.resources.memory_mib.reset();
   t.spec.resources.cpu = 512;  // more CPUs than the machine has
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   t.spec.resources.cpu = 0;
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   t.spec.resources.cpu = 1e-10;  // would round to NanoCpus 0, which Docker reads as unlimited
-  CHECK_THROWS_WITH_AS(provider().create(t.spec), doctest::Contains("0.01"),
-                       sbx::InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(provider().create(t.spec), doctest::Contains("0.01"), sbx::CreateError);
   CHECK(t.left().empty());
 }
 
@@ -332,7 +342,7 @@ TEST_CASE("disk_gib: refused where the storage driver cannot enforce it, or a wa
   const std::string error = what_of([&] { provider().create(t.spec); });
   CHECK(contains(error, "disk_gib=5"));
   CHECK(contains(error, "disk_limit"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   CHECK(t.left().empty());
 
   sbx::Sandbox box = provider("docker_disk_warn").create(t.spec);
@@ -355,7 +365,7 @@ TEST_CASE("gpu: a clear error and nothing left behind (no GPU here); gpu_type is
   t.spec.resources.gpu_type = "H100";
   const std::string type_error = what_of([&] { provider().create(t.spec); });
   CHECK(contains(type_error, "gpu_type"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   CHECK(t.left().empty());
 }
 
@@ -397,7 +407,7 @@ TEST_CASE("ports need a network") {
   t.spec.ports = {8000};
   const std::string error = what_of([&] { provider().create(t.spec); });
   CHECK(contains(error, "network"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   CHECK(t.left().empty());
 }
 
@@ -433,7 +443,7 @@ TEST_CASE("unknown provider option: INVALID_ARGUMENT naming it and the supported
   CHECK(contains(error, "volumes"));
   CHECK(contains(error, "registry_auth"));
   CHECK(contains(error, "image_pull_policy"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::InvalidArgumentError);
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
   t.spec.provider_options = {};
   t.spec.provider_options["image_pull_policy"] = "Sometimes";
   CHECK(contains(what_of([&] { provider().create(t.spec); }), "image_pull_policy"));
@@ -447,7 +457,8 @@ TEST_CASE("pull policy Never: a missing image is a clear NOT_FOUND error") {
   try {
     provider().create(t.spec);
     FAIL("create must fail");
-  } catch (const sbx::NotFoundError& e) {
+  } catch (const sbx::CreateError& e) {  // as every failure of create; the reason is NOT_FOUND
+    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
     CHECK(contains(e.what(), "is not present and image_pull_policy is Never"));
     CHECK(contains(e.what(), *t.spec.image));
   }
@@ -505,7 +516,8 @@ TEST_CASE("spec.image is required") {
   auto spec = ldtest::spec();
   spec.image.reset();
   CHECK_THROWS_WITH_AS(provider().create(spec), doctest::Contains("spec.image is required"),
-                       sbx::InvalidArgumentError);
+                       sbx::CreateError);
+  CHECK(create_failure(provider(), spec) == SBX_STATUS_INVALID_ARGUMENT);
 }
 
 TEST_CASE("invalid configs are refused with the JSON path") {
@@ -574,7 +586,8 @@ TEST_CASE("daemon unreachable: UNAVAILABLE naming the socket, quickly, at create
   try {
     p.create(ldtest::spec());
     FAIL("create must fail");
-  } catch (const sbx::UnavailableError& e) {
+  } catch (const sbx::CreateError& e) {  // as every failure of create; the reason is UNAVAILABLE
+    CHECK(e.status() == SBX_STATUS_UNAVAILABLE);
     CHECK(contains(e.what(), "/nonexistent/sbx-test/docker.sock"));
     CHECK(e.retryable());
   }

@@ -15,9 +15,12 @@
  *   "short_handle"  exec returns an sbx_operation handle smaller than ABI 1.0's
  *   "no_provider"   the factory returns OK but no provider
  *   "slow_factory"  the factory takes a second (then the provider works)
+ *   "renew"         works, and offers sbx.renew/1: the expiry asked for, rounded up to a second
+ *                   (it ends nothing: it only lets the host's side of the extension be tested)
  *
  * The config is read with strstr: it is the test's own, fixed text. */
 #include <sbx/abi/entry.h>
+#include <sbx/abi/ext/renew.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -28,6 +31,7 @@
 
 enum mode {
   NORMAL,
+  RENEW,
   TWICE,
   NEVER,
   NEVER_CREATE,
@@ -296,9 +300,19 @@ static sbx_operation* SBX_ABI close_sandbox(sbx_provider* p, sbx_sandbox* s,
   return done_op(p, cb);
 }
 
-static const void* SBX_ABI get_extension(const sbx_provider* p, const char* id) {
+static sbx_operation* SBX_ABI renew(sbx_provider* p, sbx_sandbox* s, int64_t expires_at_unix_ms,
+                                    const sbx_renew_callbacks* cb) {
   (void)p;
-  (void)id;
+  (void)s;
+  const int64_t rounded = (expires_at_unix_ms + 999) / 1000 * 1000;
+  cb->on_complete(cb->user_data, rounded, NULL);
+  return NULL;
+}
+
+static const sbx_provider_renew g_renew = {sizeof(sbx_provider_renew), renew};
+
+static const void* SBX_ABI get_extension(const sbx_provider* p, const char* id) {
+  if (state_of((sbx_provider*)p)->mode == RENEW && strcmp(id, SBX_EXT_RENEW) == 0) return &g_renew;
   return NULL;
 }
 
@@ -336,7 +350,8 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* f, const sb
                {"\"short_error\"", SHORT_ERROR},
                {"\"output_after\"", OUTPUT_AFTER},
                {"\"rc\"", RC},
-               {"\"short_handle\"", SHORT_HANDLE}};
+               {"\"short_handle\"", SHORT_HANDLE},
+               {"\"renew\"", RENEW}};
   for (size_t i = 0; i < sizeof modes / sizeof modes[0]; ++i) {
     if (strstr(text, modes[i].token)) state->mode = modes[i].mode;
   }

@@ -101,9 +101,12 @@ class ProcessSandbox final : public sdk::Sandbox {
   }
 
   // Process groups of running commands, killed by close.
+  // A group started while the sandbox is paused (its exec began just before the pause) is
+  // stopped at once, as the freezer would.
   void track(pid_t pgid) {
     std::lock_guard lock(mutex_);
     groups_.insert(pgid);
+    if (paused()) ::kill(-pgid, SIGSTOP);
   }
   void untrack(pid_t pgid) {
     std::lock_guard lock(mutex_);
