@@ -365,3 +365,13 @@ TEST_CASE(
   CHECK(has(out, "may still exist. Remove it with: sbx reap --provider m --label sbx.run="));
   CHECK(has(out, "rc=130"));
 }
+
+TEST_CASE("global options after the command") {
+  const Run r = run_shell(std::string(SBX_CLI) + " plugins --json --plugin-dir " +
+                          SBX_TEST_PLUGIN_DIR + " --log-level=error");
+  CHECK(r.exit_code == 0);
+  CHECK(has(r.out, "\"name\":\"test_processes\""));
+  const Run level = run_cli("providers --log-level bogus");
+  CHECK(level.exit_code == 2);
+  CHECK(has(level.out, "unknown log level 'bogus'"));
+}
