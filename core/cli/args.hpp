@@ -6,7 +6,7 @@
 // something, the words after `--`. The parser, `sbx --help` and `sbx <command> --help` are all
 // generated from those declarations; nothing else lists options.
 //
-// Rules of the command line:
+// Rules of the command line (docs/decisions.md, 60):
 //   - `--name value` and `--name=value`; a value option takes the next argument whatever it looks
 //     like (`--timeout -5`, `--image --json`); a flag refuses `=value`;
 //   - a repeatable option adds each value; any other option given twice keeps the last value;

@@ -16,7 +16,7 @@
 
 namespace sbx::cli {
 
-// Exit codes (docs/decisions.md, 17, 41 and 43). A command's own return code passes through.
+// Exit codes (docs/decisions.md, 17, 41, 43 and 63). A command's own return code passes through.
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitLocalIo = 74;   // EX_IOERR: writing our output or a local file failed
 inline constexpr int kExitFailure = 125;  // like `docker run`: the sandbox, not the command, failed

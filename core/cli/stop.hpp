@@ -1,5 +1,5 @@
-// Stopping a command that drives a sandbox (docs/decisions.md, 40): such a command takes its steps
-// through an Interrupts object, so that
+// Stopping a command that drives a sandbox (docs/decisions.md, 40 and 65): run, create, exec, cp,
+// status, pause, resume and close all take their steps through an Interrupts object, so that
 // SIGINT, SIGTERM and SIGHUP (exit 130), output nobody reads any more (141) and output that cannot
 // be written (74) cancel the step in progress, the command ends within --stop-timeout, and a
 // second signal ends the wait at once.

@@ -1,8 +1,10 @@
 // The `sbx` command line, without running anything: the parser and help texts generated from a
-// command table (core/cli/args.hpp). The table here is a small one of its own;
-// tests/core/cli_test.cpp runs the real commands.
+// command table (core/cli/args.hpp), and how sandboxes are named (core/cli/target.hpp). The table
+// here is a small one of its own; tests/core/cli_test.cpp runs the real commands.
 
 #include <doctest/doctest.h>
+
+#include <boost/json.hpp>
 
 #include <map>
 #include <optional>
@@ -11,6 +13,7 @@
 
 #include "../common/test_helpers.hpp"
 #include "args.hpp"
+#include "target.hpp"
 
 using namespace sbx::cli;
 using sbx::testing::error_of;
@@ -312,4 +315,91 @@ TEST_CASE("a command's help is generated from its declaration") {
   // Every declared option appears.
   for (const auto& o : table()[0].info.options)
     CHECK(has(help, "  " + o.name + " "));
+}
+
+// ---- Sandbox arguments -------------------------------------------------------------------------
+
+namespace {
+
+SandboxRef sandbox_of(const std::string& text) {
+  return sandbox_ref(Arg{"ID", text});
+}
+
+std::string sandbox_error(const std::string& text) {
+  return error_of<UsageError>([&] { sandbox_of(text); }).what();
+}
+
+}  // namespace
+
+TEST_CASE("a sandbox is an id, a descriptor, or @FILE holding one") {
+  const SandboxRef id = sandbox_of("sbx-0123");
+  CHECK(id.id == "sbx-0123");
+  CHECK(boost::json::parse(id.descriptor) == boost::json::parse(R"({"sandbox_id": "sbx-0123"})"));
+  // An id with characters JSON must escape is escaped, not spliced.
+  CHECK(boost::json::parse(sandbox_of(R"(a"b\c)").descriptor).at("sandbox_id") == R"(a"b\c)");
+
+  const std::string text =
+      R"({"format": "sbx.descriptor/1", "provider": "local_docker", "sandbox_id": "sbx-9"})";
+  const SandboxRef descriptor = sandbox_of(text);
+  CHECK(descriptor.id == "sbx-9");
+  CHECK(descriptor.descriptor == text);  // passed on as given
+
+  sbx::testing::TempDir dir("sbx-cli-args");
+  sbx::testing::write_file(dir.path / "d.json", text + "\n");
+  const SandboxRef file = sandbox_of("@" + (dir.path / "d.json").string());
+  CHECK(file.id == "sbx-9");
+  CHECK(boost::json::parse(file.descriptor) == boost::json::parse(text));
+
+  CHECK(sandbox_error("") == "ID must not be empty");
+  CHECK(has(sandbox_error("{not json"), "the ID is not a sandbox descriptor (a JSON object)"));
+  CHECK(sandbox_error(R"({"provider": "x"})") == R"(the ID has no "sandbox_id")");
+  CHECK(sandbox_error(R"({"sandbox_id": 5})") == R"(the ID has no "sandbox_id")");
+  CHECK(has(sandbox_error("@" + (dir.path / "missing.json").string()),
+            "cannot read the sandbox descriptor file"));
+  CHECK(has(sandbox_error("@" + dir.path.string()), "is a directory"));
+  sbx::testing::write_file(dir.path / "id.txt", "sbx-1\n");
+  CHECK(has(sandbox_error("@" + (dir.path / "id.txt").string()),
+            "is not a sandbox descriptor (a JSON object)"));
+}
+
+TEST_CASE("cp: one side in a sandbox, the other local") {
+  const CopyPaths up = copy_paths("in.txt", "sbx-1:/work/in.txt");
+  CHECK(up.upload);
+  CHECK(up.local == "in.txt");
+  CHECK(up.sandbox.id == "sbx-1");
+  CHECK(up.remote == "/work/in.txt");
+
+  const CopyPaths down = copy_paths("sbx-1:out.txt", "/tmp/x/out.txt");
+  CHECK_FALSE(down.upload);
+  CHECK(down.remote == "out.txt");  // relative: the sandbox's workdir
+  CHECK(down.local == "/tmp/x/out.txt");
+
+  // Local paths with a colon: starting with '/' or '.'.
+  CHECK(copy_paths("./a:b", "sbx-1:/x").local == "./a:b");
+  CHECK(copy_paths("sbx-1:/x", "/tmp/a:b").local == "/tmp/a:b");
+
+  // A descriptor side ends where its JSON does, whatever colons it holds.
+  const CopyPaths json = copy_paths(R"({"sandbox_id": "a:b", "x": "}:"}:/r:s)", "local");
+  CHECK(json.sandbox.id == "a:b");
+  CHECK(json.remote == "/r:s");
+
+  sbx::testing::TempDir dir("sbx-cli-cp");
+  sbx::testing::write_file(dir.path / "d.json", R"({"sandbox_id": "sbx-7"})");
+  const CopyPaths file = copy_paths("@" + (dir.path / "d.json").string() + ":/r", "local");
+  CHECK(file.sandbox.id == "sbx-7");
+  CHECK(file.remote == "/r");
+
+  // A directory target gets the other side's file name.
+  CHECK(copy_paths("sbx-1:/w/out.txt", dir.path.string()).local == (dir.path / "out.txt").string());
+  CHECK(copy_paths("/tmp/in.txt", "sbx-1:/w/").remote == "/w/in.txt");
+
+  auto cp_error = [](const std::string& a, const std::string& b) {
+    return std::string(error_of<UsageError>([&] { copy_paths(a, b); }).what());
+  };
+  CHECK(cp_error("a", "b") == "cp needs one side in a sandbox, as ID:PATH");
+  CHECK(has(cp_error("sbx-1:/a", "sbx-2:/b"), "one side must be a local path"));
+  CHECK(cp_error("sbx-1:", "b") == "'sbx-1:' has no path after the ':'");
+  CHECK(has(cp_error(R"({"sandbox_id": "a"})", "b"), "does not look like {DESCRIPTOR}:PATH"));
+  CHECK(has(cp_error("@file", "b"), "names a sandbox but no path in it"));
+  CHECK(cp_error(":/x", "b") == "SANDBOX must not be empty");
 }
