@@ -365,3 +365,100 @@ TEST_CASE(
   CHECK(has(out, "may still exist. Remove it with: sbx reap --provider m --label sbx.run="));
   CHECK(has(out, "rc=130"));
 }
+
+// ---- The command table and the multi-step commands (create, exec, cp, status, pause, resume,
+// close). No provider offers sbx.connect/1 to these tests yet: the end-to-end cases are in
+// tests/local_docker/cli_multistep_test.cpp.
+
+namespace {
+
+// "CMD REST" as "CMD --provider test_processes REST".
+std::string with_test_provider(const std::string& args) {
+  const size_t space = args.find(' ');
+  return args.substr(0, space) + " --provider test_processes" +
+         (space == std::string::npos ? "" : args.substr(space));
+}
+
+}  // namespace
+
+TEST_CASE("sbx --help lists every command; each command's help is its own") {
+  const Run main_help = run_cli("--help");
+  CHECK(main_help.exit_code == 0);
+  for (const char* cmd : {"plugins", "providers", "run", "create", "exec", "cp", "status", "pause",
+                          "resume", "close", "list", "reap"}) {
+    CHECK_MESSAGE(has(main_help.out, std::string("\n  ") + cmd + " "), cmd);
+    const Run help = run_cli(std::string(cmd) + " --help");
+    CHECK(help.exit_code == 0);
+    CHECK_MESSAGE(has(help.out, std::string("Usage: sbx ") + cmd + " "), help.out);
+    CHECK(has(help.out, "--plugin-dir DIR"));  // the global options, on every command
+  }
+  CHECK(has(run_cli("run --help").out, "--stop-timeout S"));
+  CHECK(has(run_cli("exec --help").out, "--stop-timeout S"));
+  CHECK(has(run_cli("exec --help").out, "\nArguments:\n  ID "));
+  // With no command: the main help on stderr, exit 2.
+  const Run none = run_shell(SBX_CLI);
+  CHECK(none.exit_code == 2);
+  CHECK(has(none.out, "Commands:"));
+}
+
+TEST_CASE("global options after the command") {
+  const Run r = run_shell(std::string(SBX_CLI) + " plugins --json --plugin-dir " +
+                          SBX_TEST_PLUGIN_DIR + " --log-level=error");
+  CHECK(r.exit_code == 0);
+  CHECK(has(r.out, "\"name\":\"test_processes\""));
+  const Run level = run_cli("providers --log-level bogus");
+  CHECK(level.exit_code == 2);
+  CHECK(has(level.out, "unknown log level 'bogus'"));
+}
+
+TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125, no sandbox") {
+  sbx::testing::TempDir root("sbx-cli-noconnect");
+  sbx::testing::TempDir files("sbx-cli-noconnect-files");
+  sbx::testing::write_file(files.path / "in.txt", "x");
+  const std::string in = (files.path / "in.txt").string();
+  for (const std::string& args : std::vector<std::string>{
+           "create", "exec ID -- true", "cp " + in + " ID:/x", "cp ID:/x " + in, "status ID",
+           "pause ID", "resume ID", "close ID"}) {
+    const std::string out =
+        run_cli_in_bash(root.path, with_test_provider(args) + "\necho \" rc=$?\"");
+    CHECK_MESSAGE(has(out,
+                      "provider 'test_processes' does not support connecting to an existing "
+                      "sandbox (sbx.connect/1)"),
+                  args, ": ", out);
+    CHECK_MESSAGE(has(out, "rc=125"), args, ": ", out);
+  }
+  CHECK(fs::is_empty(root.path));  // test_processes never made one
+}
+
+TEST_CASE("usage errors of the multi-step commands exit 2 before any provider is used") {
+  sbx::testing::TempDir root("sbx-cli-multistep-usage");
+  for (const std::string& args : std::vector<std::string>{
+           "exec",                               // no sandbox
+           "exec sbx-1",                         // no command
+           "exec sbx-1 --",                      // an empty command
+           "exec sbx-1 --timeout 0 -- true",     // exec timeout_s must be > 0
+           "exec '{not json' -- true",           // not a descriptor
+           "exec @/nonexistent -- true",         // no descriptor file
+           "exec '' -- true",                    // an empty id
+           "cp a b",                             // no sandbox side
+           "cp sbx-1:/a sbx-2:/b",               // two sandbox sides
+           "cp /nonexistent/x sbx-1:/x",         // an unreadable upload
+           "cp sbx-1: here",                     // no remote path
+           "cp sbx-1:/a",                        // no target
+           "status",                             // no sandbox
+           "status a b",                         // two sandboxes
+           "pause --bogus sbx-1",                // unknown option
+           "close --json sbx-1",                 // an option of another command
+           "create --memory 1.5",                // not a whole number
+           "create --ttl -1",                    // ttl_s must be > 0
+           "create --upload /nonexistent/x:/x",  // unreadable upload
+           "create --stop-timeout 0",            // --stop-timeout must be > 0
+           "resume sbx-1 --stop-timeout",        // no value
+       }) {
+    const std::string out =
+        run_cli_in_bash(root.path, with_test_provider(args) + "\necho \" rc=$?\"");
+    CHECK_MESSAGE(has(out, "rc=2"), args, ": ", out);
+    CHECK_MESSAGE(!has(out, "does not support"), args, ": ", out);  // refused before that
+  }
+  CHECK(fs::is_empty(root.path));
+}

@@ -1,0 +1,27 @@
+// The entries of the `sbx` command table, one function per command, defined in one file per group:
+//   cmd_plugins.cpp     plugins, providers        (what can be used)
+//   cmd_run.cpp         run                       (a sandbox for one command)
+//   cmd_sandbox.cpp     create, exec, cp, status, pause, resume, close
+//                                                 (one sandbox over several sbx processes)
+//   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
+// main.cpp puts them in the table, in the order `sbx --help` lists them.
+#pragma once
+
+#include "args.hpp"
+
+namespace sbx::cli {
+
+Command plugins_command();
+Command providers_command();
+Command run_command();
+Command create_command();
+Command exec_command();
+Command cp_command();
+Command status_command();
+Command pause_command();
+Command resume_command();
+Command close_command();
+Command list_command();
+Command reap_command();
+
+}  // namespace sbx::cli
