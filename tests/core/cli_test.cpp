@@ -373,10 +373,13 @@ TEST_CASE(
 namespace {
 
 // "CMD REST" as "CMD --provider test_processes REST".
-std::string with_test_provider(const std::string& args) {
+std::string with_provider(const std::string& args, const std::string& provider) {
   const size_t space = args.find(' ');
-  return args.substr(0, space) + " --provider test_processes" +
+  return args.substr(0, space) + " --provider " + provider +
          (space == std::string::npos ? "" : args.substr(space));
+}
+std::string with_test_provider(const std::string& args) {
+  return with_provider(args, "test_processes");
 }
 
 }  // namespace
@@ -412,6 +415,7 @@ TEST_CASE("global options after the command") {
 }
 
 TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125, no sandbox") {
+  // v1_0_processes: a plain-C plugin of ABI 1.0, with no extension at all.
   sbx::testing::TempDir root("sbx-cli-noconnect");
   sbx::testing::TempDir files("sbx-cli-noconnect-files");
   sbx::testing::write_file(files.path / "in.txt", "x");
@@ -419,15 +423,62 @@ TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125
   for (const std::string& args : std::vector<std::string>{
            "create", "exec ID -- true", "cp " + in + " ID:/x", "cp ID:/x " + in, "status ID",
            "pause ID", "resume ID", "close ID"}) {
-    const std::string out =
-        run_cli_in_bash(root.path, with_test_provider(args) + "\necho \" rc=$?\"");
+    const std::string out = run_cli_in_bash(
+        root.path, "--plugin-dir " + std::string(SBX_C_PLUGIN_DIR) + " " +
+                       with_provider(args, "v1_0_processes") + "\necho \" rc=$?\"");
     CHECK_MESSAGE(has(out,
-                      "provider 'test_processes' does not support connecting to an existing "
+                      "provider 'v1_0_processes' does not support connecting to an existing "
                       "sandbox (sbx.connect/1)"),
                   args, ": ", out);
     CHECK_MESSAGE(has(out, "rc=125"), args, ": ", out);
   }
-  CHECK(fs::is_empty(root.path));  // test_processes never made one
+  CHECK(fs::is_empty(root.path));  // the provider never made one
+}
+
+TEST_CASE("one sandbox over several sbx processes: create, exec, cp, status, pause, resume, "
+          "close by id") {
+  sbx::testing::TempDir root("sbx-cli-multistep");
+  sbx::testing::TempDir files("sbx-cli-multistep-files");
+  sbx::testing::write_file(files.path / "in.txt", "from the host\n");
+  const std::string script =
+      with_test_provider("create --workdir /w --env GREETING=hi") +
+      " > " + (files.path / "id").string() +
+      "\nid=$(cat " + (files.path / "id").string() + ")"
+      "\necho \"create rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("cp " + (files.path / "in.txt").string() + " $id:in.txt") +
+      "\necho \"cp in rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("exec $id -- 'cat in.txt; echo $GREETING; exit 3'") +
+      "\necho \"exec rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("pause $id") + "\necho \"pause rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("status $id") +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("exec $id -- true") + "\necho \"paused exec rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("resume $id") +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("cp $id:in.txt " + (files.path / "out.txt").string()) +
+      "\necho \"cp out rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("close $id") + "\necho \"close rc=$?\"" +
+      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("exec $id -- true") + "\necho \"gone rc=$?\"";
+  const std::string out = run_cli_in_bash(root.path, script);
+  CHECK_MESSAGE(has(out, "create rc=0"), out);
+  CHECK_MESSAGE(has(out, "cp in rc=0"), out);
+  CHECK_MESSAGE(has(out, "from the host\nhi\nexec rc=3"), out);  // the workdir and env came along
+  CHECK_MESSAGE(has(out, "pause rc=0"), out);
+  CHECK_MESSAGE(has(out, "paused\n"), out);
+  CHECK_MESSAGE(has(out, "is paused; resume it first"), out);
+  CHECK_MESSAGE(has(out, "paused exec rc=125"), out);
+  CHECK_MESSAGE(has(out, "cp out rc=0"), out);
+  CHECK(sbx::testing::read_file(files.path / "out.txt") == "from the host\n");
+  CHECK_MESSAGE(has(out, "close rc=0"), out);
+  CHECK_MESSAGE(has(out, "gone rc=125"), out);
+  CHECK(fs::is_empty(root.path));  // closed: nothing left
 }
 
 TEST_CASE("usage errors of the multi-step commands exit 2 before any provider is used") {
