@@ -118,18 +118,20 @@ class CSpec {
   sbx_spec c_{};
 };
 
-// A sandbox handed over by a create that had completed already: owned by the host like any other,
-// so it is closed and released (if its provider still exists; otherwise it cannot be).
-void close_stray(void* token, sbx_sandbox* sandbox) {
+// A sandbox handed over by a create (or connect) that had completed already: owned by the host like
+// any other. One from a create is closed and released; one from a connect only released, since that
+// call did not make it. Nothing can be done if its provider no longer exists.
+void adopt_stray(void* token, sbx_sandbox* sandbox, bool close) {
   auto generation = calls::generation_of(token);
   if (!generation) return;
   auto s = std::make_shared<SandboxState>();
   s->generation = std::move(generation);
   s->handle = sandbox;
   s->id = SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data) ? copy_of(sandbox->id) : "?";
-  logger()->warn("{} handed over sandbox {} by a second completion; closing it",
-                 describe(*s->generation), s->id);
-  Sandbox stray(std::move(s));  // closes it (without waiting, inside this callback)
+  logger()->warn("{} handed over sandbox {} by a second completion; {} it",
+                 describe(*s->generation), s->id, close ? "closing" : "releasing");
+  Sandbox stray(std::move(s));  // closes it when dropped (without waiting, in this callback)
+  if (!close) stray.detach();
 }
 
 // Takes ownership of a sandbox a create or connect handed over. When it cannot be used (a short
@@ -170,7 +172,7 @@ struct CreateCtx : CallCtx {
     CallbackScope scope;
     const std::shared_ptr<CreateCtx> ctx = calls::complete<CreateCtx>(token, "on_complete");
     if (!ctx) {
-      if (sandbox) close_stray(token, sandbox);
+      if (sandbox) adopt_stray(token, sandbox, true);
       return;
     }
     if (!sandbox) {
@@ -204,7 +206,7 @@ struct ConnectCtx : CallCtx {
     CallbackScope scope;
     const std::shared_ptr<ConnectCtx> ctx = calls::complete<ConnectCtx>(token, "on_complete");
     if (!ctx) {
-      if (sandbox) close_stray(token, sandbox);
+      if (sandbox) adopt_stray(token, sandbox, false);
       return;
     }
     if (!sandbox) {
