@@ -306,7 +306,7 @@ void set_up(Transfer& t, const ClientOptions& options) {
     set(t.easy, CURLOPT_TCP_KEEPINTVL, 20L);
   }
   if (t.deadline) {
-    // Rounded up, so libcurl never fires before our deadline (error mapping relies on that).
+    // Rounded up; libcurl may still fire a little early (see curl_error).
     auto left = std::chrono::ceil<std::chrono::milliseconds>(*t.deadline - Clock::now());
     set(t.easy, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(left.count(), 1)));
   }
@@ -338,15 +338,20 @@ Error curl_error(const Transfer& t, CURLcode code) {
       }
       return Error::unavailable("cannot connect to " + t.endpoint + ": " + reason);
     }
-    case CURLE_OPERATION_TIMEDOUT:
-      // libcurl's request timer fires at or after our deadline; anything earlier was its
-      // connect timeout.
-      if (t.deadline && Clock::now() >= *t.deadline) {
+    case CURLE_OPERATION_TIMEDOUT: {
+      // Once connected, only the request timer can fire. Before that it was the connect timeout,
+      // unless the request's own time ran out while connecting. libcurl's clock may fire its
+      // request timer a little before our deadline, hence the margin.
+      curl_off_t connect_us = 0;
+      curl_easy_getinfo(t.easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+      const bool connected = connect_us > 0;
+      if (t.deadline && (connected || Clock::now() + std::chrono::milliseconds(20) >= *t.deadline)) {
         return Error::timeout(describe(t) + ": deadline of " +
                               std::to_string(t.request.timeout.count()) + " ms exceeded (" +
                               message + ")");
       }
       return Error::unavailable("cannot connect to " + t.endpoint + ": " + message);
+    }
     case CURLE_GOT_NOTHING:
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:

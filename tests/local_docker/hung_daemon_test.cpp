@@ -163,7 +163,8 @@ TEST_CASE("a daemon that never answers /version: concurrent first calls share on
       op.get();
       FAIL("a create against a daemon that does not answer must fail");
     } catch (const sbx::Error& e) {
-      CHECK_MESSAGE(std::string(e.what()).find("/version") != std::string::npos, e.what());
+      const std::string message = e.what();
+      CHECK_MESSAGE(message.find("/version") != std::string::npos, message);
     }
   }
   const double took = seconds_since(start);
