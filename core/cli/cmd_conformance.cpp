@@ -82,9 +82,8 @@ int conformance(ConformanceFields& f, const Global& g) {
     if (r.outcome == sbx::conformance::Outcome::failed) failed_names += " " + r.name;
   }
   print_line(std::to_string(summary.results.size()) + " cases on provider '" + summary.provider +
-             "': " + std::to_string(summary.passed) + " passed, " +
-             std::to_string(summary.failed) + " failed, " +
-             std::to_string(summary.not_offered) + " not offered (" +
+             "': " + std::to_string(summary.passed) + " passed, " + std::to_string(summary.failed) +
+             " failed, " + std::to_string(summary.not_offered) + " not offered (" +
              seconds_text(summary.seconds) + ")" +
              (f.seed ? ", order from --seed " + std::to_string(f.seed) : std::string()));
   if (!failed_names.empty()) print_line("failed:" + failed_names);

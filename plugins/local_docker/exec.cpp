@@ -426,8 +426,7 @@ std::string random_hex(size_t bytes) {
 
 sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const ExecParams& params,
                          sdk::OutputSink& out, const sdk::Logger& log,
-                         const sdk::CancelToken& cancel,
-                         bool* started) {
+                         const sdk::CancelToken& cancel, bool* started) {
   const auto deadline = Clock::now() + std::min(params.timeout, kNoTimeout);  // no overflow
   // The daemon would start it and report exit 1 with runc's message: refused here, clearly.
   if (const auto message = oversized_argument(params)) {

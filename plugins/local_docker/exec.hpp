@@ -37,8 +37,7 @@ struct ExecParams {
 // the command may have begun.
 sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const ExecParams& params,
                          sdk::OutputSink& out, const sdk::Logger& log,
-                         const sdk::CancelToken& cancel,
-                         bool* started = nullptr);
+                         const sdk::CancelToken& cancel, bool* started = nullptr);
 
 // An OutputSink that keeps everything in memory (probe, shell detection).
 class CollectingSink final : public sdk::OutputSink {

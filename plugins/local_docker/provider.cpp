@@ -393,10 +393,10 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     // running", as after its TTL, before AutoRemove): NOT_FOUND, as for any sandbox that is gone.
     // The TTL's 125 below is for a command that was running when the sandbox ended.
     if (!started && (e.http_status() == 404 ||
-                     (e.http_status() == 409 &&
-                      std::string_view(e.what()).find("is not running") != std::string_view::npos))) {
-      throw sdk::Error::not_found("sandbox " + box.container() + " no longer exists (" +
-                                  e.what() + ")");
+                     (e.http_status() == 409 && std::string_view(e.what()).find("is not running") !=
+                                                    std::string_view::npos))) {
+      throw sdk::Error::not_found("sandbox " + box.container() + " no longer exists (" + e.what() +
+                                  ")");
     }
     if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
     if (e.status() == SBX_STATUS_FAILED_PRECONDITION && e.http_status() == 409 &&

@@ -163,10 +163,10 @@ void user(T& t) {
 }  // namespace
 
 void add_exec_cases(std::vector<Case>& cases) {
-  cases.push_back({{"exec.output",
-                    "exec keeps stdout and stderr apart and their bytes exact (\\001 \\002 \\377)",
-                    ""},
-                   output_bytes});
+  cases.push_back(
+      {{"exec.output",
+        "exec keeps stdout and stderr apart and their bytes exact (\\001 \\002 \\377)", ""},
+       output_bytes});
   cases.push_back({{"exec.megabyte", "a megabyte of output arrives whole", ""}, megabyte});
   cases.push_back(
       {{"exec.exit-code", "a non-zero exit code is a result, not an error", ""}, exit_code});
@@ -186,12 +186,13 @@ void add_exec_cases(std::vector<Case>& cases) {
                     "is not also in the result",
                     ""},
                    streaming});
-  cases.push_back({{"exec.cancel",
-                    "cancelling a running exec ends it with CancelledError and kills the command",
-                    ""},
-                   cancel});
-  cases.push_back({{"exec.concurrent", "16 concurrent execs on one sandbox each get their own output", ""},
-                   concurrent});
+  cases.push_back(
+      {{"exec.cancel",
+        "cancelling a running exec ends it with CancelledError and kills the command", ""},
+       cancel});
+  cases.push_back(
+      {{"exec.concurrent", "16 concurrent execs on one sandbox each get their own output", ""},
+       concurrent});
   cases.push_back({{"exec.user", "exec with user \"65534\" runs as uid 65534",
                     "exec with a user fails with UNIMPLEMENTED"},
                    user});

@@ -81,8 +81,8 @@ void renew(T& t) {
   Sandbox box = t.create();
   const auto asked = std::chrono::system_clock::now() + 3s;
   const auto got = box.renew_async(asked).get();
-  CHECK(got >= asked - 1ms);                // a provider may round up, never down
-  CHECK(got - asked < 60s);                 // ... but to its resolution, not to something else
+  CHECK(got >= asked - 1ms);  // a provider may round up, never down
+  CHECK(got - asked < 60s);   // ... but to its resolution, not to something else
   CHECK_EQ(box.exec("echo alive").stdout_text, "alive\n");
   // The new, earlier expiry is honoured: gone within it + 30 s.
   REQUIRE(wait_until([&] { return box.status() == SandboxStatus::stopped; },

@@ -134,8 +134,9 @@ void odd_names(T& t) {
 }  // namespace
 
 void add_file_cases(std::vector<Case>& cases) {
-  cases.push_back({{"files.startup", "the spec's startup files are in place when create returns", ""},
-                   startup_files});
+  cases.push_back(
+      {{"files.startup", "the spec's startup files are in place when create returns", ""},
+       startup_files});
   cases.push_back({{"files.round-trip",
                     "upload and download keep binary and empty files exact; an upload replaces "
                     "a file",

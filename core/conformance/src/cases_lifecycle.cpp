@@ -77,8 +77,9 @@ void ttl_expiry(T& t) {
 void list_reap(T& t) {
   t.needs_extension("sbx.list-reap/1");
   // A label no other sandbox has: this host's labels plus a nonce of this case.
-  const std::string nonce = std::to_string(std::random_device{}()) + "-" +
-                            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  const std::string nonce =
+      std::to_string(std::random_device{}()) + "-" +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   auto spec = t.spec();
   spec.metadata["sbx.conformance.nonce"] = nonce;
   Sandbox box = t.create(spec);
@@ -94,7 +95,8 @@ void list_reap(T& t) {
     const auto it = listed[0].labels.find(k);
     CHECK(it != listed[0].labels.end() && it->second == v);  // every host label is stamped
   }
-  CHECK(listed[0].labels.count("sbx.test") == 1 && listed[0].labels.at("sbx.test") == "conformance");
+  CHECK(listed[0].labels.count("sbx.test") == 1 &&
+        listed[0].labels.at("sbx.test") == "conformance");
   // The other sandbox is listed under the host's run label only.
   bool found_other = false;
   for (const auto& s : t.provider().list({{"sbx.run", host_labels.at("sbx.run")}}))
@@ -113,7 +115,9 @@ void list_reap(T& t) {
 }  // namespace
 
 void add_lifecycle_cases(std::vector<Case>& cases) {
-  cases.push_back({{"lifecycle.create", "create returns a ready sandbox: status running, a command runs at once", ""}, create_ready});
+  cases.push_back({{"lifecycle.create",
+                    "create returns a ready sandbox: status running, a command runs at once", ""},
+                   create_ready});
   cases.push_back({{"lifecycle.close",
                     "the plugin's close ends the sandbox: its status is then stopped, and closing "
                     "again succeeds",

@@ -44,11 +44,21 @@ std::string xml_escaped(std::string_view s) {
   std::string out;
   for (const char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         // Control characters other than tab and newline are not allowed in XML 1.0.
         if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
@@ -115,6 +125,10 @@ void T::needs_extension(const std::string& extension) {
 void T::fail(const std::string& what, const std::source_location& where) {
   failures_.push_back(fs::path(where.file_name()).filename().string() + ":" +
                       std::to_string(where.line()) + ": " + what);
+}
+
+void T::fail_here(const std::string& what) {
+  failures_.push_back(what);
 }
 
 bool T::check(bool ok, const char* expr, const std::source_location& where) {
@@ -196,9 +210,12 @@ bool matches(std::string_view pattern, std::string_view name) {
 
 std::string_view to_string(Outcome outcome) noexcept {
   switch (outcome) {
-    case Outcome::passed: return "ok";
-    case Outcome::failed: return "FAILED";
-    case Outcome::not_offered: return "not offered";
+    case Outcome::passed:
+      return "ok";
+    case Outcome::failed:
+      return "FAILED";
+    case Outcome::not_offered:
+      return "not offered";
   }
   return "?";
 }
@@ -241,9 +258,9 @@ Summary run(const Options& options) {
       } catch (const RequireFailed&) {
         // the failure is recorded
       } catch (const std::exception& e) {
-        t.fail("unexpected " + T::describe(e), std::source_location::current());
+        t.fail_here("the case ended with " + T::describe(e));
       } catch (...) {
-        t.fail("an unknown exception", std::source_location::current());
+        t.fail_here("the case ended with an exception that is not a std::exception");
       }
       if (!t.failures().empty()) {
         // A failed check counts even when the case then found it was not offered.
@@ -253,9 +270,15 @@ Summary run(const Options& options) {
     }  // the case's sandboxes and scratch directory are gone before the next case starts
     result.seconds = seconds_since(case_start);
     switch (result.outcome) {
-      case Outcome::passed: ++summary.passed; break;
-      case Outcome::failed: ++summary.failed; break;
-      case Outcome::not_offered: ++summary.not_offered; break;
+      case Outcome::passed:
+        ++summary.passed;
+        break;
+      case Outcome::failed:
+        ++summary.failed;
+        break;
+      case Outcome::not_offered:
+        ++summary.not_offered;
+        break;
     }
     if (options.on_result) options.on_result(result);
     summary.results.push_back(std::move(result));

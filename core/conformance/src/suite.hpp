@@ -61,6 +61,7 @@ class T {
   void needs_extension(const std::string& extension);
 
   void fail(const std::string& what, const std::source_location& where);
+  void fail_here(const std::string& what);  // without a place (an exception that ended the case)
   bool check(bool ok, const char* expr, const std::source_location& where);
   void require(bool ok, const char* expr, const std::source_location& where) {
     if (!check(ok, expr, where)) throw RequireFailed{};
@@ -111,7 +112,8 @@ class T {
   std::filesystem::path tmp_;
 };
 
-#define CHECK(...) t.check(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, std::source_location::current())
+#define CHECK(...) \
+  t.check(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, std::source_location::current())
 #define REQUIRE(...) \
   t.require(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, std::source_location::current())
 #define CHECK_EQ(a, b) t.check_eq((a), (b), #a, #b, std::source_location::current())

@@ -16,7 +16,8 @@
 // TTL and sbx.renew/1: the expiry is kept in /.sbx-meta and enforced by whoever looks next: a call
 // on a sandbox past its expiry (status, exec, a transfer, connect) ends it first and answers as for
 // a sandbox that is gone. A tests-only shortcut: nothing ends an expired sandbox while no process
-// uses this provider. Commands run as the host's user: an exec with another `user` is UNIMPLEMENTED.
+// uses this provider. Commands run as the host's user: an exec with another `user` is
+// UNIMPLEMENTED.
 
 #include <sbx/abi/ext/connect.h>
 #include <boost/json.hpp>
@@ -154,7 +155,8 @@ class ProcessSandbox final : public sdk::Sandbox {
   }
   void require_running() {
     require_open();
-    if (paused()) throw Error::failed_precondition("sandbox " + id() + " is paused; resume it first");
+    if (paused())
+      throw Error::failed_precondition("sandbox " + id() + " is paused; resume it first");
   }
   bool paused() const { return fs::exists(dir_ / ".sbx-paused"); }
   // Marks the sandbox paused or running, and stops or continues what runs in it.
@@ -429,8 +431,7 @@ class TestProcessesProvider final : public sdk::Provider,
     done.succeed();
   }
 
-  void renew(sdk::Sandbox& s, int64_t expires_at_unix_ms,
-             sdk::Completion<int64_t> done) override {
+  void renew(sdk::Sandbox& s, int64_t expires_at_unix_ms, sdk::Completion<int64_t> done) override {
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     sandbox.require_open();
     if (expires_at_unix_ms <= ProcessSandbox::unix_now_ms()) {

@@ -64,13 +64,13 @@ struct Summary {
 };
 
 struct Options {
-  Host::Options host;      // how the suite makes its hosts (one per run; a second for connect)
-  std::string provider;    // a config block name or a provider id
+  Host::Options host;    // how the suite makes its hosts (one per run; a second for connect)
+  std::string provider;  // a config block name or a provider id
   std::optional<std::string> image;  // image of every sandbox; unset: the provider's default
-  std::string only;        // case selection (matches()); empty: every case
+  std::string only;                  // case selection (matches()); empty: every case
   uint64_t shuffle_seed = 0;  // 0: the suite's order; else cases in an order drawn from the seed
-  std::function<void(const CaseInfo&)> on_start;      // before a case runs
-  std::function<void(const CaseResult&)> on_result;   // after it
+  std::function<void(const CaseInfo&)> on_start;     // before a case runs
+  std::function<void(const CaseResult&)> on_result;  // after it
 };
 
 // Runs the selected cases. Throws what the host throws when the provider cannot be had at all
