@@ -4,6 +4,7 @@
 //   cmd_sandbox.cpp     create, exec, cp, status, pause, resume, close
 //                                                 (one sandbox over several sbx processes)
 //   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
+//   cmd_conformance.cpp conformance               (the provider conformance suite)
 // main.cpp puts them in the table, in the order `sbx --help` lists them.
 #pragma once
 
@@ -23,5 +24,6 @@ Command resume_command();
 Command close_command();
 Command list_command();
 Command reap_command();
+Command conformance_command();
 
 }  // namespace sbx::cli

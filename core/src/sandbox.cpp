@@ -7,6 +7,7 @@
 #include <sbx/abi/ext/endpoint.h>
 #include <sbx/abi/ext/pause.h>
 #include <sbx/abi/ext/renew.h>
+#include <sbx/core/plugin_checks.hpp>
 #include <sbx/core/sandbox.hpp>
 
 #include <fcntl.h>
@@ -90,6 +91,12 @@ struct DoneCtx : CallCtx, SandboxRef {
 
 // A failed close leaves the sandbox open, so that close can be retried. An abandoned one does
 // not: the host gave up on it (the log says so), and a destructor must not wait for it again.
+// A close the host does not record (plugin_checks::close_behind_host): the handle stays open.
+struct BehindCloseCtx : DoneCtx {
+  static constexpr CallKind kKind = CallKind::close;
+  BehindCloseCtx() : DoneCtx(kKind) {}
+};
+
 struct CloseCtx : DoneCtx {
   static constexpr CallKind kKind = CallKind::close;
   CloseCtx() : DoneCtx(kKind) {}
@@ -564,15 +571,17 @@ ExecResult Sandbox::exec(std::string_view command, ExecOptions options) {
 
 namespace {
 
+// `mode`: the permission bits the file gets (0: the ABI's default, 0644).
 Operation<void> start_upload(const std::shared_ptr<detail::SandboxState>& s,
-                             std::shared_ptr<detail::UploadCtx> ctx, const std::string& remote) {
+                             std::shared_ptr<detail::UploadCtx> ctx, const std::string& remote,
+                             uint32_t mode) {
   detail::require_utf8(remote, "the sandbox path");
   const auto& g = s->generation;
   ctx->sandbox = s;
   ctx->stream.struct_size = sizeof(sbx_input_stream);
   ctx->stream.ctx = ctx.get();
   const sbx_upload_request request{sizeof(sbx_upload_request), detail::view_of(remote),
-                                   &ctx->stream, 0};
+                                   &ctx->stream, mode};
   return start_operation<detail::Unit>(
       g, std::move(ctx), detail::transfer_deadline(*g), [&](void* token) {
         const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token,
@@ -598,10 +607,11 @@ Operation<void> Sandbox::upload_async(std::filesystem::path local_path, std::str
   if (!S_ISREG(st.st_mode)) {
     throw InvalidArgumentError("cannot upload " + local_path.string() + ": not a regular file");
   }
+  const auto mode = static_cast<uint32_t>(st.st_mode & 0777);
   if (st.st_size > 0) {
     ctx->stream.size = st.st_size;
     ctx->stream.read = &detail::UploadCtx::read_file;
-    return start_upload(state_, std::move(ctx), remote_path);
+    return start_upload(state_, std::move(ctx), remote_path, mode);
   }
   // Size 0: empty, or a pseudo-file whose size is only known once it is read.
   char buffer[64 * 1024];
@@ -619,7 +629,7 @@ Operation<void> Sandbox::upload_async(std::filesystem::path local_path, std::str
   }
   ctx->stream.size = static_cast<int64_t>(ctx->memory.size());
   ctx->stream.read = &detail::UploadCtx::read_memory;
-  return start_upload(state_, std::move(ctx), remote_path);
+  return start_upload(state_, std::move(ctx), remote_path, mode);
 }
 
 void Sandbox::upload(const std::filesystem::path& local_path, std::string_view remote_path) {
@@ -632,7 +642,7 @@ Operation<void> Sandbox::upload_bytes_async(std::string contents, std::string re
   ctx->memory = std::move(contents);
   ctx->stream.size = static_cast<int64_t>(ctx->memory.size());
   ctx->stream.read = &detail::UploadCtx::read_memory;
-  return start_upload(state_, std::move(ctx), remote_path);
+  return start_upload(state_, std::move(ctx), remote_path, 0);
 }
 
 void Sandbox::upload_bytes(std::string_view contents, std::string_view remote_path) {
@@ -774,6 +784,19 @@ Operation<void> Sandbox::close_async() {
 
 void Sandbox::close() {
   if (state_) close_async().get();
+}
+
+void plugin_checks::close_behind_host(Sandbox& box) {
+  const auto& s = box.state_;
+  require_open(s);
+  const auto& g = s->generation;
+  auto ctx = std::make_shared<detail::BehindCloseCtx>();
+  ctx->sandbox = s;
+  start_operation<detail::Unit>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_done_callbacks callbacks{sizeof(sbx_done_callbacks), token,
+                                       &detail::done_thunk<detail::BehindCloseCtx>};
+    return g->provider->close(g->provider, s->handle, &callbacks);
+  }).get();
 }
 
 namespace {

@@ -426,7 +426,7 @@ std::string random_hex(size_t bytes) {
 
 sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const ExecParams& params,
                          sdk::OutputSink& out, const sdk::Logger& log,
-                         const sdk::CancelToken& cancel) {
+                         const sdk::CancelToken& cancel, bool* started) {
   const auto deadline = Clock::now() + std::min(params.timeout, kNoTimeout);  // no overflow
   // The daemon would start it and report exit 1 with runc's message: refused here, clearly.
   if (const auto message = oversized_argument(params)) {
@@ -435,6 +435,7 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   }
   const std::string tag = random_hex(16);
   const std::string exec_id = create_exec(api, container, params, tag, cancel);
+  if (started) *started = true;
 
   // The stream is pulled and decoded here, on the caller's thread, never on the HTTP client's loop:
   // the caller's output sink may be slow (a full pipe, a busy interpreter), and that must slow

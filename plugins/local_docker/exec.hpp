@@ -33,9 +33,11 @@ struct ExecParams {
 //     message on stderr;
 //   - cancellation: the processes are killed, then Error::cancelled is thrown;
 //   - a container that is gone or stopped: NOT_FOUND / FAILED_PRECONDITION errors.
+// `started` (optional) is set once the daemon has made the exec, i.e. when an error came after
+// the command may have begun.
 sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const ExecParams& params,
                          sdk::OutputSink& out, const sdk::Logger& log,
-                         const sdk::CancelToken& cancel);
+                         const sdk::CancelToken& cancel, bool* started = nullptr);
 
 // An OutputSink that keeps everything in memory (probe, shell detection).
 class CollectingSink final : public sdk::OutputSink {

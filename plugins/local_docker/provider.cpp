@@ -385,9 +385,19 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     return sdk::ExitStatus::sandbox_failure();
   };
   sdk::ExitStatus status;
+  bool started = false;
   try {
-    status = run_exec(api_, box.container(), params, out, log_, cancel);
+    status = run_exec(api_, box.container(), params, out, log_, cancel, &started);
   } catch (const sdk::Error& e) {
+    // No exec could be made: the container is gone (404) or no longer runs (409 "is not
+    // running", as after its TTL, before AutoRemove): NOT_FOUND, as for any sandbox that is gone.
+    // The TTL's 125 below is for a command that was running when the sandbox ended.
+    if (!started && (e.http_status() == 404 ||
+                     (e.http_status() == 409 && std::string_view(e.what()).find("is not running") !=
+                                                    std::string_view::npos))) {
+      throw sdk::Error::not_found("sandbox " + box.container() + " no longer exists (" + e.what() +
+                                  ")");
+    }
     if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
     if (e.status() == SBX_STATUS_FAILED_PRECONDITION && e.http_status() == 409 &&
         std::string_view(e.what()).find("paused") != std::string_view::npos) {

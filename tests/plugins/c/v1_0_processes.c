@@ -8,8 +8,10 @@
  * its 1.1 extensions. Each sandbox is a private directory <$TMPDIR or /tmp>/sbx-v10-XXXXXX and each
  * command a host process (/bin/sh -c) in its own process group. There is NO isolation. A sandbox
  * path "/a/b" is "<dir>/a/b", a relative one is relative to the spec's workdir (or "/"), and one
- * that would leave the directory is refused with INVALID_ARGUMENT. The exec's `user` is ignored
- * (commands run as the host's user), and so are the spec's image, resources, entrypoint and ports.
+ * that would leave the directory is refused with INVALID_ARGUMENT. Commands run as the host's user
+ * and nothing ends a sandbox at a TTL, so an exec with a `user` and a spec with a `ttl_ms` are
+ * refused with UNIMPLEMENTED, which is how a provider declares that it does not offer them
+ * (docs/conformance.md); the spec's image, resources, entrypoint and ports are ignored.
  *
  * Threads: status completes inline, every other operation runs on a thread of its own. These
  * threads are joinable, not detached: a finished one is joined by the next start call or by
@@ -645,6 +647,10 @@ static sbx_status prepare_create(op* o, const sbx_spec* spec) {
     return failf(o->message, SBX_STATUS_INVALID_ARGUMENT,
                  "provider_options: v1_0_processes takes no options");
   }
+  if (spec->ttl_ms.set) {
+    return failf(o->message, SBX_STATUS_UNIMPLEMENTED,
+                 "v1_0_processes cannot end a sandbox at a TTL; create it without ttl_s");
+  }
   sandbox_state* s = o->made = sandbox_new();
   char* rel;
   sbx_status status = normalize("/", spec->workdir, false, &rel, o->message);
@@ -734,6 +740,10 @@ static sbx_status prepare_exec(op* o, const sbx_exec_request* req) {
   }
   sbx_status status = require_sandbox(o);
   if (status != SBX_STATUS_OK) return status;
+  if (sbx_str_is_set(req->user)) {
+    return failf(o->message, SBX_STATUS_UNIMPLEMENTED,
+                 "v1_0_processes runs commands as the host's user only; leave `user` unset");
+  }
   if (!valid_text(req->command)) {
     return failf(o->message, SBX_STATUS_INVALID_ARGUMENT, "the command contains a NUL byte");
   }

@@ -12,6 +12,12 @@
 // connect finds a sandbox again by its id under the configured root. What a connect needs (the
 // spec's workdir, env and ports) and the pause mark live in hidden files in the sandbox directory
 // (/.sbx-meta, /.sbx-paused), so another process, or another host object, sees them too.
+//
+// TTL and sbx.renew/1: the expiry is kept in /.sbx-meta and enforced by whoever looks next: a call
+// on a sandbox past its expiry (status, exec, a transfer, connect) ends it first and answers as for
+// a sandbox that is gone. A tests-only shortcut: nothing ends an expired sandbox while no process
+// uses this provider. Commands run as the host's user: an exec with another `user` is
+// UNIMPLEMENTED.
 
 #include <sbx/abi/ext/connect.h>
 #include <boost/json.hpp>
@@ -83,8 +89,28 @@ struct Config {
 
 class ProcessSandbox final : public sdk::Sandbox {
  public:
-  ProcessSandbox(fs::path dir, sdk::Spec spec)
-      : sdk::Sandbox(dir.filename().string()), dir_(std::move(dir)), spec_(std::move(spec)) {}
+  ProcessSandbox(fs::path dir, sdk::Spec spec, int64_t expires_at_unix_ms)
+      : sdk::Sandbox(dir.filename().string()),
+        dir_(std::move(dir)),
+        spec_(std::move(spec)),
+        expires_at_unix_ms_(expires_at_unix_ms) {}
+
+  static int64_t unix_now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  int64_t expires_at_unix_ms() const { return expires_at_unix_ms_.load(); }
+  void set_expires_at_unix_ms(int64_t at) { expires_at_unix_ms_.store(at); }
+  // Ends the sandbox when its expiry has passed; true when it did (or it had already).
+  bool expire_if_due() {
+    const int64_t at = expires_at_unix_ms_.load();
+    if (at <= 0 || unix_now_ms() < at) return false;
+    close();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    return true;
+  }
 
   const fs::path& dir() const { return dir_; }
   const sdk::Spec& spec() const { return spec_; }
@@ -122,14 +148,15 @@ class ProcessSandbox final : public sdk::Sandbox {
   bool closed() const { return closed_.load(); }
   // A sandbox that is gone (closed through this or another handle) is NOT_FOUND for every call,
   // as the ABI asks; one that is paused refuses commands and transfers at once.
-  void require_open() const {
-    if (closed() || !fs::exists(dir_)) {
+  void require_open() {
+    if (expire_if_due() || closed() || !fs::exists(dir_)) {
       throw Error::not_found("sandbox " + id() + " no longer exists");
     }
   }
-  void require_running() const {
+  void require_running() {
     require_open();
-    if (paused()) throw Error::failed_precondition("sandbox " + id() + " is paused; resume it first");
+    if (paused())
+      throw Error::failed_precondition("sandbox " + id() + " is paused; resume it first");
   }
   bool paused() const { return fs::exists(dir_ / ".sbx-paused"); }
   // Marks the sandbox paused or running, and stops or continues what runs in it.
@@ -151,6 +178,7 @@ class ProcessSandbox final : public sdk::Sandbox {
   std::mutex mutex_;
   std::set<pid_t> groups_;
   std::atomic<bool> closed_{false};
+  std::atomic<int64_t> expires_at_unix_ms_{0};  // 0: no TTL
 };
 
 // Closes a file descriptor on scope exit.
@@ -269,7 +297,8 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
 
 class TestProcessesProvider final : public sdk::Provider,
                                     public sdk::PauseExtension,
-                                    public sdk::ConnectExtension {
+                                    public sdk::ConnectExtension,
+                                    public sdk::RenewExtension {
  public:
   static constexpr const char* kId = "test_processes";
   static constexpr const char* kDescription =
@@ -307,6 +336,11 @@ class TestProcessesProvider final : public sdk::Provider,
     maybe_throw("exec");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     sandbox.require_running();
+    if (request.user && *request.user != std::to_string(::getuid())) {
+      throw Error::unimplemented("test_processes runs commands as the host's user (uid " +
+                                 std::to_string(::getuid()) + ") only, not as '" + *request.user +
+                                 "'");
+    }
     pool_.submit([this, &sandbox, request = std::move(request), done = std::move(done)]() mutable {
       try {
         const auto timeout = request.timeout.value_or(config_.default_timeout);
@@ -355,7 +389,9 @@ class TestProcessesProvider final : public sdk::Provider,
     maybe_throw("status");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     auto answer = [&sandbox] {
-      if (sandbox.closed() || !fs::exists(sandbox.dir())) return sdk::SandboxStatus::stopped;
+      if (sandbox.expire_if_due() || sandbox.closed() || !fs::exists(sandbox.dir())) {
+        return sdk::SandboxStatus::stopped;
+      }
       return sandbox.paused() ? sdk::SandboxStatus::paused : sdk::SandboxStatus::running;
     };
     if (config_.complete_inline) return done.succeed(answer());
@@ -395,6 +431,17 @@ class TestProcessesProvider final : public sdk::Provider,
     done.succeed();
   }
 
+  void renew(sdk::Sandbox& s, int64_t expires_at_unix_ms, sdk::Completion<int64_t> done) override {
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    sandbox.require_open();
+    if (expires_at_unix_ms <= ProcessSandbox::unix_now_ms()) {
+      throw Error::invalid_argument("the new expiry is in the past");
+    }
+    sandbox.set_expires_at_unix_ms(expires_at_unix_ms);
+    write_meta(sandbox.dir(), sandbox.spec(), expires_at_unix_ms);
+    done.succeed(expires_at_unix_ms);
+  }
+
   void serialize(sdk::Sandbox& s, sdk::Completion<std::string> done) override {
     done.succeed(boost::json::serialize(boost::json::object{
         {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", s.id()}}));
@@ -417,18 +464,22 @@ class TestProcessesProvider final : public sdk::Provider,
     }
     const fs::path dir = config_.root / name;
     if (!fs::is_directory(dir)) throw Error::not_found("sandbox " + name + " no longer exists");
-    sdk::Spec spec = read_meta(dir);
+    int64_t expires_at = 0;
+    sdk::Spec spec = read_meta(dir, expires_at);
+    auto sandbox = std::make_unique<ProcessSandbox>(dir, spec, expires_at);
+    if (sandbox->expire_if_due()) throw Error::not_found("sandbox " + name + " has expired");
     sdk::Connected connected;
     connected.workdir = spec.workdir;
     connected.ports = spec.ports;
-    connected.sandbox = std::make_unique<ProcessSandbox>(dir, std::move(spec));
+    connected.sandbox = std::move(sandbox);
     done.succeed(std::move(connected));
   }
 
  private:
   // What a connect needs of the spec, kept in the sandbox directory (hidden from `ls`).
-  static void write_meta(const fs::path& dir, const sdk::Spec& spec) {
+  static void write_meta(const fs::path& dir, const sdk::Spec& spec, int64_t expires_at_unix_ms) {
     boost::json::object meta;
+    meta["expires_at_unix_ms"] = expires_at_unix_ms;
     if (spec.workdir) meta["workdir"] = *spec.workdir;
     boost::json::object env;
     for (const auto& [k, v] : spec.env)
@@ -440,11 +491,14 @@ class TestProcessesProvider final : public sdk::Provider,
     meta["ports"] = std::move(ports);
     std::ofstream(dir / ".sbx-meta") << boost::json::serialize(meta);
   }
-  static sdk::Spec read_meta(const fs::path& dir) {
+  static sdk::Spec read_meta(const fs::path& dir, int64_t& expires_at_unix_ms) {
     std::ifstream in(dir / ".sbx-meta");
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const boost::json::object meta = sdk::json::parse_object(text, dir.string() + "/.sbx-meta");
     sdk::Spec spec;
+    if (const auto* e = meta.if_contains("expires_at_unix_ms"); e && e->is_int64()) {
+      expires_at_unix_ms = e->get_int64();
+    }
     if (const auto* w = meta.if_contains("workdir"); w && w->is_string()) {
       spec.workdir = std::string(w->get_string());
     }
@@ -486,9 +540,11 @@ class TestProcessesProvider final : public sdk::Provider,
       throw Error::create_failed("cannot create a sandbox directory under " +
                                  config_.root.string() + ": " + errno_text());
     }
-    auto sandbox = std::make_unique<ProcessSandbox>(pattern, std::move(spec));
+    const int64_t expires_at =
+        spec.ttl ? ProcessSandbox::unix_now_ms() + std::max<int64_t>(spec.ttl->count(), 1) : 0;
+    auto sandbox = std::make_unique<ProcessSandbox>(pattern, std::move(spec), expires_at);
     try {
-      write_meta(sandbox->dir(), sandbox->spec());
+      write_meta(sandbox->dir(), sandbox->spec(), expires_at);
       if (sandbox->spec().workdir)
         fs::create_directories(sandbox->host_path(*sandbox->spec().workdir));
       for (const auto& file : sandbox->spec().files) {

@@ -22,6 +22,11 @@ namespace detail {
 struct SandboxState;
 }
 
+class Sandbox;
+namespace plugin_checks {
+void close_behind_host(Sandbox& box);  // sbx/core/plugin_checks.hpp
+}
+
 class Sandbox {
  public:
   Sandbox() = default;
@@ -41,7 +46,8 @@ class Sandbox {
   ExecResult exec(std::string_view command, ExecOptions options = {});
   Operation<ExecResult> exec_async(std::string command, ExecOptions options = {});
 
-  // Copies a local file in; missing parent directories are created.
+  // Copies a local file in, with the local file's permission bits (0777 of its mode: a script
+  // uploaded with 0755 runs); missing parent directories are created. upload_bytes writes 0644.
   void upload(const std::filesystem::path& local_path, std::string_view remote_path);
   Operation<void> upload_async(std::filesystem::path local_path, std::string remote_path);
   void upload_bytes(std::string_view contents, std::string_view remote_path);
@@ -89,6 +95,7 @@ class Sandbox {
   void detach();
 
  private:
+  friend void plugin_checks::close_behind_host(Sandbox& box);
   std::shared_ptr<detail::SandboxState> state_;
 };
 

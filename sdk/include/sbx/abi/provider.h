@@ -77,7 +77,8 @@ typedef struct sbx_exec_request {
   sbx_str cwd;            /* unset = the spec's workdir, else the backend default */
   sbx_kv_list env;        /* merged over the sandbox env; these values win */
   sbx_opt_i64 timeout_ms; /* unset = the provider's configured default */
-  sbx_str user;           /* user name or numeric uid as text; unset = the sandbox default */
+  sbx_str user;           /* user name or numeric uid as text; unset = the sandbox default. A
+                             provider that cannot run as another user refuses with UNIMPLEMENTED */
 } sbx_exec_request;
 
 /* The outcome of a command that the sandbox ran (docs/abi/errors.md, "exit codes are results"):

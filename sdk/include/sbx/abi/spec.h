@@ -44,7 +44,8 @@ typedef struct sbx_spec {
   uint32_t struct_size;
 
   sbx_str image;                /* container image or provider-specific template; unset = default */
-  sbx_opt_i64 ttl_ms;           /* sandbox lifetime; the backend ends it even if the host dies */
+  sbx_opt_i64 ttl_ms;           /* sandbox lifetime; the backend ends it even if the host dies. A
+                                   provider that cannot refuses a set ttl_ms with UNIMPLEMENTED */
   sbx_opt_i64 ready_timeout_ms; /* how long create may wait for the sandbox to become ready */
   sbx_str workdir;              /* default working directory for exec */
   sbx_kv_list env;              /* environment of every process in the sandbox */
