@@ -58,6 +58,7 @@ fi
 # tree with find_package alone; the .so lands in ${work}/<label>/<example>/.
 build_examples() {
   local label=$1 prefix=${2:-} example dir
+  mkdir -p "${work}/${label}"
   for example in hello c_provider; do
     dir=${work}/${label}/${example}
     cmake -S "${src}/sdk/examples/${example}" -B "${dir}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -102,9 +103,15 @@ conformance() {
     die "sbx conformance failed for ${provider}"
 }
 
-# run_conformance <label> <sbx> <installed plugin dir>
+# run_conformance <label> <sbx> <installed plugin dir>: first one `sbx run` in each example (a
+# quick check that does not need `sbx conformance`), then the suite on all four providers.
 run_conformance() {
-  local label=$1 sbx=$2 plugin_dir=$3
+  local label=$1 sbx=$2 plugin_dir=$3 example out
+  for example in hello c_provider; do
+    out=$("${sbx}" run --plugin-dir "${work}/${label}/${example}" --provider "${example}" -- echo "hi from ${example}")
+    [[ ${out} == "hi from ${example}" ]] || die "sbx run --provider ${example} printed: ${out}"
+    echo "ok: ${sbx} run --provider ${example}: ${out}"
+  done
   conformance "${sbx}" "${work}/${label}/hello" hello
   conformance "${sbx}" "${work}/${label}/c_provider" c_provider
   conformance "${sbx}" "${test_plugins}" test_processes
@@ -118,10 +125,10 @@ cmake --install "${build}" --prefix "${prefix}" >"${work}/install.log"
 check_finds_own_files "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
 
 step "A. the examples out of tree against the prefix (find_package alone)"
-build_examples prefix "${prefix}"
+build_examples against-prefix "${prefix}"
 
 step "A. sbx conformance with the installed sbx"
-run_conformance prefix "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
+run_conformance against-prefix "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
 
 # ---- B. the Debian packages -------------------------------------------------------------------
 step "B. cpack -G DEB"
@@ -160,12 +167,12 @@ fi
 check_finds_own_files "${root}/bin/sbx" "${root}/lib/sbx/plugins"
 
 step "B. the examples out of tree against the packages (find_package alone)"
-build_examples deb "${deb_prefix}"
-grep -q "^sbx_DIR:PATH=${root}/lib/cmake/sbx" "${work}/deb/hello/CMakeCache.txt" ||
+build_examples against-deb "${deb_prefix}"
+grep -q "^sbx_DIR:PATH=${root}/lib/cmake/sbx" "${work}/against-deb/hello/CMakeCache.txt" ||
   die "hello did not find the packaged sbx in ${root}"
 
 step "B. sbx conformance with the packaged sbx"
-run_conformance deb "${root}/bin/sbx" "${root}/lib/sbx/plugins"
+run_conformance against-deb "${root}/bin/sbx" "${root}/lib/sbx/plugins"
 
 if ((conformance_skipped)); then
   printf '\nkit-test: INCOMPLETE: sbx conformance was not run (SBX_KIT_CONFORMANCE=skip)\n' >&2
