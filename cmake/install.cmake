@@ -123,4 +123,6 @@ The C ABI headers, the C++20 plugin SDK and its HTTP client, the host library, a
 libraries with a CMake package (find_package(sbx)) and pkg-config files (sbx, sbx-abi,\n\
 sbx-http).")
 
-include(CPack)
+if(sbx_IS_TOP_LEVEL)  # a project that adds sbx as a subdirectory keeps its own packaging
+  include(CPack)
+endif()
