@@ -9,34 +9,82 @@
 
 # ---- Targets ------------------------------------------------------------------------------------
 
-# One export set per CMake package component, so that sbx-config.cmake loads (and finds the
-# dependencies of) only the components asked for: sbx::sdk without libcurl.
-set(sbx_exported
-  sbx_abi:abi:abi
-  sbx_sdk:sdk:sdk
-  sbx_sdk_http:sdk_http:sdk_http
-  sbx_core:core:core
-  sbx:sbx:tools
-  sbx-plugin-probe:plugin_probe:tools)
-foreach(entry ${sbx_exported})
+# The libraries of the kit, each in an export set of its own (sbx-<set>-targets.cmake), so that
+# sbx-config.cmake loads, and finds the dependencies of, only what a project asks for: sbx::sdk
+# without libcurl. Entries are <target>:<exported name>; the exported name is also the set's name
+# and the CMake package component's. sbx::base (helpers shared by the SDK and the host) and
+# sbx::sdk_testing (the fake host) are installed when this tree has them.
+set(sbx_libraries sbx_abi:abi)
+if(TARGET sbx_base)
+  list(APPEND sbx_libraries sbx_base:base)
+endif()
+list(APPEND sbx_libraries sbx_sdk:sdk sbx_sdk_http:sdk_http)
+if(TARGET sbx_sdk_testing)
+  list(APPEND sbx_libraries sbx_sdk_testing:sdk_testing)
+endif()
+list(APPEND sbx_libraries sbx_core:core)
+
+set(sbx_library_sets "")
+set(sbx_set_needs "")  # for sbx-config.cmake: which other sets each set links
+foreach(entry ${sbx_libraries})
   string(REPLACE ":" ";" entry ${entry})
   list(GET entry 0 target)
   list(GET entry 1 name)
+  list(APPEND sbx_library_sets ${name})
+  set(sbx_set_of_${target} ${name})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
+  # Include directories name the source tree; an installed target uses <prefix>/include.
+  get_target_property(dirs ${target} INTERFACE_INCLUDE_DIRECTORIES)
+  if(dirs)
+    set(relocatable "")
+    foreach(dir ${dirs})
+      if(dir MATCHES "^\\$<")
+        list(APPEND relocatable "${dir}")
+      else()
+        list(APPEND relocatable "$<BUILD_INTERFACE:${dir}>")
+      endif()
+    endforeach()
+    list(APPEND relocatable "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>")
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${relocatable}")
+  endif()
+  if(name STREQUAL "abi")
+    install(TARGETS ${target} EXPORT sbx-${name})  # header-only: the headers are installed below
+  else()
+    install(TARGETS ${target} EXPORT sbx-${name}
+            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+  endif()
+endforeach()
+foreach(entry ${sbx_libraries})
+  string(REPLACE ":" ";" entry ${entry})
+  list(GET entry 0 target)
+  list(GET entry 1 name)
+  get_target_property(links ${target} LINK_LIBRARIES)
+  get_target_property(interface_links ${target} INTERFACE_LINK_LIBRARIES)
+  set(needs "")
+  foreach(link ${links} ${interface_links})
+    if(TARGET "${link}")
+      get_target_property(real "${link}" ALIASED_TARGET)
+      if(NOT real)
+        set(real "${link}")
+      endif()
+      if(DEFINED sbx_set_of_${real} AND NOT sbx_set_of_${real} STREQUAL name)
+        list(APPEND needs ${sbx_set_of_${real}})
+      endif()
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES needs)
+  string(APPEND sbx_set_needs "set(_sbx_needs_${name} ${needs})\n")
 endforeach()
 
-# Inside this build the executables answer to their exported names too.
-add_executable(sbx::sbx ALIAS sbx)
-add_executable(sbx::plugin_probe ALIAS sbx-plugin-probe)
-
-install(TARGETS sbx_abi EXPORT sbx-abi)
-install(TARGETS sbx_sdk EXPORT sbx-sdk ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
-install(TARGETS sbx_sdk_http EXPORT sbx-sdk_http
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
-install(TARGETS sbx_core EXPORT sbx-core ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+# The executables: sbx::sbx and sbx::plugin_probe in sbx-tools-targets.cmake, always loaded.
+set_target_properties(sbx PROPERTIES EXPORT_NAME sbx)
+set_target_properties(sbx-plugin-probe PROPERTIES EXPORT_NAME plugin_probe)
 install(TARGETS sbx EXPORT sbx-tools RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 install(TARGETS sbx-plugin-probe EXPORT sbx-tools
         RUNTIME DESTINATION ${SBX_INSTALL_PROBEDIR} COMPONENT runtime)
+# Inside this build the executables answer to their exported names too.
+add_executable(sbx::sbx ALIAS sbx)
+add_executable(sbx::plugin_probe ALIAS sbx-plugin-probe)
 
 # The in-tree plugins: every sbx_add_plugin target defined under plugins/ (not tests/, bench/ or
 # sdk/examples/).
@@ -56,7 +104,7 @@ install(DIRECTORY sdk/include/ core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDE
 
 # ---- The CMake package --------------------------------------------------------------------------
 
-foreach(set abi sdk sdk_http core tools)
+foreach(set ${sbx_library_sets} tools)
   install(EXPORT sbx-${set} FILE sbx-${set}-targets.cmake NAMESPACE sbx::
           DESTINATION ${SBX_INSTALL_CMAKEDIR} COMPONENT dev)
 endforeach()
