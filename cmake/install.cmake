@@ -130,6 +130,11 @@ file(RELATIVE_PATH pc_includedir ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_IN
 file(RELATIVE_PATH pc_libdir ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LIBDIR})
 file(RELATIVE_PATH pc_plugindir ${CMAKE_INSTALL_PREFIX} ${SBX_INSTALL_FULL_PLUGINDIR})
 file(RELATIVE_PATH pc_cmakedir ${CMAKE_INSTALL_PREFIX} ${SBX_INSTALL_FULL_CMAKEDIR})
+# The SDK's static libraries, each before the ones it uses.
+set(pc_sdk_libs "-lsbx_sdk")
+if(TARGET sbx_base)
+  string(APPEND pc_sdk_libs " -lsbx_base")
+endif()
 foreach(pc sbx sbx-abi sbx-http)
   configure_file(cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc DESTINATION ${pc_dir} COMPONENT dev)
