@@ -42,8 +42,10 @@ for f in bin/sbx libexec/sbx/sbx-plugin-probe lib/sbx/plugins/local_docker.so \
   lib/pkgconfig/sbx.pc lib/pkgconfig/sbx-abi.pc lib/pkgconfig/sbx-http.pc; do
   [[ -e ${prefix}/${f} ]] || fail "not installed: ${f}"
 done
-unwanted=$(cd "${prefix}" && find . \( -name '*test*' -o -name 'hello*' -o -name 'c_provider*' \
-  -o -name 'noop*' -o -name '*bench*' -o -name 'misbehave*' -o -name 'libsbx_cli_args*' \) -print)
+unwanted=$(cd "${prefix}" && find . \( -name '*_test' -o -name '*_test.*' -o -name 'test_*' \
+  -o -name 'hello*' -o -name 'c_provider*' -o -name 'noop*' -o -name 'abi_dispatch*' \
+  -o -name '*_vs_cli*' -o -name 'misbehave*' -o -name 'init_counter*' -o -name 'v1_0_*' \
+  -o -name 'libsbx_cli_args*' \) -print)
 [[ -z ${unwanted} ]] || fail "installed but not part of the kit: ${unwanted}"
 if grep -rqF "${work}/staged" "${prefix}/lib/cmake" "${prefix}/lib/pkgconfig"; then
   fail "the CMake package or a .pc file names the path it was installed to"
