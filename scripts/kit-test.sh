@@ -11,7 +11,8 @@
 #
 # Usage: scripts/kit-test.sh [BUILD_DIR]
 # Environment:
-#   SBX_KIT_DEB=install   B as above (default; needs root and apt-get)
+#   SBX_KIT_DEB=install   B as above (default; needs root and apt-get; packages named sbx or
+#                         libsbx-dev installed before are removed at the end as well)
 #   SBX_KIT_DEB=inspect   B without touching the system: the packages are checked with dpkg-deb,
 #                         `apt-get install --simulate` and extracted into a temporary directory
 #                         (dpkg -x), which then serves as the prefix
@@ -151,8 +152,8 @@ done
 if [[ ${deb_mode} == install ]]; then
   [[ ${EUID} -eq 0 ]] || die "installing the packages needs root (or SBX_KIT_DEB=inspect)"
   step "B. apt-get install the packages"
+  installed_debs=1  # also after a failed install: remove whatever got in
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${sbx_deb}" "${dev_deb}"
-  installed_debs=1
   root=/usr
   deb_prefix=""  # found where find_package looks by default
 else
