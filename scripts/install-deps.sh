@@ -20,6 +20,8 @@ fi
 packages=(
   # build tools
   cmake ninja-build g++ pkg-config ccache git
+  # Debian packages (cpack -G DEB: dpkg-shlibdeps, file)
+  dpkg-dev file
   # libraries
   libboost1.81-dev libboost-json1.81-dev libcurl4-openssl-dev libspdlog-dev doctest-dev
   # runtime / test tools

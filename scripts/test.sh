@@ -2,7 +2,9 @@
 # test.sh — runs every test: installs dependencies, brings up Docker, the
 # test images and the local registry (scripts/docker-up.sh), then for each
 # CMake preset configures, builds and runs ctest; finally fails if a Docker
-# container labelled sbx.sandbox was left behind. Stops at the first failure.
+# container labelled sbx.sandbox was left behind. After the default preset's
+# tests, scripts/kit-test.sh checks the install, the Debian packages and the
+# out-of-tree examples. Stops at the first failure.
 #
 # Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
 # Environment:
@@ -78,6 +80,10 @@ for preset in "${presets[@]}"; do
   step "test (${preset})"
   ctest --preset "${preset}" --output-on-failure --no-tests=error \
     --timeout "${ctest_timeout}" --parallel "${ctest_jobs}"
+  if [[ ${preset} == default ]]; then
+    step "the plugin author's kit: install, packages, out-of-tree examples (scripts/kit-test.sh)"
+    scripts/kit-test.sh build
+  fi
 done
 
 step "check that no sbx.sandbox container was left behind"

@@ -352,7 +352,7 @@ fs::path probe_program(const fs::path& configured) {
   if (const char* env = std::getenv("SBX_PLUGIN_PROBE"); env && *env) return env;
   const fs::path dir = boost::dll::program_location().parent_path();
   for (const fs::path& candidate :
-       {dir / "sbx-plugin-probe", dir.parent_path() / "libexec" / "sbx" / "sbx-plugin-probe",
+       {dir / "sbx-plugin-probe", (dir / SBX_PROBE_FROM_BIN).lexically_normal(),
         fs::path(SBX_PROBE_BUILD_PATH)}) {
     if (executable(candidate)) return candidate;
   }

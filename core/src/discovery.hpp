@@ -33,7 +33,8 @@ struct ProbeSettings {
 };
 
 // Where sbx-plugin-probe is: `configured` if set, else $SBX_PLUGIN_PROBE, next to the running
-// program, in <program dir>/../libexec/sbx/, or in this build's tree. Empty when none exists.
+// program, where an install puts it relative to the program (<program dir>/../libexec/sbx/ by
+// default, SBX_PROBE_FROM_BIN), or in this build's tree. Empty when none exists.
 std::filesystem::path probe_program(const std::filesystem::path& configured);
 
 // The disk cache: `configured` if set, else $SBX_PLUGIN_CACHE ("off" for none), else

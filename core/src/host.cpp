@@ -62,6 +62,18 @@ fs::path canonical_or_same(const fs::path& path) {
   return ec ? path : key;
 }
 
+// The plugin directory of an installed program (<program dir>/../lib/sbx/plugins by default,
+// SBX_PLUGINS_FROM_BIN) when it exists, else the build tree's (<program dir>/../plugins, next to
+// build/bin) when that exists, else the installed one.
+fs::path default_plugin_dir() {
+  const fs::path bin = boost::dll::program_location().parent_path();
+  const fs::path installed = (bin / SBX_PLUGINS_FROM_BIN).lexically_normal();
+  const fs::path built = bin.parent_path() / "plugins";
+  std::error_code ec;
+  if (fs::is_directory(installed, ec) || !fs::is_directory(built, ec)) return installed;
+  return built;
+}
+
 // Every plugin file of the search directories and what it offers, read without loading any of
 // them into this process (discovery.hpp).
 struct Catalog {
@@ -91,7 +103,7 @@ struct Host::Impl {
     if (options.use_default_plugin_dirs) {
       for (const auto& p : split_path_list(std::getenv("SBX_PLUGIN_PATH")))
         out.push_back(p);
-      out.push_back(boost::dll::program_location().parent_path().parent_path() / "plugins");
+      out.push_back(default_plugin_dir());
     }
     return out;
   }

@@ -6,7 +6,11 @@
 //   sbx::ExecResult r = box.exec("echo hi");
 //
 // Plugins are the *.so files in the plugin directories: $SBX_PLUGIN_PATH (colon-separated), the
-// config's plugin_path, and `<directory of the running program>/../plugins`. What each file offers
+// config's plugin_path, and the running program's own: `<program dir>/../lib/sbx/plugins` for an
+// installed program (where `cmake --install` and the sbx package put plugins), else
+// `<program dir>/../plugins` in a build tree. A program of your own that embeds sbx::core is not
+// installed next to them: pass Options::plugin_dirs and probe_program (the CMake package's
+// SBX_PLUGIN_DIR and SBX_PLUGIN_PROBE, docs/packaging.md). What each file offers
 // is read by a probe process (sbx-plugin-probe), never by loading every file here: a file that is
 // not a usable plugin, or that crashes or hangs whoever loads it, is reported (plugins()) and
 // skipped, and only the plugin a provider needs is loaded into this process.

@@ -1,0 +1,181 @@
+# What `cmake --install` puts where, the CMake package, the pkg-config files and the Debian packages
+# (`cpack -G DEB`). docs/packaging.md describes the result. Included last by the top-level
+# CMakeLists.txt, when every target exists.
+#
+# Install components, one Debian package each:
+#   runtime -> package sbx         bin/sbx, libexec/sbx/sbx-plugin-probe, lib/sbx/plugins/*.so
+#   dev     -> package libsbx-dev  include/sbx/, lib/libsbx_*.a, lib/cmake/sbx/, lib/pkgconfig/
+# Tests, benchmarks and the examples are not installed.
+
+# ---- Targets ------------------------------------------------------------------------------------
+
+# The libraries of the kit, each in an export set of its own (sbx-<set>-targets.cmake), so that
+# sbx-config.cmake loads, and finds the dependencies of, only what a project asks for: sbx::sdk
+# without libcurl. Entries are <target>:<exported name>; the exported name is also the set's name
+# and the CMake package component's. sbx::base (helpers shared by the SDK and the host) and
+# sbx::sdk_testing (the fake host) are installed when this tree has them.
+set(sbx_libraries sbx_abi:abi)
+if(TARGET sbx_base)
+  list(APPEND sbx_libraries sbx_base:base)
+endif()
+list(APPEND sbx_libraries sbx_sdk:sdk sbx_sdk_http:sdk_http)
+if(TARGET sbx_sdk_testing)
+  list(APPEND sbx_libraries sbx_sdk_testing:sdk_testing)
+endif()
+list(APPEND sbx_libraries sbx_core:core)
+
+set(sbx_library_sets "")
+set(sbx_set_needs "")  # for sbx-config.cmake: which other sets each set links
+foreach(entry ${sbx_libraries})
+  string(REPLACE ":" ";" entry ${entry})
+  list(GET entry 0 target)
+  list(GET entry 1 name)
+  list(APPEND sbx_library_sets ${name})
+  set(sbx_set_of_${target} ${name})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
+  # Include directories name the source tree; an installed target uses <prefix>/include.
+  get_target_property(dirs ${target} INTERFACE_INCLUDE_DIRECTORIES)
+  if(dirs)
+    set(relocatable "")
+    foreach(dir ${dirs})
+      if(dir MATCHES "^\\$<")
+        list(APPEND relocatable "${dir}")
+      else()
+        list(APPEND relocatable "$<BUILD_INTERFACE:${dir}>")
+      endif()
+    endforeach()
+    list(APPEND relocatable "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>")
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${relocatable}")
+  endif()
+  if(name STREQUAL "abi")
+    install(TARGETS ${target} EXPORT sbx-${name})  # header-only: the headers are installed below
+  else()
+    install(TARGETS ${target} EXPORT sbx-${name}
+            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+  endif()
+endforeach()
+foreach(entry ${sbx_libraries})
+  string(REPLACE ":" ";" entry ${entry})
+  list(GET entry 0 target)
+  list(GET entry 1 name)
+  get_target_property(links ${target} LINK_LIBRARIES)
+  get_target_property(interface_links ${target} INTERFACE_LINK_LIBRARIES)
+  set(needs "")
+  foreach(link ${links} ${interface_links})
+    if(TARGET "${link}")
+      get_target_property(real "${link}" ALIASED_TARGET)
+      if(NOT real)
+        set(real "${link}")
+      endif()
+      if(DEFINED sbx_set_of_${real} AND NOT sbx_set_of_${real} STREQUAL name)
+        list(APPEND needs ${sbx_set_of_${real}})
+      endif()
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES needs)
+  string(APPEND sbx_set_needs "set(_sbx_needs_${name} ${needs})\n")
+endforeach()
+
+# The executables: sbx::sbx and sbx::plugin_probe in sbx-tools-targets.cmake, always loaded.
+set_target_properties(sbx PROPERTIES EXPORT_NAME sbx)
+set_target_properties(sbx-plugin-probe PROPERTIES EXPORT_NAME plugin_probe)
+install(TARGETS sbx EXPORT sbx-tools RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+install(TARGETS sbx-plugin-probe EXPORT sbx-tools
+        RUNTIME DESTINATION ${SBX_INSTALL_PROBEDIR} COMPONENT runtime)
+# Inside this build the executables answer to their exported names too.
+add_executable(sbx::sbx ALIAS sbx)
+add_executable(sbx::plugin_probe ALIAS sbx-plugin-probe)
+
+# The in-tree plugins: every sbx_add_plugin target defined under plugins/ (not tests/, bench/ or
+# sdk/examples/).
+get_property(sbx_plugin_targets GLOBAL PROPERTY SBX_PLUGIN_TARGETS)
+foreach(target ${sbx_plugin_targets})
+  get_target_property(dir ${target} SOURCE_DIR)
+  file(RELATIVE_PATH relative ${PROJECT_SOURCE_DIR} ${dir})
+  if(relative MATCHES "^plugins/")
+    install(TARGETS ${target} LIBRARY DESTINATION ${SBX_INSTALL_PLUGINDIR} COMPONENT runtime)
+  endif()
+endforeach()
+
+# ---- Headers ------------------------------------------------------------------------------------
+
+install(DIRECTORY sdk/include/ core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        COMPONENT dev FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
+
+# ---- The CMake package --------------------------------------------------------------------------
+
+foreach(set ${sbx_library_sets} tools)
+  install(EXPORT sbx-${set} FILE sbx-${set}-targets.cmake NAMESPACE sbx::
+          DESTINATION ${SBX_INSTALL_CMAKEDIR} COMPONENT dev)
+endforeach()
+include(CMakePackageConfigHelpers)
+configure_package_config_file(cmake/sbx-config.cmake.in ${PROJECT_BINARY_DIR}/sbx-config.cmake
+  INSTALL_DESTINATION ${SBX_INSTALL_CMAKEDIR}
+  PATH_VARS SBX_INSTALL_PLUGINDIR SBX_INSTALL_PROBEDIR)
+# The package version is the ABI version (top-level CMakeLists.txt): the same major, and a minor no
+# newer than this one, is compatible.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/sbx-config-version.cmake
+                                 COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/sbx-config.cmake ${PROJECT_BINARY_DIR}/sbx-config-version.cmake
+              sdk/cmake/SbxAddPlugin.cmake sdk/cmake/plugin.version
+        DESTINATION ${SBX_INSTALL_CMAKEDIR} COMPONENT dev)
+
+# ---- pkg-config ---------------------------------------------------------------------------------
+
+# Paths relative to the .pc file's own directory (${pcfiledir}), so a moved prefix still works.
+set(pc_dir ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+cmake_path(ABSOLUTE_PATH pc_dir BASE_DIRECTORY ${CMAKE_INSTALL_PREFIX} OUTPUT_VARIABLE pc_full_dir)
+file(RELATIVE_PATH pc_prefix_from_pcdir ${pc_full_dir} ${CMAKE_INSTALL_PREFIX})
+file(RELATIVE_PATH pc_includedir ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_INCLUDEDIR})
+file(RELATIVE_PATH pc_libdir ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LIBDIR})
+file(RELATIVE_PATH pc_plugindir ${CMAKE_INSTALL_PREFIX} ${SBX_INSTALL_FULL_PLUGINDIR})
+file(RELATIVE_PATH pc_cmakedir ${CMAKE_INSTALL_PREFIX} ${SBX_INSTALL_FULL_CMAKEDIR})
+# The SDK's static libraries, each before the ones it uses.
+set(pc_sdk_libs "-lsbx_sdk")
+if(TARGET sbx_base)
+  string(APPEND pc_sdk_libs " -lsbx_base")
+endif()
+foreach(pc sbx sbx-abi sbx-http)
+  configure_file(cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc DESTINATION ${pc_dir} COMPONENT dev)
+endforeach()
+
+# ---- Debian packages: cpack -G DEB (in the build directory) --------------------------------------
+
+set(CPACK_PACKAGE_NAME sbx)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${PROJECT_DESCRIPTION}")
+set(CPACK_PACKAGE_CONTACT "sbx maintainers <sbx-maintainers@example.invalid>")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES ON)
+set(CPACK_COMPONENTS_ALL runtime dev)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # <name>_<version>_<arch>.deb
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME sbx)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION utils)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)  # Depends from dpkg-shlibdeps (package dpkg-dev)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "docker.io")
+set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
+    "run commands in sandboxes through provider plugins\n\
+The sbx command, its plugin probe and the local_docker provider plugin (sandboxes as\n\
+containers of the local Docker daemon).")
+
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libsbx-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+# The exact sbx: the CMake package's sbx::sbx and sbx::plugin_probe are its files, and a plugin
+# author tests with its `sbx conformance`. Boost.JSON for sbx::sdk; libcurl only for sbx::sdk_http
+# and spdlog only for sbx::core, hence recommended, not required.
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "sbx (= ${PROJECT_VERSION}), libboost-json1.81-dev")
+set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS
+    "libcurl4-openssl-dev | libcurl-dev, libspdlog-dev, cmake (>= 3.25) | pkg-config")
+set(CPACK_COMPONENT_DEV_DESCRIPTION
+    "sbx provider plugin SDK and host library (development files)\n\
+The C ABI headers, the C++20 plugin SDK and its HTTP client, the host library, as static\n\
+libraries with a CMake package (find_package(sbx)) and pkg-config files (sbx, sbx-abi,\n\
+sbx-http).")
+
+if(sbx_IS_TOP_LEVEL)  # a project that adds sbx as a subdirectory keeps its own packaging
+  include(CPack)
+endif()

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# kit-test.sh — the plugin author's kit, end to end, as CI runs it after the default preset's
+# tests (scripts/test.sh): from a built tree (default: build/), twice —
+#   A. `cmake --install` into a temporary prefix;
+#   B. the Debian packages (`cpack -G DEB`), installed with apt-get (fresh Debian 12, as root),
+#      then removed again;
+# and against each: build sdk/examples/hello and sdk/examples/c_provider out of tree with
+# find_package alone, check that the installed `sbx` finds its plugins and probe with no
+# environment variable, and run `sbx conformance` on hello, c_provider, test_processes and
+# local_docker.
+#
+# Usage: scripts/kit-test.sh [BUILD_DIR]
+# Environment:
+#   SBX_KIT_DEB=install   B as above (default; needs root and apt-get; packages named sbx or
+#                         libsbx-dev installed before are removed at the end as well)
+#   SBX_KIT_DEB=inspect   B without touching the system: the packages are checked with dpkg-deb,
+#                         `apt-get install --simulate` and extracted into a temporary directory
+#                         (dpkg -x), which then serves as the prefix
+#   SBX_KIT_CONFORMANCE=skip  do not run `sbx conformance` (for working on this script before the
+#                         command exists); the script then ends with exit status 77, INCOMPLETE
+set -Eeuo pipefail
+trap 'printf "kit-test: ERROR: failed at line %s: %s\n" "${LINENO}" "${BASH_COMMAND}" >&2' ERR
+
+step() { printf '\n==> kit-test: %s\n' "$*"; }
+die() { printf 'kit-test: ERROR: %s\n' "$*" >&2; exit 1; }
+
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+src=$PWD
+build=$(readlink -f "${1:-build}")
+deb_mode=${SBX_KIT_DEB:-install}
+conformance_mode=${SBX_KIT_CONFORMANCE:-run}
+[[ -x ${build}/bin/sbx ]] || die "${build}/bin/sbx does not exist: build the default preset first"
+[[ ${deb_mode} == install || ${deb_mode} == inspect ]] || die "SBX_KIT_DEB must be install or inspect"
+[[ ${conformance_mode} == run || ${conformance_mode} == skip ]] ||
+  die "SBX_KIT_CONFORMANCE must be run or skip"
+test_plugins=${build}/tests/plugins
+[[ -f ${test_plugins}/test_processes.so ]] || die "no ${test_plugins}/test_processes.so"
+
+work=$(mktemp -d /tmp/sbx-kit.XXXXXX)
+installed_debs=0
+cleanup() {
+  if ((installed_debs)); then
+    printf 'kit-test: removing the sbx packages again\n'
+    apt-get remove -y -q sbx libsbx-dev >/dev/null || printf 'kit-test: WARNING: apt-get remove failed\n' >&2
+  fi
+  rm -rf -- "${work}"
+}
+trap cleanup EXIT
+
+# Nothing in the environment may tell sbx where its files are; no probe cache in $HOME.
+unset SBX_PLUGIN_PATH SBX_PLUGIN_PROBE SBX_CONFIG
+export SBX_PLUGIN_CACHE=off
+launchers=()
+if command -v ccache >/dev/null 2>&1; then
+  launchers=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+
+# build_examples <label> [<prefix for CMAKE_PREFIX_PATH>]: each example folder, as it is, out of
+# tree with find_package alone; the .so lands in ${work}/<label>/<example>/.
+build_examples() {
+  local label=$1 prefix=${2:-} example dir
+  mkdir -p "${work}/${label}"
+  for example in hello c_provider; do
+    dir=${work}/${label}/${example}
+    cmake -S "${src}/sdk/examples/${example}" -B "${dir}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      ${prefix:+-DCMAKE_PREFIX_PATH="${prefix}"} "${launchers[@]}" >"${dir}.log" 2>&1 ||
+      { cat "${dir}.log"; die "configuring ${example} against ${label}"; }
+    cmake --build "${dir}" >>"${dir}.log" 2>&1 || { cat "${dir}.log"; die "building ${example}"; }
+    grep '^sbx_DIR:' "${dir}/CMakeCache.txt"
+    [[ -f ${dir}/${example}.so ]] || die "no ${dir}/${example}.so"
+    symbols=$(nm -D --defined-only "${dir}/${example}.so" | awk '{print $3}')
+    [[ ${symbols} == sbx_plugin_entry ]] || die "${example}.so exports: ${symbols}"
+  done
+}
+
+# check_finds_own_files <sbx> <plugin dir>: with no flag and no environment, `sbx plugins` lists
+# the local_docker.so of <plugin dir> and says nothing on stderr (a missing probe is a warning).
+check_finds_own_files() {
+  local sbx=$1 plugin_dir=$2 out err
+  out=$("${sbx}" plugins 2>"${work}/plugins.err")
+  err=$(cat "${work}/plugins.err")
+  printf '%s\n' "${out}"
+  grep -qx "${plugin_dir}/local_docker.so" <<<"${out}" || die "${sbx} does not find ${plugin_dir}/local_docker.so"
+  grep -q "error:" <<<"${out}" && die "${sbx} lists an unusable plugin file"
+  [[ -z ${err} ]] || die "${sbx} plugins wrote to stderr: ${err}"
+}
+
+# ---- sbx conformance (needs the `sbx conformance` command) -----------------------------------
+conformance_skipped=0
+# conformance <sbx> <plugin dir> <provider> [<more args>...]
+conformance() {
+  local sbx=$1 dir=$2 provider=$3
+  shift 3
+  if [[ ${conformance_mode} == skip ]]; then
+    printf 'kit-test: WARNING: NOT RUN (SBX_KIT_CONFORMANCE=skip): %s conformance --plugin-dir %s --provider %s %s\n' \
+      "${sbx}" "${dir}" "${provider}" "$*" >&2
+    conformance_skipped=1
+    return 0
+  fi
+  "${sbx}" conformance --help >/dev/null 2>&1 ||
+    die "sbx conformance not available: '${sbx} conformance --help' failed"
+  printf '\n-- %s conformance --plugin-dir %s --provider %s %s\n' "${sbx}" "${dir}" "${provider}" "$*"
+  "${sbx}" conformance --plugin-dir "${dir}" --provider "${provider}" "$@" ||
+    die "sbx conformance failed for ${provider}"
+}
+
+# run_conformance <label> <sbx> <installed plugin dir>: first one `sbx run` in each example (a
+# quick check that does not need `sbx conformance`), then the suite on all four providers.
+run_conformance() {
+  local label=$1 sbx=$2 plugin_dir=$3 example out
+  for example in hello c_provider; do
+    out=$("${sbx}" run --plugin-dir "${work}/${label}/${example}" --provider "${example}" -- echo "hi from ${example}")
+    [[ ${out} == "hi from ${example}" ]] || die "sbx run --provider ${example} printed: ${out}"
+    echo "ok: ${sbx} run --provider ${example}: ${out}"
+  done
+  conformance "${sbx}" "${work}/${label}/hello" hello
+  conformance "${sbx}" "${work}/${label}/c_provider" c_provider
+  conformance "${sbx}" "${test_plugins}" test_processes
+  conformance "${sbx}" "${plugin_dir}" local_docker --image sbx-busybox:latest
+}
+
+# ---- A. an installed prefix -------------------------------------------------------------------
+step "A. cmake --install ${build} into a temporary prefix"
+prefix=${work}/prefix
+cmake --install "${build}" --prefix "${prefix}" >"${work}/install.log"
+check_finds_own_files "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
+
+step "A. the examples out of tree against the prefix (find_package alone)"
+build_examples against-prefix "${prefix}"
+
+step "A. sbx conformance with the installed sbx"
+run_conformance against-prefix "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
+
+# ---- B. the Debian packages -------------------------------------------------------------------
+step "B. cpack -G DEB"
+debs=${work}/debs
+(cd "${build}" && cpack -G DEB -B "${debs}" >"${work}/cpack.log" 2>&1) ||
+  { cat "${work}/cpack.log"; die "cpack failed"; }
+sbx_deb=$(ls "${debs}"/sbx_*.deb)
+dev_deb=$(ls "${debs}"/libsbx-dev_*.deb)
+for deb in "${sbx_deb}" "${dev_deb}"; do
+  printf '%s:\n' "$(basename "${deb}")"
+  dpkg-deb -f "${deb}" Package Version Architecture Depends Recommends Suggests | sed 's/^/  /'
+done
+depends=$(dpkg-deb -f "${sbx_deb}" Depends)
+for lib in libboost-json1.81.0 libcurl4 libspdlog1.10 libc6 libstdc++6; do
+  [[ ${depends} == *"${lib}"* ]] || die "sbx's Depends lacks ${lib}: ${depends}"
+done
+[[ $(dpkg-deb -f "${dev_deb}" Depends) == *"sbx (= "* ]] || die "libsbx-dev does not depend on sbx"
+[[ $(dpkg-deb -f "${dev_deb}" Depends) != *curl* ]] || die "libsbx-dev requires libcurl"
+
+if [[ ${deb_mode} == install ]]; then
+  [[ ${EUID} -eq 0 ]] || die "installing the packages needs root (or SBX_KIT_DEB=inspect)"
+  step "B. apt-get install the packages"
+  installed_debs=1  # also after a failed install: remove whatever got in
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${sbx_deb}" "${dev_deb}"
+  root=/usr
+  deb_prefix=""  # found where find_package looks by default
+else
+  step "B. inspect the packages (SBX_KIT_DEB=inspect: nothing is installed)"
+  apt-get install --simulate -q "${sbx_deb}" "${dev_deb}" | grep -E '^(Inst|Conf) ' ||
+    die "apt-get cannot install the packages"
+  dpkg -x "${sbx_deb}" "${work}/root"
+  dpkg -x "${dev_deb}" "${work}/root"
+  root=${work}/root/usr
+  deb_prefix=${root}
+fi
+check_finds_own_files "${root}/bin/sbx" "${root}/lib/sbx/plugins"
+
+step "B. the examples out of tree against the packages (find_package alone)"
+build_examples against-deb "${deb_prefix}"
+grep -q "^sbx_DIR:PATH=${root}/lib/cmake/sbx" "${work}/against-deb/hello/CMakeCache.txt" ||
+  die "hello did not find the packaged sbx in ${root}"
+
+step "B. sbx conformance with the packaged sbx"
+run_conformance against-deb "${root}/bin/sbx" "${root}/lib/sbx/plugins"
+
+if ((conformance_skipped)); then
+  printf '\nkit-test: INCOMPLETE: sbx conformance was not run (SBX_KIT_CONFORMANCE=skip)\n' >&2
+  exit 77
+fi
+step "the plugin author's kit works from an install and from the packages"
