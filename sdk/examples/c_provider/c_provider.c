@@ -739,7 +739,8 @@ static void deliver(op* o, int32_t stream, const uint8_t* data, size_t len) {
 
 enum stop { RAN, TIMED_OUT, CANCELLED };
 
-/* Moves output until both pipes end, the timeout passes or a cancel arrives. */
+/* Moves output until both pipes end, the timeout passes or a cancel arrives. The caller then kills
+ * the command's process group, so a command that closed its output and went on is ended too. */
 static enum stop pump(op* o, int pipes[2]) {
   const int64_t deadline = now_ms(o->provider) + o->timeout_ms;
   uint8_t chunk[CHUNK];

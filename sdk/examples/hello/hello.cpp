@@ -198,7 +198,8 @@ class HelloProvider : public BlockingProvider {
     std::optional<std::stop_callback<std::function<void()>>> on_cancel;
     if (pid > 0) on_cancel.emplace(cancel, [&] { (void)!::write(wake[1], "x", 1); });
 
-    // Forward output as it arrives until both pipes end, the timeout passes or a cancel comes.
+    // Forward output as it arrives until both pipes end, the timeout passes or a cancel comes;
+    // then the process group is killed (a command that closed its output and went on ends too).
     const auto deadline = Clock::now() + req.timeout.value_or(std::chrono::minutes(10));
     bool timed_out = false;
     pollfd fds[3] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}, {wake[0], POLLIN, 0}};
