@@ -25,7 +25,7 @@
  * Memory: an operation (`op`) has two references, the host's (dropped by `release`) and its
  * thread's (dropped after on_complete); the last one frees it. Running out of memory aborts: an
  * example has no better answer to it. */
-#define _GNU_SOURCE /* pipe2, mkostemp, posix_spawn_file_actions_addchdir_np */
+#define _GNU_SOURCE /* pipe2, mkostemp, posix_spawn_file_actions_add{chdir,closefrom}_np */
 
 #include <sbx/abi.h>
 
@@ -169,8 +169,8 @@ static sbx_status env_put_all(env_list* v, sbx_kv_list kvs, char* message) {
 }
 
 /* Starts argv[0] in a session of its own (so that killing its process group kills everything it
- * started), stdin from /dev/null, stdout and stderr to the given descriptors, in `cwd` (NULL:
- * ours). Returns the pid, or -1. */
+ * started), stdin from /dev/null, stdout and stderr to the given descriptors and no other file of
+ * this process open, in `cwd` (NULL: ours). Returns the pid, or -1. */
 static pid_t spawn(char* const argv[], char* const envp[], const char* cwd, int out, int err) {
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
@@ -182,6 +182,7 @@ static pid_t spawn(char* const argv[], char* const envp[], const char* cwd, int 
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, out, 1);
   posix_spawn_file_actions_adddup2(&actions, err, 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3); /* none of the host's open files */
   if (cwd) posix_spawn_file_actions_addchdir_np(&actions, cwd);
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr,

@@ -39,7 +39,8 @@ using namespace sbx::sdk;
 using Clock = std::chrono::steady_clock;
 
 // Runs argv with the given cwd and environment in a session of its own (so that killing the
-// process group kills everything it started), stdin from /dev/null. Returns the pid or -1.
+// process group kills everything it started), stdin from /dev/null, and no other file of this
+// process open. Returns the pid or -1.
 pid_t spawn(std::vector<std::string> argv, const std::vector<std::string>& env, const char* cwd,
             int out_fd, int err_fd) {
   posix_spawn_file_actions_t actions;
@@ -47,6 +48,7 @@ pid_t spawn(std::vector<std::string> argv, const std::vector<std::string>& env, 
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
   posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // none of the host's open files
   if (cwd) posix_spawn_file_actions_addchdir_np(&actions, cwd);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
