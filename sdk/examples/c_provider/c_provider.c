@@ -435,7 +435,7 @@ struct op {
   sandbox_state* made; /* the new sandbox, until on_complete hands it to the host */
   startup_file* files;
   size_t file_count;
-  int64_t ttl_ms; /* 0: none */
+  int64_t ttl_ms; /* -1: none */
   /* exec */
   char* command;
   char* cwd; /* host path */
@@ -608,7 +608,7 @@ static sbx_status prepare_create(op* o, const sbx_spec* spec) {
   free(rel);
   status = env_put_all(&s->env, spec->env, o->message);
   if (status != SBX_STATUS_OK) return status;
-  o->ttl_ms = spec->ttl_ms.set ? spec->ttl_ms.value : 0;
+  o->ttl_ms = spec->ttl_ms.set ? spec->ttl_ms.value : -1;
   o->files = xrealloc(NULL, (spec->files.count + 1) * sizeof *o->files);
   for (size_t i = 0; i < spec->files.count; ++i) {
     const sbx_file* f = &spec->files.items[i];
@@ -677,7 +677,7 @@ static sbx_status run_create(op* o) {
                      strerror(error));
     }
   }
-  if (status == SBX_STATUS_OK && o->ttl_ms > 0 && (error = start_watchdog(s, o->ttl_ms)) != 0) {
+  if (status == SBX_STATUS_OK && o->ttl_ms >= 0 && (error = start_watchdog(s, o->ttl_ms)) != 0) {
     status = failf(o->message, SBX_STATUS_CREATE_FAILED, "cannot start the TTL watchdog: %s",
                    strerror(error));
   }
