@@ -43,7 +43,9 @@ const std::vector<Option<Global>>& global_options() {
       repeatable<Global>("--plugin-dir", "DIR",
                          "Also look for plugins in DIR; $SBX_PLUGIN_PATH is also used",
                          [](Global& g, const Arg& a) { g.plugin_dirs.emplace_back(a.text); }),
-      value<Global>("--log-level", "LEVEL", "trace, debug, info, warn (default), error, off",
+      value<Global>("--log-level", "LEVEL",
+                    "trace, debug, info, warn, error, off; also for plugins' log lines;\n"
+                    "default: $SBX_LOG_LEVEL if set, else warn",
                     [](Global& g, const Arg& a) { g.log_level = a.text; }),
   };
   return options;

@@ -41,7 +41,7 @@ struct UsageError : std::runtime_error {
 struct Global {
   std::optional<std::string> config;  // --config FILE (else $SBX_CONFIG, read by the command)
   std::vector<std::filesystem::path> plugin_dirs;  // --plugin-dir DIR, in order
-  std::string log_level = "warn";                  // --log-level LEVEL
+  std::optional<std::string> log_level;  // --log-level LEVEL (else $SBX_LOG_LEVEL, else warn)
 };
 
 // A value from the command line with the name it was given for, so that parsers can say which

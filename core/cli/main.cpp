@@ -17,6 +17,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -39,13 +40,20 @@ const std::vector<Command>& command_table() {
   return table;
 }
 
-void setup_logging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("sbx");
-  spdlog::set_default_logger(logger);
+// One level for every log line, the host's and the plugins' (their loggers are made later with
+// the "sbx" logger's level, and the host drops a plugin's line below it before formatting it; a
+// plugin asks sbx_host.log_enabled to skip formatting its own): --log-level, else $SBX_LOG_LEVEL,
+// else warn.
+void setup_logging(const std::optional<std::string>& option) {
+  const char* env = std::getenv("SBX_LOG_LEVEL");
+  const bool from_env = !option && env && *env;
+  const std::string level = option ? *option : from_env ? env : "warn";
   const auto parsed = spdlog::level::from_str(level);
   if (parsed == spdlog::level::off && level != "off") {
-    throw UsageError("unknown log level '" + level + "'");
+    throw UsageError("unknown log level '" + level + "'" + (from_env ? " in SBX_LOG_LEVEL" : ""));
   }
+  auto logger = spdlog::stderr_color_mt("sbx");
+  spdlog::set_default_logger(logger);
   spdlog::set_level(parsed);
 }
 

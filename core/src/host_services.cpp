@@ -40,9 +40,13 @@ spdlog::logger& logger_of(const sbx_host* host) {
   return **static_cast<std::shared_ptr<spdlog::logger>*>(host->host_data);
 }
 
+// A plugin's line below the logger's level (--log-level, SBX_LOG_LEVEL) is dropped here, also
+// when the plugin did not ask log_enabled first.
 void SBX_ABI host_log(const sbx_host* host, int32_t level, sbx_str message) {
-  logger_of(host).log(to_spdlog(level), "{}",
-                      std::string_view(message.data ? message.data : "", message.len));
+  auto& logger = logger_of(host);
+  if (!logger.should_log(to_spdlog(level))) return;
+  logger.log(to_spdlog(level), "{}",
+             std::string_view(message.data ? message.data : "", message.len));
 }
 
 bool SBX_ABI host_log_enabled(const sbx_host* host, int32_t level) {
@@ -129,8 +133,11 @@ void destroy_later(std::function<void()> destroy) {
   janitor().post(std::move(destroy));
 }
 
-// Loggers are named children of "sbx" and share its sinks. An application that registers its own
-// "sbx" logger before using the library decides where everything goes; otherwise it is stderr.
+// Loggers are named children of "sbx" and share its sinks and, when made, its level; a plugin's
+// lines go through one of them (provider.<name>, plugin.<name>), so they follow that level too. An
+// application that registers its own "sbx" logger before using the library decides where
+// everything goes and at which level; otherwise it is stderr, at $SBX_LOG_LEVEL when that names a
+// level (spdlog's names: trace, debug, info, warn, error, critical, off), else spdlog's default.
 std::shared_ptr<spdlog::logger> logger(const std::string& name) {
   static std::mutex mutex;
   std::lock_guard lock(mutex);
@@ -139,6 +146,10 @@ std::shared_ptr<spdlog::logger> logger(const std::string& name) {
   if (!base) {
     base = std::make_shared<spdlog::logger>(
         "sbx", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    if (const char* env = std::getenv("SBX_LOG_LEVEL"); env && *env) {
+      const auto level = spdlog::level::from_str(env);
+      if (level != spdlog::level::off || std::string_view(env) == "off") base->set_level(level);
+    }
     spdlog::register_logger(base);
     if (name == "sbx") return base;
   }

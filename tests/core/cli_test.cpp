@@ -414,6 +414,42 @@ TEST_CASE("global options after the command") {
   CHECK(has(level.out, "unknown log level 'bogus'"));
 }
 
+TEST_CASE("a plugin's log lines follow --log-level and SBX_LOG_LEVEL") {
+  // The examples log "created sandbox" at info: hello through the C++ SDK's Logger, c_provider
+  // through sbx_host.log directly. Their sandboxes are made under TMPDIR.
+  sbx::testing::TempDir tmp("sbx-cli-log-level");
+  for (const std::string provider : {"hello", "c_provider"}) {
+    CAPTURE(provider);
+    const std::string line = "[provider." + provider + "] [info] created";
+    auto run = [&](const std::string& env, const std::string& flags) {
+      return run_shell("env -u SBX_LOG_LEVEL " + env + " TMPDIR=" + tmp.path.string() + " " +
+                       SBX_CLI + " --plugin-dir " + SBX_EXAMPLE_PLUGIN_DIR + " run --provider " +
+                       provider + " " + flags + " -- echo ran");
+    };
+    const Run info = run("", "--log-level info");
+    CHECK(info.exit_code == 0);
+    CHECK_MESSAGE(has(info.out, line), info.out);
+    CHECK(has(info.out, "ran\n"));
+    const Run warn = run("", "--log-level warn");
+    CHECK(warn.exit_code == 0);
+    CHECK_FALSE_MESSAGE(has(warn.out, "created"), warn.out);
+    CHECK(has(warn.out, "ran\n"));
+    CHECK_FALSE(has(run("", "").out, "created"));  // the default is warn
+
+    CHECK_MESSAGE(has(run("SBX_LOG_LEVEL=info", "").out, line), "SBX_LOG_LEVEL=info");
+    const Run env_warn = run("SBX_LOG_LEVEL=warn", "");
+    CHECK(env_warn.exit_code == 0);
+    CHECK_FALSE_MESSAGE(has(env_warn.out, "created"), env_warn.out);
+    // The option wins over the environment.
+    CHECK_FALSE(has(run("SBX_LOG_LEVEL=info", "--log-level warn").out, "created"));
+    CHECK(has(run("SBX_LOG_LEVEL=warn", "--log-level info").out, line));
+  }
+  const Run bad = run_shell("SBX_LOG_LEVEL=loud " + std::string(SBX_CLI) + " providers");
+  CHECK(bad.exit_code == 2);
+  CHECK(has(bad.out, "unknown log level 'loud' in SBX_LOG_LEVEL"));
+  CHECK(fs::is_empty(tmp.path));  // every sandbox was closed
+}
+
 TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125, no sandbox") {
   // v1_0_processes: a plain-C plugin of ABI 1.0, with no extension at all.
   sbx::testing::TempDir root("sbx-cli-noconnect");

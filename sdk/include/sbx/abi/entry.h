@@ -12,6 +12,7 @@
  * The descriptor and everything it points to (names, factories, schemas) is static, plugin-owned
  * data, valid from `sbx_plugin_entry` until the library is unloaded, and readable before `init`:
  * a host may list a plugin's providers without initialising it.
+ * Which thread calls what, and what may block: docs/sandbox-semantics.md, "Threads".
  */
 #ifndef SBX_ABI_ENTRY_H
 #define SBX_ABI_ENTRY_H

@@ -8,7 +8,7 @@
  * to `init`) or until `sbx_provider.destroy` returns (for the one given to a factory).
  * THREADING: every function here is [thread-safe] and may be called from any thread, including from
  * inside operations and while the plugin holds its own locks. None of them calls back into the
- * plugin.
+ * plugin. Which may be NULL, and the threads of everything else: docs/sandbox-semantics.md.
  */
 #ifndef SBX_ABI_HOST_H
 #define SBX_ABI_HOST_H
@@ -35,7 +35,8 @@ typedef struct sbx_host {
    * Must not contain secrets. */
   void(SBX_ABI* log)(const struct sbx_host* host, int32_t level, sbx_str message);
 
-  /* True when a line of `level` would be written; lets a plugin skip formatting. */
+  /* True when a line of `level` would be written; lets a plugin skip formatting. The host's level
+   * (sbx --log-level, $SBX_LOG_LEVEL) applies to plugin lines: `log` drops lower ones anyway. */
   bool(SBX_ABI* log_enabled)(const struct sbx_host* host, int32_t level);
 
   /* Monotonic clock in nanoseconds (arbitrary origin). Plugins measure deadlines with it so that a

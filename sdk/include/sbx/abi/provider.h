@@ -21,6 +21,8 @@
  * Plugins never hold a lock of their own while calling a host callback, so a host may start new
  * operations from inside a callback. Callbacks must not block for long; they run on threads the
  * plugin needs for other work.
+ * The rules beyond the types (paths, the working directory, closed and gone sandboxes, what may be
+ * NULL, cancellation, threads, output) are in docs/sandbox-semantics.md, in one place.
  */
 #ifndef SBX_ABI_PROVIDER_H
 #define SBX_ABI_PROVIDER_H
@@ -41,7 +43,8 @@ typedef struct sbx_operation {
   /* Asks the plugin to stop the operation. [thread-safe], idempotent, non-blocking; valid before or
    * after completion but never after `release`. on_complete is still called exactly once: with
    * SBX_STATUS_CANCELLED if the cancellation took effect, otherwise with the normal outcome.
-   * Cancelling an exec kills the command's processes inside the sandbox (best effort). */
+   * Cancelling an exec kills the command's processes inside the sandbox (best effort). Cancellation
+   * must really work, within milliseconds: see docs/sandbox-semantics.md, "Cancellation". */
   void(SBX_ABI* cancel)(struct sbx_operation* op);
 
   /* Drops the host's reference. [thread-safe]; exactly once per returned handle. */
@@ -71,6 +74,7 @@ typedef struct sbx_sandbox {
 
 /* ---- Requests and results -------------------------------------------------------------------- */
 
+/* cwd, env, user and the outcomes: docs/sandbox-semantics.md, "Commands". */
 typedef struct sbx_exec_request {
   uint32_t struct_size;
   sbx_str command;        /* shell command line, run with the sandbox's shell (`sh -c`) */
@@ -121,6 +125,7 @@ typedef struct sbx_output_stream {
   int32_t(SBX_ABI* write)(void* ctx, sbx_bytes data);
 } sbx_output_stream;
 
+/* Relative paths, parents, modes, no partial file: docs/sandbox-semantics.md, "Paths". */
 typedef struct sbx_upload_request {
   uint32_t struct_size;
   sbx_str remote_path;            /* file to write; missing parent directories are created */
@@ -129,7 +134,8 @@ typedef struct sbx_upload_request {
 } sbx_upload_request;
 
 /* Download writes exactly the contents of one regular file to `sink`. A link, a directory, or a
- * missing file completes with an error; the host then discards whatever the sink received. */
+ * missing file completes with an error; the host then discards whatever the sink received.
+ * See docs/sandbox-semantics.md, "Paths". */
 typedef struct sbx_download_request {
   uint32_t struct_size;
   sbx_str remote_path;
@@ -202,7 +208,8 @@ typedef struct sbx_provider {
                                     const sbx_download_request* request,
                                     const sbx_done_callbacks* callbacks);
 
-  /* Reports the lifecycle status. A sandbox the backend no longer knows is SBX_SANDBOX_STOPPED. */
+  /* Reports the lifecycle status. A sandbox the backend no longer knows is SBX_SANDBOX_STOPPED.
+   * Every call's answer for a closed or gone sandbox: docs/sandbox-semantics.md. */
   sbx_operation*(SBX_ABI* status)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   const sbx_status_callbacks* callbacks);
 

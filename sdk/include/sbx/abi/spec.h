@@ -45,9 +45,11 @@ typedef struct sbx_spec {
 
   sbx_str image;                /* container image or provider-specific template; unset = default */
   sbx_opt_i64 ttl_ms;           /* sandbox lifetime; the backend ends it even if the host dies. A
-                                   provider that cannot refuses a set ttl_ms with UNIMPLEMENTED */
+                                   provider that cannot fails create with UNIMPLEMENTED when it is
+                                   set (docs/sandbox-semantics.md) */
   sbx_opt_i64 ready_timeout_ms; /* how long create may wait for the sandbox to become ready */
-  sbx_str workdir;              /* default working directory for exec */
+  sbx_str workdir;              /* default working directory for exec, made by create; relative
+                                   paths are relative to it (docs/sandbox-semantics.md) */
   sbx_kv_list env;              /* environment of every process in the sandbox */
   sbx_file_list files;          /* startup files; present when create completes */
   sbx_kv_list metadata;         /* user metadata, stamped on backend resources */
