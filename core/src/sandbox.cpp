@@ -146,7 +146,7 @@ struct ExecCtx : CallCtx, SandboxRef {
       r.stderr_text.assign(reinterpret_cast<const char*>(result->stderr_bytes.data),
                            result->stderr_bytes.len);
       r.return_code = result->return_code;
-      if (result->error_type.data) r.error_type = sdk::utf8::sanitize(copy_of(result->error_type));
+      if (result->error_type.data) r.error_type = base::utf8::sanitize(copy_of(result->error_type));
       ctx->state->succeed(std::move(r));
     });
   }
@@ -371,7 +371,7 @@ struct SerializeCtx : CallCtx, SandboxRef {
     in_callback(*ctx->state, [&] {
       if (error || !descriptor.data) return ctx->state->fail(plugin_error(g, error, "serialize"));
       std::string text = copy_of(descriptor);
-      if (!sdk::utf8::valid(text)) {
+      if (!base::utf8::valid(text)) {
         return ctx->state->fail(
             InternalError(describe(g) + " made a descriptor that is not valid UTF-8"));
       }
@@ -414,7 +414,7 @@ struct EndpointCtx : CallCtx, SandboxRef {
                                               " bytes, smaller than ABI 1.0 defines"));
       }
       ctx->state->succeed(
-          Endpoint{sdk::utf8::sanitize(copy_of(endpoint->url)), copy_of(endpoint->headers)});
+          Endpoint{base::utf8::sanitize(copy_of(endpoint->url)), copy_of(endpoint->headers)});
     });
   }
 };
