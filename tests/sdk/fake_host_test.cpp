@@ -232,7 +232,7 @@ TEST_CASE("fake host: the hello example, loaded from its .so") {
   CHECK(host->problems().empty());
 }
 
-// ---- The SDK's checks of the host's side of the contract --------------------------------------
+// ---- The SDK's checks of the host's side of the contract ----------------------------------------
 
 TEST_CASE("checks: releasing a sandbox twice is reported, not a double free") {
   FakeHost host(&sbx_plugin_entry);
@@ -324,7 +324,7 @@ TEST_CASE("checks: SBX_SDK_CHECKS=strict aborts on a violation") {
   CHECK(WTERMSIG(status) == SIGABRT);
 }
 
-// ---- The fake host's own checks, against a raw plugin that breaks its promises ----------------
+// ---- The fake host's own checks, against a raw plugin that breaks its promises ------------------
 
 namespace {
 

@@ -302,8 +302,7 @@ void FakeHost::add_problem(std::string problem) {
   state_->problems.push_back(std::move(problem));
 }
 
-// ---- Waiting for an operation
-// ---------------------------------------------------------------------
+// ---- Waiting for an operation -------------------------------------------------------------------
 
 namespace {
 
@@ -330,8 +329,7 @@ void release_op(sbx_operation* op, const Misbehaviour& m) {
 
 }  // namespace
 
-// ---- FakeProvider
-// ---------------------------------------------------------------------------------
+// ---- FakeProvider -------------------------------------------------------------------------------
 
 FakeProvider::FakeProvider(FakeHost* host, sbx_provider* provider)
     : host_(host), provider_(provider) {}
@@ -351,7 +349,12 @@ FakeProvider::~FakeProvider() {
 
 DoneOutcome FakeProvider::wait_done(std::shared_ptr<OpRecord> record, sbx_operation* op) {
   DoneOutcome out;
-  if (!op && record->completions == 0) {
+  bool completed_already;
+  {
+    std::lock_guard lock(record->mutex);
+    completed_already = record->completions > 0;
+  }
+  if (!op && !completed_already) {
     host_->add_problem("operation '" + record->name + "' started nothing (NULL handle)");
     return out;
   }
@@ -506,8 +509,7 @@ void FakeProvider::release(const FakeSandbox& sandbox) {
   provider_->release_sandbox(provider_, sandbox.raw);
 }
 
-// ---- PendingExec
-// ----------------------------------------------------------------------------------
+// ---- PendingExec --------------------------------------------------------------------------------
 
 PendingExec::PendingExec(FakeHost* host, std::shared_ptr<OpRecord> record, sbx_operation* op,
                          Misbehaviour misbehaviour)

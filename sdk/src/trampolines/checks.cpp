@@ -53,3 +53,19 @@ void violation(const sbx_host* host, std::string_view what) noexcept {
 }
 
 }  // namespace sbx::sdk::detail::checks
+
+namespace sbx::sdk::detail {
+
+void report_unusable_callbacks(const sbx_provider* p, const char* what) noexcept {
+  if (checks::mode() == checks::Mode::off) return;
+  try {
+    checks::violation(log_of(p).host(),
+                      std::string(what) +
+                          ": called without usable callbacks (NULL, too small, or a NULL "
+                          "on_complete); nothing was started");
+  } catch (...) {  // out of memory for the message
+    checks::violation(log_of(p).host(), "a call without usable callbacks");
+  }
+}
+
+}  // namespace sbx::sdk::detail

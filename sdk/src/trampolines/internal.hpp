@@ -19,7 +19,7 @@
 
 namespace sbx::sdk::detail {
 
-// ---- Errors (errors.cpp) -----------------------------------------------------------------------
+// ---- Errors (errors.cpp) ------------------------------------------------------------------------
 
 // Calls fn(const sbx_error*) with a borrowed view of `error`.
 template <class F>
@@ -54,8 +54,7 @@ void violation(const sbx_host* host, std::string_view what) noexcept;
 
 }  // namespace checks
 
-// ---- Sandboxes and providers as the host sees them
-// -----------------------------------------------
+// ---- Sandboxes and providers as the host sees them ----------------------------------------------
 
 struct ProviderBox;  // provider_table.cpp
 
@@ -84,8 +83,10 @@ ProviderBox& provider_of(const sbx_provider* p);
 const Logger& log_of(const sbx_provider* p);
 Provider& impl_of(const sbx_provider* p);
 
-// ---- Starting an operation
-// -----------------------------------------------------------------------
+// ---- Starting an operation ----------------------------------------------------------------------
+
+// Reports (checks::violation) a start call of `what` without usable callbacks (checks.cpp).
+void report_unusable_callbacks(const sbx_provider* p, const char* what) noexcept;
 
 // A start call without usable callbacks cannot report anything: it starts nothing and returns NULL
 // (and the checks report the host). Every callbacks struct ends with on_complete in ABI 1.0; a
@@ -132,9 +133,7 @@ template <class OpT, class Callbacks, class Body, class... OpArgs>
 sbx_operation* start_operation(const sbx_provider* p, const char* what, const Callbacks* cb,
                                Body&& body, OpArgs&&... op_args) noexcept {
   if (!usable(cb)) {
-    checks::violation(log_of(p).host(), std::string(what) +
-                                            ": called without usable callbacks (NULL, too small, "
-                                            "or a NULL on_complete); nothing was started");
+    report_unusable_callbacks(p, what);
     return nullptr;
   }
   OpT* op;
@@ -160,8 +159,7 @@ sbx_operation* start_operation(const sbx_provider* p, const char* what, const Ca
   return handle;
 }
 
-// ---- Start functions defined in files of their own
-// ------------------------------------------------
+// ---- Start functions defined in files of their own ----------------------------------------------
 
 sbx_operation* SBX_ABI provider_exec(sbx_provider* p, sbx_sandbox* s, const sbx_exec_request* req,
                                      const sbx_exec_callbacks* cb);  // exec.cpp

@@ -235,12 +235,12 @@ class FakeHost {
   // The factory's error for a config it should refuse (throws FakeHostError when it accepts it).
   ErrorInfo provider_error(std::string_view id, std::string_view config_json);
 
-  // ---- The clock behind now_ns ---------------------------------------------------------------
+  // ---- The clock behind now_ns --------------------------------------------------------------------
   std::chrono::nanoseconds now() const noexcept;
   // Moves the clock forward and wakes the SDK's sleepers (sbx::sdk::notify_clock_changed).
   void advance(std::chrono::nanoseconds by) noexcept;
 
-  // ---- What the plugin said --------------------------------------------------------------------
+  // ---- What the plugin said -----------------------------------------------------------------------
   std::vector<LogLine> logs() const;
   // True once a log line containing `text` was written; waits at most `timeout` of real time.
   bool wait_for_log(std::string_view text, std::chrono::milliseconds timeout) const;
