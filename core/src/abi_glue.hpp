@@ -32,14 +32,6 @@ inline sbx_str view_of(std::string_view s) {
 }
 using base::copy_of;
 using base::optional_view;
-inline StringMap copy_of(sbx_kv_list list) {
-  StringMap out;
-  for (size_t i = 0; i < list.count; ++i) {
-    out.insert_or_assign(copy_of(list.items[i].key), copy_of(list.items[i].value));
-  }
-  return out;
-}
-
 inline SandboxStatus to_status(int32_t status) {
   switch (status) {
     case SBX_SANDBOX_STARTING:
@@ -58,18 +50,7 @@ inline SandboxStatus to_status(int32_t status) {
 }
 
 // sbx_kv entries viewing a StringMap (which must outlive the list).
-class KvList {
- public:
-  explicit KvList(const StringMap& map) {
-    items_.reserve(map.size());
-    for (const auto& [k, v] : map)
-      items_.push_back({view_of(k), view_of(v)});
-  }
-  sbx_kv_list get() const { return {items_.data(), items_.size()}; }
-
- private:
-  std::vector<sbx_kv> items_;
-};
+using KvList = base::KvListView;
 
 // Collects what a plugin reports through an sbx_error_sink during a synchronous call.
 struct ErrorCollector {

@@ -92,15 +92,15 @@ class CSpec {
     c_.ttl_ms = to_abi_ms(spec.ttl_s);
     c_.ready_timeout_ms = to_abi_ms(spec.ready_timeout_s);
     c_.workdir = optional_view(spec.workdir);
-    c_.env = env_.get();
+    c_.env = env_.list();
     c_.files = {files_.data(), files_.size()};
-    c_.metadata = metadata_list_.get();
+    c_.metadata = metadata_list_.list();
     c_.resources = has_resources ? &resources_ : nullptr;
     c_.has_entrypoint = spec.entrypoint.has_value();
     c_.entrypoint = {entrypoint_.data(), entrypoint_.size()};
     c_.ports = {ports_.data(), ports_.size()};
     c_.provider_options = view_of(options_);
-    c_.labels = labels_list_.get();
+    c_.labels = labels_list_.list();
   }
   const sbx_spec* get() const { return &c_; }
 
@@ -401,7 +401,7 @@ std::vector<SandboxInfo> list_or_reap(const std::shared_ptr<detail::Generation>&
              [&](void* token) {
                const Callbacks callbacks{sizeof(Callbacks), token, &Ctx::on_item,
                                          &Ctx::on_complete};
-               return start(*ext, g->provider, kv.get(), &callbacks);
+               return start(*ext, g->provider, kv.list(), &callbacks);
              })
       .get();
 }

@@ -540,7 +540,7 @@ Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions optio
   const sbx_exec_request request{sizeof(sbx_exec_request),
                                  detail::view_of(command),
                                  detail::optional_view(options.cwd),
-                                 env.get(),
+                                 env.list(),
                                  detail::to_abi_ms(options.timeout_s),
                                  detail::optional_view(options.user)};
   detail::OpDeadline deadline{g->deadlines.exec(), detail::OpDeadline::From::start,

@@ -5,9 +5,11 @@
 
 #include <sbx/abi/types.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sbx::base {
 
@@ -42,5 +44,29 @@ inline std::string_view view(sbx_bytes b) {
   return b.data ? std::string_view(reinterpret_cast<const char*>(b.data), b.len)
                 : std::string_view();
 }
+
+// A copy of an sbx_kv_list; a key given twice keeps its last value.
+inline std::map<std::string, std::string> copy_of(sbx_kv_list list) {
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < list.count; ++i) {
+    out.insert_or_assign(copy_of(list.items[i].key), copy_of(list.items[i].value));
+  }
+  return out;
+}
+
+// sbx_kv entries viewing a map, for handing out an sbx_kv_list. The map must outlive the view and
+// stay unchanged while the list is in use.
+class KvListView {
+ public:
+  explicit KvListView(const std::map<std::string, std::string>& values) {
+    items_.reserve(values.size());
+    for (const auto& [k, v] : values)
+      items_.push_back({to_sbx(k), to_sbx(v)});
+  }
+  sbx_kv_list list() const { return {items_.data(), items_.size()}; }
+
+ private:
+  std::vector<sbx_kv> items_;
+};
 
 }  // namespace sbx::base

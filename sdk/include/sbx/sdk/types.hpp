@@ -122,13 +122,6 @@ Spec to_spec(const sbx_spec& spec);
 ExecRequest to_exec_request(const sbx_exec_request& request);
 
 // Keeps sbx_kv entries pointing into a KeyValues alive for handing out a sbx_kv_list.
-class KvListView {
- public:
-  explicit KvListView(const KeyValues& values);
-  sbx_kv_list list() const { return {items_.data(), items_.size()}; }
-
- private:
-  std::vector<sbx_kv> items_;
-};
+using ::sbx::base::KvListView;
 
 }  // namespace sbx::sdk
