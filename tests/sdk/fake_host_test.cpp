@@ -8,6 +8,7 @@
 
 #include <sbx/sdk/clock.hpp>
 #include <sbx/sdk/plugin.hpp>
+#include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/retry.hpp>
 #include <sbx/sdk/testing/fake_host.hpp>
 
@@ -32,6 +33,7 @@ constexpr auto kLogWait = 30s;  // real time; only bounds a broken test
 // Sandboxes are names; files live in a map. `exec` understands three commands:
 //   nap     sleeps one hour of the host's clock (sdk::sleep_for), then prints the host time it took
 //   flaky   fails once with a retryable error, retried after a random backoff of up to an hour
+//   probe   a readiness probe that never passes, with a deadline of 60 s of the host's clock
 //   other   printed back on stdout
 class ClockProvider final : public BlockingProvider {
  public:
@@ -55,6 +57,20 @@ class ClockProvider final : public BlockingProvider {
     if (req.command == "nap") {
       log_.info("napping for an hour");
       sleep_for(std::chrono::hours(1), cancel);
+    } else if (req.command == "probe") {
+      ProbeConfig config;
+      config.command = "check";
+      config.timeout_s = 5;
+      config.deadline_s = 60;
+      log_.info("probing");
+      int attempts = 0;
+      run_readiness_probe(
+          config, "box",
+          [&](std::chrono::milliseconds) {
+            ++attempts;
+            return ProbeAttempt{1, "", "not yet"};
+          },
+          cancel, std::chrono::seconds(1));
     } else if (req.command == "flaky") {
       int attempts = 0;
       retry(
@@ -194,6 +210,24 @@ TEST_CASE("fake host: retry/backoff waits on the fake clock") {
   REQUIRE(r.completed);
   CHECK(r.stdout_text.find("attempts=2") != std::string::npos);
   CHECK(number_after(r.stdout_text, "took_ms=") >= delay_ms);
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
+
+TEST_CASE("fake host: a readiness probe's deadline passes on the fake clock") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  PendingExec probe = provider.start_exec(box, "probe");
+  REQUIRE(host.wait_for_log("probing", kLogWait));
+  host.advance(61s);  // past the 60 s deadline in one step: no attempt fits in between
+  const ExecOutcome r = probe.wait();
+  REQUIRE(r.completed);
+  REQUIRE(r.error);
+  CHECK(r.error->status == SBX_STATUS_CREATE_VERIFICATION_FAILED);
+  CHECK(r.error->message.find("deadline_s=60") != std::string::npos);
+  CHECK(r.error->message.find("attempts=1,") != std::string::npos);
+  CHECK(r.error->message.find("last failure:") != std::string::npos);
   provider.release(box);
   CHECK(host.problems().empty());
 }
