@@ -12,6 +12,7 @@
 #include <sbx/sdk/retry.hpp>
 #include <sbx/sdk/testing/fake_host.hpp>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,8 +32,8 @@ namespace {
 constexpr auto kLogWait = 30s;  // real time; only bounds a broken test
 
 // Sandboxes are names; files live in a map. `exec` understands three commands:
-//   nap     sleeps one hour of the host's clock (sdk::sleep_for), then prints the host time it took
-//   flaky   fails once with a retryable error, retried after a random backoff of up to an hour
+//   nap     sleeps one hour of the host's clock (sdk::sleep_until), then prints the host time it
+//   took flaky   fails once with a retryable error, retried after a random backoff of up to an hour
 //   probe   a readiness probe that never passes, with a deadline of 60 s of the host's clock
 //   other   printed back on stdout
 class ClockProvider final : public BlockingProvider {
@@ -55,19 +56,22 @@ class ClockProvider final : public BlockingProvider {
                   const CancelToken& cancel) override {
     const auto started = now();
     if (req.command == "nap") {
+      // The deadline first, then the line the test waits for: a clock advanced on that line
+      // cannot have moved before the deadline was taken.
+      const auto until = host_deadline_after(std::chrono::hours(1));
       log_.info("napping for an hour");
-      sleep_for(std::chrono::hours(1), cancel);
+      sleep_until(until, cancel);
     } else if (req.command == "probe") {
       ProbeConfig config;
       config.command = "check";
       config.timeout_s = 5;
       config.deadline_s = 60;
-      log_.info("probing");
-      int attempts = 0;
       run_readiness_probe(
           config, "box",
           [&](std::chrono::milliseconds) {
-            ++attempts;
+            // Logged from the attempt, after the probe took its deadline: a test that advances
+            // the clock when it reads this cannot move the deadline with it.
+            log_.info("probing");
             return ProbeAttempt{1, "", "not yet"};
           },
           cancel, std::chrono::seconds(1));
@@ -348,6 +352,11 @@ TEST_CASE("checks: SBX_SDK_CHECKS=strict aborts on a violation") {
   REQUIRE(child >= 0);
   if (child == 0) {
     setenv("SBX_SDK_CHECKS", "strict", 1);
+    const int devnull = open("/dev/null", O_WRONLY);  // the child's report of its abort is expected
+    if (devnull >= 0) {
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+    }
     execl("/proc/self/exe", "fake_host_test", "--no-skip", "--test-case=checks: strict mode child",
           "--no-intro", static_cast<char*>(nullptr));
     _exit(127);

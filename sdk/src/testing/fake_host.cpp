@@ -361,6 +361,7 @@ DoneOutcome FakeProvider::wait_done(std::shared_ptr<OpRecord> record, sbx_operat
   out.completed = wait_completed(*record, host_->options_.completion_timeout);
   if (!out.completed) {
     host_->add_problem("operation '" + record->name + "' did not complete in time");
+    if (op) op->cancel(op);  // as a host abandoning it would: the plugin's threads can finish
   }
   release_op(op, misbehave);
   std::lock_guard lock(record->mutex);
@@ -543,6 +544,7 @@ ExecOutcome PendingExec::wait() {
   }
   if (!wait_completed(*record_, host_->options_.completion_timeout)) {
     host_->add_problem("operation 'exec' did not complete in time");
+    op_->cancel(op_);  // as a host abandoning it would: the plugin's threads can finish
   }
   release_op(std::exchange(op_, nullptr), misbehaviour_);
   std::lock_guard lock(record_->mutex);

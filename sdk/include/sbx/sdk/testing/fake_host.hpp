@@ -15,7 +15,9 @@
 // - calls init (and deinit in the destructor), creates providers through their factory;
 // - records every callback of every operation (output chunks in order, completions), and counts
 //   completions: a second completion, or none before the operation's wait gives up (Options::
-//   completion_timeout of real time), is a problem (problems());
+//   completion_timeout of real time; the operation is then cancelled), is a problem (problems());
+// - a test that advances the clock should do so only once the plugin has taken the deadline it
+//   tests (wait_for_log() on a line the plugin writes after that), or the deadline moves too.
 // - offers blocking helpers (create, exec, upload, download, status, close, release) and an
 //   asynchronous start (start_exec) for tests that cancel or advance the clock while it runs;
 // - has switches that break the ABI contract on purpose (Options, Misbehaviour), to test that a
@@ -130,7 +132,7 @@ struct FakeSandbox {
 class PendingExec {
  public:
   // Waits (real time, at most Options::completion_timeout) for the completion; a missing one is
-  // recorded as a problem. Releases the operation handle.
+  // recorded as a problem and the operation is cancelled. Releases the operation handle.
   ExecOutcome wait();
   // True once on_complete was called.
   bool completed() const;
@@ -164,8 +166,8 @@ class FakeProvider {
   // The contract-breaking switches for the calls that follow.
   Misbehaviour misbehave;
 
-  // Blocking helpers: each starts the operation, waits for its completion (recording a missing one
-  // as a problem) and releases the operation handle.
+  // Blocking helpers: each starts the operation, waits for its completion (a missing one is
+  // recorded as a problem and the operation cancelled) and releases the operation handle.
   FakeSandbox create(const CreateRequest& request = {});  // throws FakeHostError when create fails
   std::optional<ErrorInfo> create_error(const CreateRequest& request = {});  // expects a failure
   ExecOutcome exec(const FakeSandbox& sandbox, std::string_view command,
@@ -235,12 +237,14 @@ class FakeHost {
   // The factory's error for a config it should refuse (throws FakeHostError when it accepts it).
   ErrorInfo provider_error(std::string_view id, std::string_view config_json);
 
-  // ---- The clock behind now_ns --------------------------------------------------------------------
+  // ---- The clock behind now_ns
+  // --------------------------------------------------------------------
   std::chrono::nanoseconds now() const noexcept;
   // Moves the clock forward and wakes the SDK's sleepers (sbx::sdk::notify_clock_changed).
   void advance(std::chrono::nanoseconds by) noexcept;
 
-  // ---- What the plugin said -----------------------------------------------------------------------
+  // ---- What the plugin said
+  // -----------------------------------------------------------------------
   std::vector<LogLine> logs() const;
   // True once a log line containing `text` was written; waits at most `timeout` of real time.
   bool wait_for_log(std::string_view text, std::chrono::milliseconds timeout) const;
