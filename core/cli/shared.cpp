@@ -2,7 +2,7 @@
 
 #include "shared.hpp"
 
-#include <sbx/sdk/json.hpp>
+#include <sbx/base/json.hpp>
 
 #include <unistd.h>
 
@@ -60,7 +60,7 @@ std::vector<Option<SandboxChoice>> sandbox_options() {
       value<S>("--provider-options", "JSON", "Provider-specific options (a JSON object)",
                [](S& s, const Arg& a) {
                  try {  // the config files' rules: duplicate keys are an error
-                   s.spec.provider_options = sbx::sdk::json::parse_object(a.text, a.name);
+                   s.spec.provider_options = sbx::base::json::parse_object(a.text, a.name);
                  } catch (const std::exception& e) {
                    throw UsageError(std::string(e.what()) + " (" + std::string(a.name) +
                                     " must be a JSON object)");

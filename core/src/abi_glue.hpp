@@ -4,11 +4,12 @@
 
 #include "internal.hpp"
 
+#include <sbx/base/abi_views.hpp>
+#include <sbx/base/time.hpp>
+#include <sbx/base/utf8.hpp>
 #include <sbx/core/detail/op_state.hpp>
 #include <sbx/core/errors.hpp>
 #include <sbx/core/operation.hpp>
-#include <sbx/sdk/time.hpp>
-#include <sbx/sdk/utf8.hpp>
 
 #include <exception>
 #include <memory>
@@ -18,30 +19,19 @@
 
 namespace sbx::detail {
 
-// Seconds as the ABI's milliseconds, rounded up and capped (sdk::kForever), so that no value
+// Seconds as the ABI's milliseconds, rounded up and capped (base::kForever), so that no value
 // overflows the int64_t or a plugin's deadline arithmetic.
 inline sbx_opt_i64 to_abi_ms(const std::optional<double>& seconds) {
   if (!seconds) return {false, 0};
-  return {true, static_cast<int64_t>(sdk::seconds_to_ms(*seconds).count())};
+  return {true, static_cast<int64_t>(base::seconds_to_ms(*seconds).count())};
 }
 
+// The layer-neutral ABI views (sbx/base/abi_views.hpp) under the names the host uses.
 inline sbx_str view_of(std::string_view s) {
-  return sbx_str{s.data(), s.size()};
+  return base::to_sbx(s);
 }
-inline sbx_str optional_view(const std::optional<std::string>& s) {
-  return s ? view_of(*s) : sbx_str{nullptr, 0};
-}
-inline std::string copy_of(sbx_str s) {
-  return s.data ? std::string(s.data, s.len) : std::string();
-}
-inline StringMap copy_of(sbx_kv_list list) {
-  StringMap out;
-  for (size_t i = 0; i < list.count; ++i) {
-    out.insert_or_assign(copy_of(list.items[i].key), copy_of(list.items[i].value));
-  }
-  return out;
-}
-
+using base::copy_of;
+using base::optional_view;
 inline SandboxStatus to_status(int32_t status) {
   switch (status) {
     case SBX_SANDBOX_STARTING:
@@ -60,18 +50,7 @@ inline SandboxStatus to_status(int32_t status) {
 }
 
 // sbx_kv entries viewing a StringMap (which must outlive the list).
-class KvList {
- public:
-  explicit KvList(const StringMap& map) {
-    items_.reserve(map.size());
-    for (const auto& [k, v] : map)
-      items_.push_back({view_of(k), view_of(v)});
-  }
-  sbx_kv_list get() const { return {items_.data(), items_.size()}; }
-
- private:
-  std::vector<sbx_kv> items_;
-};
+using KvList = base::KvListView;
 
 // Collects what a plugin reports through an sbx_error_sink during a synchronous call.
 struct ErrorCollector {
@@ -93,7 +72,7 @@ struct ErrorCollector {
       return;
     }
     self->status = error->status;
-    self->message = sdk::utf8::sanitize(copy_of(error->message));
+    self->message = base::utf8::sanitize(copy_of(error->message));
   }
 };
 

@@ -3,8 +3,9 @@
 
 #include "calls.hpp"
 
-#include <sbx/sdk/time.hpp>
-#include <sbx/sdk/utf8.hpp>
+#include <sbx/base/abi_views.hpp>
+#include <sbx/base/time.hpp>
+#include <sbx/base/utf8.hpp>
 
 #include <spdlog/spdlog.h>
 
@@ -233,10 +234,6 @@ DeadlineTimer& timer() {
   return *instance;
 }
 
-std::string copy_str(sbx_str s) {
-  return s.data ? std::string(s.data, s.len) : std::string();
-}
-
 }  // namespace
 
 // ---- Public parts ----------------------------------------------------------------------------
@@ -295,8 +292,8 @@ Error plugin_error(const Generation& g, const sbx_error* error, const char* call
         describe(g), call, error->struct_size, offsetof(sbx_error, request_id) + sizeof(sbx_str)));
   }
   return Error(error->status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error->status,
-               sdk::utf8::sanitize(copy_str(error->message)), error->retryable, error->http_status,
-               sdk::utf8::sanitize(copy_str(error->request_id)));
+               base::utf8::sanitize(base::copy_of(error->message)), error->retryable,
+               error->http_status, base::utf8::sanitize(base::copy_of(error->request_id)));
 }
 
 }  // namespace sbx::detail
@@ -304,7 +301,7 @@ Error plugin_error(const Generation& g, const sbx_error* error, const char* call
 namespace sbx {
 
 std::chrono::milliseconds Deadlines::ms(double seconds) {
-  return sdk::seconds_to_ms(seconds);
+  return base::seconds_to_ms(seconds);
 }
 
 void Deadlines::validate() const {

@@ -2,9 +2,9 @@
 
 #include "internal.hpp"
 
+#include <sbx/base/json.hpp>
 #include <sbx/core/config.hpp>
 #include <sbx/core/errors.hpp>
-#include <sbx/sdk/json.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -33,17 +33,17 @@ void substitute_env(boost::json::value& value, const std::string& path) {
     }
   } else if (value.is_object()) {
     for (auto& member : value.get_object()) {
-      substitute_env(member.value(), sdk::json::path_join(path, member.key()));
+      substitute_env(member.value(), base::json::path_join(path, member.key()));
     }
   } else if (value.is_array()) {
     auto& array = value.get_array();
     for (size_t i = 0; i < array.size(); ++i) {
-      substitute_env(array[i], sdk::json::path_index(path, i));
+      substitute_env(array[i], base::json::path_index(path, i));
     }
   }
 }
 
-ProviderBlock read_block(sdk::json::ObjectReader& r, const std::string& name,
+ProviderBlock read_block(base::json::ObjectReader& r, const std::string& name,
                          std::string_view source, const std::filesystem::path& base_dir) {
   ProviderBlock block;
   block.name = name;
@@ -86,8 +86,8 @@ Config Config::parse(std::string_view json_text, std::string_view source,
   const std::string prefix = std::string(source) + ": ";
   try {
     Config config;
-    const boost::json::object root = sdk::json::parse_object(json_text, "JSON");
-    sdk::json::ObjectReader r(root);
+    const boost::json::object root = base::json::parse_object(json_text, "JSON");
+    base::json::ObjectReader r(root);
     for (const auto& dir : r.string_list("plugin_path").value_or(std::vector<std::string>{})) {
       std::filesystem::path p(dir);
       config.plugin_path.push_back(p.is_relative() && !base_dir.empty() ? base_dir / p : p);
@@ -114,7 +114,7 @@ Config Config::parse(std::string_view json_text, std::string_view source,
         const std::string name(member.key());
         if (name.empty()) providers->fail(name, "a provider name must not be empty");
         if (!member.value().is_object()) providers->fail(name, "must be an object");
-        sdk::json::ObjectReader block(member.value().get_object(), providers->path_of(name));
+        base::json::ObjectReader block(member.value().get_object(), providers->path_of(name));
         providers->value(name);  // known
         config.providers.emplace(name, read_block(block, name, source, base_dir));
       }
@@ -126,7 +126,7 @@ Config Config::parse(std::string_view json_text, std::string_view source,
                         "' is not a configured provider");
     }
     return config;
-  } catch (const sdk::Error& e) {
+  } catch (const base::json::Error& e) {
     throw ConfigError(prefix + e.what());
   } catch (const ConfigError& e) {
     throw ConfigError(prefix + e.what());

@@ -1,6 +1,6 @@
 #include "descriptor.hpp"
 
-#include <sbx/sdk/utf8.hpp>
+#include <sbx/base/utf8.hpp>
 
 #include <boost/json.hpp>
 
@@ -26,7 +26,7 @@ std::string text(const char* value, const std::string& what, bool optional) {
     refuse("its descriptor has no " + what);
   }
   std::string out(value);
-  if (!sdk::utf8::valid(out)) refuse("its " + what + " is not valid UTF-8");
+  if (!base::utf8::valid(out)) refuse("its " + what + " is not valid UTF-8");
   return out;
 }
 

@@ -1,3 +1,5 @@
+#include <sbx/base/abi_views.hpp>
+#include <sbx/base/exceptions.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <cerrno>
@@ -67,33 +69,20 @@ template <class E>
   }
 }
 
-std::string copy(sbx_str s) {
-  return s.data ? std::string(s.data, s.len) : std::string();
-}
-
 }  // namespace
 
 Error to_error(const sbx_error& error) {
   // ABI 1.0 defines every field; a smaller struct keeps what it has.
   return Error(error.status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error.status,
-               SBX_HAS_FIELD(&error, sbx_error, message) ? copy(error.message) : "",
+               SBX_HAS_FIELD(&error, sbx_error, message) ? base::copy_of(error.message) : "",
                SBX_HAS_FIELD(&error, sbx_error, retryable) && error.retryable,
                SBX_HAS_FIELD(&error, sbx_error, http_status) ? error.http_status : 0,
-               SBX_HAS_FIELD(&error, sbx_error, request_id) ? copy(error.request_id) : "");
+               SBX_HAS_FIELD(&error, sbx_error, request_id) ? base::copy_of(error.request_id) : "");
 }
 
 Error to_error(const std::exception_ptr& exception) {
-  try {
-    std::rethrow_exception(exception);
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::bad_alloc&) {
-    return Error(SBX_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-  } catch (const std::exception& e) {
-    return Error(SBX_STATUS_INTERNAL, e.what());
-  } catch (...) {
-    return Error(SBX_STATUS_INTERNAL, "unknown exception");
-  }
+  return base::exception_to<Error>(
+      exception, [](sbx_status status, std::string message) { return Error(status, message); });
 }
 
 void throw_error(const Error& error) {

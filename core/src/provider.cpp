@@ -92,15 +92,15 @@ class CSpec {
     c_.ttl_ms = to_abi_ms(spec.ttl_s);
     c_.ready_timeout_ms = to_abi_ms(spec.ready_timeout_s);
     c_.workdir = optional_view(spec.workdir);
-    c_.env = env_.get();
+    c_.env = env_.list();
     c_.files = {files_.data(), files_.size()};
-    c_.metadata = metadata_list_.get();
+    c_.metadata = metadata_list_.list();
     c_.resources = has_resources ? &resources_ : nullptr;
     c_.has_entrypoint = spec.entrypoint.has_value();
     c_.entrypoint = {entrypoint_.data(), entrypoint_.size()};
     c_.ports = {ports_.data(), ports_.size()};
     c_.provider_options = view_of(options_);
-    c_.labels = labels_list_.get();
+    c_.labels = labels_list_.list();
   }
   const sbx_spec* get() const { return &c_; }
 
@@ -151,7 +151,7 @@ std::shared_ptr<SandboxState> adopt(const std::shared_ptr<Generation>& generatio
     return s;
   }
   s->id = copy_of(sandbox->id);
-  if (s->id.empty() || !sdk::utf8::valid(s->id)) {
+  if (s->id.empty() || !base::utf8::valid(s->id)) {
     unusable = InternalError(who + "id is " + (s->id.empty() ? "empty" : "not valid UTF-8") +
                              "; it was closed");
   }
@@ -222,7 +222,7 @@ struct ConnectCtx : CallCtx {
       unusable = InternalError(describe(*ctx->generation) +
                                " connected a sandbox without a usable sbx_connected_sandbox");
     } else if (!unusable) {
-      if (info->workdir.data) s->workdir = sdk::utf8::sanitize(copy_of(info->workdir));
+      if (info->workdir.data) s->workdir = base::utf8::sanitize(copy_of(info->workdir));
       s->ports.assign(info->ports.items, info->ports.items + info->ports.count);
     }
     // A connected sandbox that cannot be used, or that nobody waits for any more, is released
@@ -264,10 +264,10 @@ struct ListCtx : CallCtx {
                             "than ABI 1.0 defines");
       }
       SandboxInfo item;
-      item.id = sdk::utf8::sanitize(copy_of(info->id));
+      item.id = base::utf8::sanitize(copy_of(info->id));
       item.status = to_status(info->status);
       for (auto& [k, v] : copy_of(info->labels))
-        item.labels.emplace(sdk::utf8::sanitize(k), sdk::utf8::sanitize(v));
+        item.labels.emplace(base::utf8::sanitize(k), base::utf8::sanitize(v));
       item.created_unix_ms = info->created_unix_ms;
       std::lock_guard lock(ctx->mutex);
       ctx->items.push_back(std::move(item));
@@ -401,7 +401,7 @@ std::vector<SandboxInfo> list_or_reap(const std::shared_ptr<detail::Generation>&
              [&](void* token) {
                const Callbacks callbacks{sizeof(Callbacks), token, &Ctx::on_item,
                                          &Ctx::on_complete};
-               return start(*ext, g->provider, kv.get(), &callbacks);
+               return start(*ext, g->provider, kv.list(), &callbacks);
              })
       .get();
 }

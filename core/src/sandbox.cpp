@@ -153,7 +153,7 @@ struct ExecCtx : CallCtx, SandboxRef {
       r.stderr_text.assign(reinterpret_cast<const char*>(result->stderr_bytes.data),
                            result->stderr_bytes.len);
       r.return_code = result->return_code;
-      if (result->error_type.data) r.error_type = sdk::utf8::sanitize(copy_of(result->error_type));
+      if (result->error_type.data) r.error_type = base::utf8::sanitize(copy_of(result->error_type));
       ctx->state->succeed(std::move(r));
     });
   }
@@ -378,7 +378,7 @@ struct SerializeCtx : CallCtx, SandboxRef {
     in_callback(*ctx->state, [&] {
       if (error || !descriptor.data) return ctx->state->fail(plugin_error(g, error, "serialize"));
       std::string text = copy_of(descriptor);
-      if (!sdk::utf8::valid(text)) {
+      if (!base::utf8::valid(text)) {
         return ctx->state->fail(
             InternalError(describe(g) + " made a descriptor that is not valid UTF-8"));
       }
@@ -421,7 +421,7 @@ struct EndpointCtx : CallCtx, SandboxRef {
                                               " bytes, smaller than ABI 1.0 defines"));
       }
       ctx->state->succeed(
-          Endpoint{sdk::utf8::sanitize(copy_of(endpoint->url)), copy_of(endpoint->headers)});
+          Endpoint{base::utf8::sanitize(copy_of(endpoint->url)), copy_of(endpoint->headers)});
     });
   }
 };
@@ -547,7 +547,7 @@ Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions optio
   const sbx_exec_request request{sizeof(sbx_exec_request),
                                  detail::view_of(command),
                                  detail::optional_view(options.cwd),
-                                 env.get(),
+                                 env.list(),
                                  detail::to_abi_ms(options.timeout_s),
                                  detail::optional_view(options.user)};
   detail::OpDeadline deadline{g->deadlines.exec(), detail::OpDeadline::From::start,

@@ -1,9 +1,9 @@
 #include "internal.hpp"
 
+#include <sbx/base/json.hpp>
+#include <sbx/base/utf8.hpp>
 #include <sbx/core/errors.hpp>
 #include <sbx/core/spec.hpp>
-#include <sbx/sdk/json.hpp>
-#include <sbx/sdk/utf8.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -128,7 +128,7 @@ template <class F>
 auto reading(F&& read) {
   try {
     return read();
-  } catch (const sdk::Error& e) {
+  } catch (const base::json::Error& e) {
     throw InvalidArgumentError(e.what());
   }
 }
@@ -140,7 +140,7 @@ Resources Resources::from_json(const boost::json::value& value) {
   if (value.is_null()) return r;
   if (!value.is_object()) {
     throw InvalidArgumentError("Sandbox resources must be a mapping, got " +
-                               std::string(sdk::json::kind_name(value)));
+                               std::string(base::json::kind_name(value)));
   }
   static const std::vector<std::string> kKeys = {"cpu", "disk_gib", "gpu", "gpu_type",
                                                  "memory_mib"};
@@ -172,7 +172,7 @@ Resources Resources::from_json(const boost::json::value& value) {
 namespace detail {
 
 void require_utf8(std::string_view text, std::string_view what) {
-  if (const size_t at = sdk::utf8::first_invalid(text); at != text.size()) {
+  if (const size_t at = base::utf8::first_invalid(text); at != text.size()) {
     throw InvalidArgumentError(std::string(what) + " is not valid UTF-8 (byte " +
                                std::to_string(at) + ")");
   }
@@ -237,11 +237,11 @@ void SandboxSpec::validate() const {
 SandboxSpec SandboxSpec::from_json(const boost::json::value& value) {
   if (!value.is_object()) {
     throw InvalidArgumentError("Sandbox spec must be a JSON object, got " +
-                               std::string(sdk::json::kind_name(value)));
+                               std::string(base::json::kind_name(value)));
   }
   SandboxSpec spec;
   reading([&] {
-    sdk::json::ObjectReader r(value.get_object(), "$");
+    base::json::ObjectReader r(value.get_object(), "$");
     spec.image = r.string("image");
     spec.ttl_s = r.number("ttl_s");
     spec.ready_timeout_s = r.number("ready_timeout_s");

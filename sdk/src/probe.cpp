@@ -1,5 +1,6 @@
 #include <sbx/sdk/probe.hpp>
 
+#include <sbx/sdk/clock.hpp>
 #include <sbx/sdk/retry.hpp>
 #include <sbx/sdk/time.hpp>
 
@@ -11,7 +12,7 @@
 namespace sbx::sdk {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = HostClock;  // deadlines that decide behaviour: on the host's clock
 using std::chrono::milliseconds;
 
 constexpr size_t kExcerptChars = 200;
@@ -104,7 +105,7 @@ void run_readiness_probe(const ProbeConfig& config, std::string_view sandbox_id,
                          const CancelToken& cancel, milliseconds poll_interval) {
   if (!config.command) return;
   const double deadline_s = config.deadline_s.value_or(config.timeout_s);
-  const auto deadline = deadline_after(to_ms(deadline_s));
+  const auto deadline = host_deadline_after(to_ms(deadline_s));
   int passes = 0, attempts = 0;
   std::string last_failure;
 
@@ -112,7 +113,9 @@ void run_readiness_probe(const ProbeConfig& config, std::string_view sandbox_id,
     return std::max(std::chrono::ceil<milliseconds>(deadline - Clock::now()), milliseconds(0));
   };
   // Sleeps, but never past the deadline: the loop then reports the expiry without another try.
-  auto pause = [&](milliseconds duration) { sleep_for(std::min(duration, remaining()), cancel); };
+  auto pause = [&](milliseconds duration) {
+    sleep_until(std::min(deadline, Clock::now() + duration), cancel);
+  };
 
   for (;;) {
     throw_if_cancelled(cancel);

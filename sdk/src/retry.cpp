@@ -1,8 +1,7 @@
+#include <sbx/sdk/clock.hpp>
 #include <sbx/sdk/retry.hpp>
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <random>
 
 namespace sbx::sdk {
@@ -40,27 +39,18 @@ void retry(const RetryPolicy& policy, const std::function<void()>& fn, const Can
       bool retryable = error.status() != SBX_STATUS_CANCELLED &&
                        (is_retryable ? is_retryable(error) : error.retryable());
       if (!retryable || attempt >= attempts) throw;
-      auto delay = policy.delay_after(attempt);
+      const auto delay = policy.delay_after(attempt);
+      // The deadline is taken before on_retry, so that a test that advances the host's clock
+      // when it hears of the retry cannot advance it before the sleep began.
+      const auto until = host_deadline_after(delay);
       if (on_retry) on_retry(attempt, error, delay);
-      sleep_for(delay, cancel);
+      sleep_until(until, cancel);
     }
   }
 }
 
 void sleep_for(std::chrono::milliseconds duration, const CancelToken& cancel) {
-  std::mutex mutex;
-  std::condition_variable woken;
-  bool cancelled = false;
-  // Declared after what it touches: its destructor waits for a callback running on another
-  // thread, so the mutex and condition variable outlive any notification.
-  std::stop_callback on_cancel(cancel, [&] {
-    std::lock_guard lock(mutex);
-    cancelled = true;
-    woken.notify_all();
-  });
-  std::unique_lock lock(mutex);
-  woken.wait_for(lock, duration, [&] { return cancelled; });
-  if (cancelled) throw Error::cancelled();
+  sleep_until(host_deadline_after(duration), cancel);
 }
 
 }  // namespace sbx::sdk

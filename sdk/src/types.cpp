@@ -46,12 +46,7 @@ std::string text(sbx_str s, std::string_view what) {
 }
 
 KeyValues to_key_values(sbx_kv_list list) {
-  KeyValues out;
-  for (size_t i = 0; i < list.count; ++i) {
-    out.insert_or_assign(std::string(view(list.items[i].key)),
-                         std::string(view(list.items[i].value)));
-  }
-  return out;
+  return base::copy_of(list);
 }
 
 Spec to_spec(const sbx_spec& c) {
@@ -101,12 +96,6 @@ ExecRequest to_exec_request(const sbx_exec_request& c) {
   r.timeout = optional_ms(c.timeout_ms);
   r.user = optional_text(c.user, "the exec's user");
   return r;
-}
-
-KvListView::KvListView(const KeyValues& values) {
-  items_.reserve(values.size());
-  for (const auto& [k, v] : values)
-    items_.push_back({to_sbx(k), to_sbx(v)});
 }
 
 }  // namespace sbx::sdk

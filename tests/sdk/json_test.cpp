@@ -4,21 +4,23 @@
 
 #include <string>
 
-using sbx::sdk::Error;
 namespace json = sbx::sdk::json;
+using json::Error;
 
 namespace {
 
-// The message of the sbx::sdk::Error that `fn` throws; fails the test if it throws nothing else.
+// The message of the sdk::json::Error that `fn` throws; fails the test if it throws nothing else.
+// The SDK reports each as INVALID_ARGUMENT.
 template <typename Fn>
 std::string error_of(Fn&& fn) {
   try {
     fn();
   } catch (const Error& error) {
-    CHECK(error.status() == SBX_STATUS_INVALID_ARGUMENT);
+    CHECK(sbx::sdk::detail::exception_to_error(std::current_exception()).status() ==
+          SBX_STATUS_INVALID_ARGUMENT);
     return error.what();
   }
-  FAIL("expected an sbx::sdk::Error");
+  FAIL("expected an sbx::sdk::json::Error");
   return "";
 }
 

@@ -26,6 +26,15 @@ Error error_of(Fn&& fn) {
   return sbx::testing::error_of<Error>(std::forward<Fn>(fn));
 }
 
+// A config error: sdk::json::Error, which the SDK reports as INVALID_ARGUMENT.
+template <typename Fn>
+sbx::sdk::json::Error config_error_of(Fn&& fn) {
+  auto error = sbx::testing::error_of<sbx::sdk::json::Error>(std::forward<Fn>(fn));
+  CHECK(sbx::sdk::detail::exception_to_error(std::make_exception_ptr(error)).status() ==
+        SBX_STATUS_INVALID_ARGUMENT);
+  return error;
+}
+
 bool contains(const std::string& text, std::string_view part) {
   return text.find(part) != std::string::npos;
 }
@@ -90,18 +99,20 @@ TEST_CASE("ProbeConfig::read: explicit null clears optional fields") {
 
 TEST_CASE("ProbeConfig::read validates as the seed does, naming the path") {
   ProbeConfig defaults = probe("echo ready", 30);
-  CHECK(std::string(error_of([&] { read_probe(R"({"timeout_s": 0})", defaults); }).what()) ==
+  CHECK(std::string(config_error_of([&] { read_probe(R"({"timeout_s": 0})", defaults); }).what()) ==
         "$.probe.timeout_s: must be > 0, got 0");
-  CHECK(std::string(error_of([&] { read_probe(R"({"deadline_s": 0})", defaults); }).what()) ==
-        "$.probe.deadline_s: must be > 0, got 0");
-  CHECK(std::string(error_of([&] { read_probe(R"({"stable_count": 0})", defaults); }).what()) ==
-        "$.probe.stable_count: must be >= 1, got 0");
-  CHECK(std::string(error_of([&] { read_probe(R"({"stable_delay_s": -1})", defaults); }).what()) ==
-        "$.probe.stable_delay_s: must be >= 0, got -1");
-  CHECK(std::string(error_of([&] { read_probe(R"({"command": 3})", defaults); }).what()) ==
+  CHECK(std::string(config_error_of([&] {
+                      read_probe(R"({"deadline_s": 0})", defaults);
+                    }).what()) == "$.probe.deadline_s: must be > 0, got 0");
+  CHECK(std::string(config_error_of([&] {
+                      read_probe(R"({"stable_count": 0})", defaults);
+                    }).what()) == "$.probe.stable_count: must be >= 1, got 0");
+  CHECK(std::string(config_error_of([&] {
+                      read_probe(R"({"stable_delay_s": -1})", defaults);
+                    }).what()) == "$.probe.stable_delay_s: must be >= 0, got -1");
+  CHECK(std::string(config_error_of([&] { read_probe(R"({"command": 3})", defaults); }).what()) ==
         "$.probe.command: expected a string, got number");
-  auto unknown = error_of([&] { read_probe(R"({"stable_counts": 2})", defaults); });
-  CHECK(unknown.status() == SBX_STATUS_INVALID_ARGUMENT);
+  auto unknown = config_error_of([&] { read_probe(R"({"stable_counts": 2})", defaults); });
   CHECK(std::string(unknown.what()) ==
         "$.probe.stable_counts: unknown key; known keys: command, expected_stdout, timeout_s, "
         "deadline_s, stable_count, stable_delay_s");

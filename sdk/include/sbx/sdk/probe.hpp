@@ -22,10 +22,10 @@ struct ProbeConfig {
   double stable_delay_s = 0;                   // pause between passes, >= 0
 
   // Reads the six keys from `reader` (a JSON object such as a provider's "probe" config block),
-  // starting from `defaults`; validates them as the seed does and throws Error::invalid_argument
-  // naming the path. An explicit JSON null clears an optional field's default: for "command" that
-  // disables the probe, for "expected_stdout" only the exit code counts, for "deadline_s" the
-  // deadline becomes timeout_s. The caller calls reader.finish().
+  // starting from `defaults`; validates them as the seed does and throws json::Error (reported
+  // as INVALID_ARGUMENT) naming the path. An explicit JSON null clears an optional field's default:
+  // for "command" that disables the probe, for "expected_stdout" only the exit code counts, for
+  // "deadline_s" the deadline becomes timeout_s. The caller calls reader.finish().
   static ProbeConfig read(json::ObjectReader& reader, const ProbeConfig& defaults);
 };
 

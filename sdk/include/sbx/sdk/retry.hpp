@@ -22,13 +22,15 @@ struct RetryPolicy {
 
 // Calls `fn` until it returns, or throws an error that is not retryable by `is_retryable`
 // (default: Error::retryable()), or attempts are exhausted (the last error is rethrown). Sleeps
-// between attempts, waking early and throwing Error::cancelled() when `cancel` fires.
-// `on_retry(attempt, error, delay)` is called before each sleep (for logging).
+// between attempts on the host's clock (sbx/sdk/clock.hpp), waking early and throwing
+// Error::cancelled() when `cancel` fires. `on_retry(attempt, error, delay)` is called before each
+// sleep (for logging).
 void retry(const RetryPolicy& policy, const std::function<void()>& fn, const CancelToken& cancel,
            const std::function<bool(const Error&)>& is_retryable = {},
            const std::function<void(int, const Error&, std::chrono::milliseconds)>& on_retry = {});
 
-// Sleeps for `duration` unless cancellation is requested first (then throws Error::cancelled()).
+// Sleeps for `duration` of the host's clock (sbx/sdk/clock.hpp) unless cancellation is requested
+// first (then throws Error::cancelled()).
 void sleep_for(std::chrono::milliseconds duration, const CancelToken& cancel);
 
 }  // namespace sbx::sdk

@@ -4,6 +4,7 @@
 
 #include <sbx/abi/provider.h>
 #include <sbx/abi/spec.h>
+#include <sbx/base/abi_views.hpp>
 
 #include <boost/json/object.hpp>
 
@@ -105,19 +106,11 @@ struct SandboxInfo {
 
 // ---- Conversions between the ABI's views and these values -------------------------------------
 
-inline std::string_view view(sbx_str s) {
-  return s.data ? std::string_view(s.data, s.len) : "";
-}
-inline std::optional<std::string> optional_string(sbx_str s) {
-  if (!s.data) return std::nullopt;
-  return std::string(s.data, s.len);
-}
-inline sbx_str to_sbx(std::string_view s) {
-  return sbx_str{s.data(), s.size()};
-}
-inline sbx_bytes to_bytes(std::string_view s) {
-  return sbx_bytes{reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
+// The layer-neutral views of <sbx/base/abi_views.hpp>.
+using ::sbx::base::optional_string;
+using ::sbx::base::to_bytes;
+using ::sbx::base::to_sbx;
+using ::sbx::base::view;
 KeyValues to_key_values(sbx_kv_list list);
 // A copy of text the ABI says is UTF-8; Error::invalid_argument("<what> is not valid UTF-8 (byte
 // N)") when it is not.
@@ -129,13 +122,6 @@ Spec to_spec(const sbx_spec& spec);
 ExecRequest to_exec_request(const sbx_exec_request& request);
 
 // Keeps sbx_kv entries pointing into a KeyValues alive for handing out a sbx_kv_list.
-class KvListView {
- public:
-  explicit KvListView(const KeyValues& values);
-  sbx_kv_list list() const { return {items_.data(), items_.size()}; }
-
- private:
-  std::vector<sbx_kv> items_;
-};
+using ::sbx::base::KvListView;
 
 }  // namespace sbx::sdk

@@ -1,20 +1,9 @@
-// UTF-8 checks for text that crosses the ABI (docs/abi/strings.md: every sbx_str is UTF-8).
-// THREADING: pure functions.
+// UTF-8 checks for text that crosses the ABI, for plugins: the layer-neutral functions of
+// <sbx/base/utf8.hpp> under sbx::sdk::utf8. THREADING: pure functions.
 #pragma once
 
-#include <string>
-#include <string_view>
+#include <sbx/base/utf8.hpp>
 
-namespace sbx::sdk::utf8 {
-
-// True when `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing
-// above U+10FFFF). NUL bytes are valid UTF-8.
-bool valid(std::string_view text) noexcept;
-
-// The byte offset of the first ill-formed sequence, or text.size() when there is none.
-size_t first_invalid(std::string_view text) noexcept;
-
-// `text` with every ill-formed sequence replaced by U+FFFD, for messages and logs.
-std::string sanitize(std::string_view text);
-
-}  // namespace sbx::sdk::utf8
+namespace sbx::sdk {
+namespace utf8 = ::sbx::base::utf8;
+}  // namespace sbx::sdk

@@ -1,4 +1,4 @@
-#include <sbx/sdk/json.hpp>
+#include <sbx/base/json.hpp>
 
 #include <boost/json/basic_parser_impl.hpp>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-namespace sbx::sdk::json {
+namespace sbx::base::json {
 namespace {
 
 bool is_identifier(std::string_view key) {
@@ -149,19 +149,16 @@ boost::json::object parse_object(std::string_view text, std::string_view what) {
     }
   }
   if (ec) {
-    throw Error::invalid_argument(std::string(what) + ": " + ec.message() + " at " +
-                                  position_of(text, consumed));
+    throw Error(std::string(what) + ": " + ec.message() + " at " + position_of(text, consumed));
   }
   boost::json::basic_parser<DuplicateKeyFinder> keys{boost::json::parse_options{}};
   keys.write_some(false, text.data(), text.size(), ec);
   if (keys.handler().duplicate) {
-    throw Error::invalid_argument(std::string(what) + ": " + *keys.handler().duplicate +
-                                  ": duplicate key");
+    throw Error(std::string(what) + ": " + *keys.handler().duplicate + ": duplicate key");
   }
   boost::json::value value = parser.release();
   if (!value.is_object()) {
-    throw Error::invalid_argument(std::string(what) + ": " + type_error("an object", value) +
-                                  " at the top level");
+    throw Error(std::string(what) + ": " + type_error("an object", value) + " at the top level");
   }
   return std::move(value.as_object());
 }
@@ -209,7 +206,7 @@ const boost::json::value* ObjectReader::lookup(std::string_view key) {
 }
 
 void ObjectReader::fail(std::string_view key, std::string_view message) const {
-  throw Error::invalid_argument(path_of(key) + ": " + std::string(message));
+  throw Error(path_of(key) + ": " + std::string(message));
 }
 
 std::optional<std::string> ObjectReader::string(std::string_view key) {
@@ -287,8 +284,7 @@ std::optional<std::vector<std::string>> ObjectReader::string_list(std::string_vi
   const auto& array = v->get_array();
   for (size_t i = 0; i < array.size(); ++i) {
     if (!array[i].is_string()) {
-      throw Error::invalid_argument(path_index(path_of(key), i) + ": " +
-                                    type_error("a string", array[i]));
+      throw Error(path_index(path_of(key), i) + ": " + type_error("a string", array[i]));
     }
     result.emplace_back(array[i].get_string());
   }
@@ -302,8 +298,8 @@ std::optional<std::map<std::string, std::string>> ObjectReader::string_map(std::
   std::map<std::string, std::string> result;
   for (const auto& member : v->get_object()) {
     if (!member.value().is_string()) {
-      throw Error::invalid_argument(path_join(path_of(key), member.key()) + ": " +
-                                    type_error("a string", member.value()));
+      throw Error(path_join(path_of(key), member.key()) + ": " +
+                  type_error("a string", member.value()));
     }
     result.emplace(member.key(), member.value().get_string());
   }
@@ -328,4 +324,4 @@ void ObjectReader::finish() const {
   }
 }
 
-}  // namespace sbx::sdk::json
+}  // namespace sbx::base::json

@@ -1,8 +1,8 @@
-#include <sbx/sdk/utf8.hpp>
+#include <sbx/base/utf8.hpp>
 
 #include <cstdint>
 
-namespace sbx::sdk::utf8 {
+namespace sbx::base::utf8 {
 namespace {
 
 // The length of the well-formed sequence at `i`, or 0 when it is ill-formed (Unicode 15, table
@@ -73,4 +73,4 @@ std::string sanitize(std::string_view text) {
   return out;
 }
 
-}  // namespace sbx::sdk::utf8
+}  // namespace sbx::base::utf8

@@ -1,0 +1,96 @@
+// Streams: upload and download, whose operations own the C++ view (ByteSource, ByteSink) of the
+// host's stream, and those views' calls into the host.
+
+#include "internal.hpp"
+
+namespace sbx::sdk::detail {
+namespace {
+
+// An upload or download: the operation owns the C++ view of the host's stream.
+template <class Stream, class CStream>
+class TransferOp final : public Op<void> {
+ public:
+  TransferOp(const sbx_done_callbacks* cb, const CStream& stream) : cb_(*cb), stream(stream) {}
+  void deliver_value() noexcept override { cb_.on_complete(cb_.user_data, nullptr); }
+  void deliver_error(const Error& error) noexcept override {
+    with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, e); });
+  }
+
+ private:
+  sbx_done_callbacks cb_;
+
+ public:
+  Stream stream;
+};
+
+using UploadOp = TransferOp<ByteSource, sbx_input_stream>;
+using DownloadOp = TransferOp<ByteSink, sbx_output_stream>;
+
+// The host's stream, if the request carries a usable one (checked before the op exists, because
+// the op keeps a copy); otherwise a stand-in, and the op fails inside its start.
+const sbx_input_stream* source_of(const sbx_upload_request* req) {
+  if (!req || !SBX_HAS_FIELD(req, sbx_upload_request, mode)) return nullptr;
+  const sbx_input_stream* s = req->source;
+  return s && SBX_HAS_FIELD(s, sbx_input_stream, read) && s->read ? s : nullptr;
+}
+const sbx_output_stream* sink_of(const sbx_download_request* req) {
+  if (!req || !SBX_HAS_FIELD(req, sbx_download_request, sink)) return nullptr;
+  const sbx_output_stream* s = req->sink;
+  return s && SBX_HAS_FIELD(s, sbx_output_stream, write) && s->write ? s : nullptr;
+}
+
+}  // namespace
+
+sbx_operation* SBX_ABI provider_upload(sbx_provider* p, sbx_sandbox* s,
+                                       const sbx_upload_request* req,
+                                       const sbx_done_callbacks* cb) {
+  static const sbx_input_stream none{sizeof(sbx_input_stream), nullptr, 0, nullptr};
+  const sbx_input_stream* source = source_of(req);
+  return start_operation<UploadOp>(
+      p, "upload", cb,
+      [&](UploadOp& op, Completion<void> done) {
+        Sandbox& sandbox = sandbox_of(p, s);
+        if (!source) throw Error::invalid_argument("upload needs a request with a source stream");
+        UploadRequest copy{text(req->remote_path, "the upload's remote_path"),
+                           req->mode == 0 ? 0644u : req->mode};
+        impl_of(p).upload(sandbox, std::move(copy), op.stream, std::move(done));
+      },
+      source ? *source : none);
+}
+
+sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* s,
+                                         const sbx_download_request* req,
+                                         const sbx_done_callbacks* cb) {
+  static const sbx_output_stream none{sizeof(sbx_output_stream), nullptr, nullptr};
+  const sbx_output_stream* sink = sink_of(req);
+  return start_operation<DownloadOp>(
+      p, "download", cb,
+      [&](DownloadOp& op, Completion<void> done) {
+        Sandbox& sandbox = sandbox_of(p, s);
+        if (!sink) throw Error::invalid_argument("download needs a request with a sink stream");
+        impl_of(p).download(sandbox, text(req->remote_path, "the download's remote_path"),
+                            op.stream, std::move(done));
+      },
+      sink ? *sink : none);
+}
+
+}  // namespace sbx::sdk::detail
+
+namespace sbx::sdk {
+
+size_t ByteSource::read(char* buffer, size_t capacity) {
+  const int64_t n = stream_.read(stream_.ctx, reinterpret_cast<uint8_t*>(buffer), capacity);
+  if (n < 0 || static_cast<uint64_t>(n) > capacity) {
+    throw Error::internal("the upload's source stream failed");
+  }
+  return static_cast<size_t>(n);
+}
+
+void ByteSink::write(std::string_view bytes) {
+  if (bytes.empty()) return;
+  if (stream_.write(stream_.ctx, to_bytes(bytes)) != 0) {
+    throw Error::cancelled("the download's destination refused the data");
+  }
+}
+
+}  // namespace sbx::sdk

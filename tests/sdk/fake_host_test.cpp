@@ -1,0 +1,444 @@
+// The fake host (sbx/sdk/testing/fake_host.hpp) as a plugin author uses it: a provider defined here
+// (linked in, through its sbx_plugin_entry) and the hello example (loaded from its .so) driven
+// through the raw ABI in process; time-dependent code tested by advancing the fake clock; the
+// SDK's contract checks seen from a host that breaks the contract on purpose; and the fake host's
+// own exactly-once checks, against a raw plugin that completes twice or never.
+
+#include <doctest/doctest.h>
+
+#include <sbx/sdk/clock.hpp>
+#include <sbx/sdk/plugin.hpp>
+#include <sbx/sdk/probe.hpp>
+#include <sbx/sdk/retry.hpp>
+#include <sbx/sdk/testing/fake_host.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+using namespace sbx::sdk;
+using namespace sbx::sdk::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr auto kLogWait = 30s;  // real time; only bounds a broken test
+
+// Sandboxes are names; files live in a map. `exec` understands three commands:
+//   nap     sleeps one hour of the host's clock (sdk::sleep_until), then prints the host time it
+//   took flaky   fails once with a retryable error, retried after a random backoff of up to an hour
+//   probe   a readiness probe that never passes, with a deadline of 60 s of the host's clock
+//   other   printed back on stdout
+class ClockProvider final : public BlockingProvider {
+ public:
+  static constexpr const char* kId = "clocked";
+  static constexpr const char* kDescription = "Test: time-dependent behaviour on the host clock";
+  static constexpr const char* kConfigSchema = R"({"type": "object"})";
+
+  ClockProvider(const ProviderContext& context, const boost::json::object& config)
+      : log_(context.log) {
+    json::ObjectReader r(config);
+    greeting_ = r.string("greeting", "hello");
+    r.finish();
+  }
+
+  std::unique_ptr<Sandbox> create(const Spec&, const CancelToken&) override {
+    return std::make_unique<Sandbox>("box-" + std::to_string(++count_));
+  }
+  ExitStatus exec(Sandbox&, const ExecRequest& req, OutputSink& out,
+                  const CancelToken& cancel) override {
+    const auto started = now();
+    if (req.command == "nap") {
+      // The deadline first, then the line the test waits for: a clock advanced on that line
+      // cannot have moved before the deadline was taken.
+      const auto until = host_deadline_after(std::chrono::hours(1));
+      log_.info("napping for an hour");
+      sleep_until(until, cancel);
+    } else if (req.command == "probe") {
+      ProbeConfig config;
+      config.command = "check";
+      config.timeout_s = 5;
+      config.deadline_s = 60;
+      run_readiness_probe(
+          config, "box",
+          [&](std::chrono::milliseconds) {
+            // Logged from the attempt, after the probe took its deadline: a test that advances
+            // the clock when it reads this cannot move the deadline with it.
+            log_.info("probing");
+            return ProbeAttempt{1, "", "not yet"};
+          },
+          cancel, std::chrono::seconds(1));
+    } else if (req.command == "flaky") {
+      int attempts = 0;
+      retry(
+          RetryPolicy{1, std::chrono::hours(1), std::chrono::hours(1)},
+          [&] {
+            if (++attempts == 1) throw Error::unavailable("busy");
+          },
+          cancel, {},
+          [&](int, const Error&, std::chrono::milliseconds delay) {
+            log_.info("retrying in ", delay.count(), " ms");
+          });
+      out.write(StdStream::out, "attempts=" + std::to_string(attempts) + "\n");
+    } else {
+      out.write(StdStream::out, greeting_ + " " + req.command);
+      return ExitStatus::exited(0);
+    }
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(now() - started);
+    out.write(StdStream::out, "took_ms=" + std::to_string(took.count()));
+    return ExitStatus::exited(0);
+  }
+  void upload(Sandbox& box, const UploadRequest& req, ByteSource& in, const CancelToken&) override {
+    std::string data;
+    char buf[7];  // small, so that the stream is read in several pieces
+    for (size_t n; (n = in.read(buf, sizeof buf)) > 0;)
+      data.append(buf, n);
+    std::lock_guard lock(mutex_);
+    files_[box.id() + ":" + req.remote_path] = data;
+  }
+  void download(Sandbox& box, const std::string& path, ByteSink& sink,
+                const CancelToken&) override {
+    std::lock_guard lock(mutex_);
+    const auto it = files_.find(box.id() + ":" + path);
+    if (it == files_.end()) throw Error::not_found("no such file: " + path);
+    sink.write(it->second);
+  }
+  SandboxStatus status(Sandbox&, const CancelToken&) override { return SandboxStatus::running; }
+  void close(Sandbox&, const CancelToken&) override {}
+
+ private:
+  Logger log_;
+  std::string greeting_;
+  std::atomic<int> count_{0};
+  std::mutex mutex_;
+  std::map<std::string, std::string> files_;
+};
+
+int64_t number_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  REQUIRE(at != std::string::npos);
+  return std::stoll(text.substr(at + key.size()));
+}
+
+}  // namespace
+
+SBX_PLUGIN("clocked", "1.0.0", "Test plugin for the fake host", factory<ClockProvider>())
+
+TEST_CASE("fake host: blocking helpers drive a provider through the ABI and record its callbacks") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked", R"({"greeting": "hi"})");
+  const FakeSandbox box = provider.create();
+  CHECK(box.id == "box-1");
+
+  const ExecOutcome r = provider.exec(box, "there");
+  CHECK(r.completed);
+  CHECK_FALSE(r.error);
+  CHECK(r.return_code == 0);
+  CHECK(r.stdout_text == "hi there");
+  REQUIRE(r.chunks.size() == 1);
+  CHECK(r.chunks[0].stream == 1);
+
+  const ExecOutcome unstreamed = provider.exec(box, "again", {.stream = false});
+  CHECK(unstreamed.chunks.empty());
+  CHECK(unstreamed.stdout_text == "hi again");
+
+  CHECK(provider.upload(box, "/work/a b.txt", "some bytes to upload").ok());
+  std::string back;
+  CHECK(provider.download(box, "/work/a b.txt", back).ok());
+  CHECK(back == "some bytes to upload");
+  const DoneOutcome missing = provider.download(box, "/nope", back);
+  CHECK(missing.completed);
+  REQUIRE(missing.error);
+  CHECK(missing.error->status == SBX_STATUS_NOT_FOUND);
+
+  CHECK(provider.status(box) == SBX_SANDBOX_RUNNING);
+  CHECK(provider.close(box).ok());
+  provider.release(box);
+  CHECK(host.problems().empty());
+  CHECK(host.count_logs("broke the ABI contract") == 0);
+}
+
+TEST_CASE("fake host: a config the factory refuses names the JSON path") {
+  FakeHost host(&sbx_plugin_entry);
+  const ErrorInfo e = host.provider_error("clocked", R"({"greeting": 5})");
+  CHECK(e.status == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(e.message.find("$.greeting") != std::string::npos);
+  CHECK_THROWS_AS(host.provider("clocked", R"({"colour": 1})"), FakeHostError);
+}
+
+TEST_CASE("fake host: the SDK's sleep follows the fake clock, not the wall clock") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  const auto real_start = std::chrono::steady_clock::now();
+  const auto host_start = host.now();
+
+  PendingExec nap = provider.start_exec(box, "nap");
+  REQUIRE(host.wait_for_log("napping", kLogWait));
+  host.advance(59min);
+  CHECK_FALSE(nap.completed());  // 59 minutes of the host's clock are not an hour
+  host.advance(1min);
+  const ExecOutcome r = nap.wait();
+  REQUIRE(r.completed);
+  CHECK_FALSE(r.error);
+  CHECK(number_after(r.stdout_text, "took_ms=") == 3'600'000);  // measured on the host's clock
+  CHECK(host.now() - host_start == 1h);
+  // An hour of the plugin's time passed without an hour of real time: nothing slept it out.
+  CHECK(std::chrono::steady_clock::now() - real_start < 10min);
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
+
+TEST_CASE("fake host: retry/backoff waits on the fake clock") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+
+  PendingExec flaky = provider.start_exec(box, "flaky");
+  REQUIRE(host.wait_for_log("retrying in", kLogWait));
+  int64_t delay_ms = -1;
+  for (const LogLine& line : host.logs())
+    if (line.message.find("retrying in") != std::string::npos)
+      delay_ms = number_after(line.message, "retrying in ");
+  REQUIRE(delay_ms >= 0);
+  REQUIRE(delay_ms <= 3'600'000);
+  host.advance(1h);  // at least the random backoff, whatever it was
+  const ExecOutcome r = flaky.wait();
+  REQUIRE(r.completed);
+  CHECK(r.stdout_text.find("attempts=2") != std::string::npos);
+  CHECK(number_after(r.stdout_text, "took_ms=") >= delay_ms);
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
+
+TEST_CASE("fake host: a readiness probe's deadline passes on the fake clock") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  PendingExec probe = provider.start_exec(box, "probe");
+  REQUIRE(host.wait_for_log("probing", kLogWait));
+  host.advance(61s);  // past the 60 s deadline in one step: no attempt fits in between
+  const ExecOutcome r = probe.wait();
+  REQUIRE(r.completed);
+  REQUIRE(r.error);
+  CHECK(r.error->status == SBX_STATUS_CREATE_VERIFICATION_FAILED);
+  CHECK(r.error->message.find("deadline_s=60") != std::string::npos);
+  CHECK(r.error->message.find("attempts=1,") != std::string::npos);
+  CHECK(r.error->message.find("last failure:") != std::string::npos);
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
+
+TEST_CASE("fake host: cancelling a sleep on the fake clock ends it at once") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  PendingExec nap = provider.start_exec(box, "nap");
+  REQUIRE(host.wait_for_log("napping", kLogWait));
+  nap.cancel();
+  const ExecOutcome r = nap.wait();
+  REQUIRE(r.completed);
+  REQUIRE(r.error);
+  CHECK(r.error->status == SBX_STATUS_CANCELLED);
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
+
+TEST_CASE("fake host: the hello example, loaded from its .so") {
+  auto host = FakeHost::load(SBX_HELLO_PLUGIN);
+  FakeProvider provider = host->provider("hello");
+  const FakeSandbox box = provider.create();
+  CHECK(provider.upload(box, "/in/greeting.txt", "hello, world\n").ok());
+  const ExecOutcome r = provider.exec(box, "tr a-z A-Z < in/greeting.txt > out.txt; echo done");
+  CHECK(r.completed);
+  CHECK(r.return_code == 0);
+  CHECK(r.stdout_text == "done\n");
+  std::string out;
+  CHECK(provider.download(box, "/out.txt", out).ok());
+  CHECK(out == "HELLO, WORLD\n");
+  CHECK(provider.exec(box, "exit 3").return_code == 3);
+  CHECK(provider.close(box).ok());
+  provider.release(box);
+  CHECK(host->count_logs("created ") == 1);  // hello logs each sandbox it makes
+  CHECK(host->problems().empty());
+}
+
+// ---- The SDK's checks of the host's side of the contract ----------------------------------------
+
+TEST_CASE("checks: releasing a sandbox twice is reported, not a double free") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  provider.release(box);
+  CHECK(host.count_logs("broke the ABI contract") == 0);
+  provider.release(box);  // again, on purpose
+  CHECK(host.count_logs("release_sandbox of a sandbox already released") == 1);
+}
+
+TEST_CASE("checks: an operation on a released sandbox fails FAILED_PRECONDITION and is reported") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  provider.release(box);
+  const ExecOutcome r = provider.exec(box, "anything");
+  REQUIRE(r.completed);
+  REQUIRE(r.error);
+  CHECK(r.error->status == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(host.count_logs("used after release_sandbox") == 1);
+  std::optional<ErrorInfo> error;
+  CHECK(provider.status(box, &error) == SBX_SANDBOX_UNKNOWN);
+  REQUIRE(error);
+  CHECK(error->status == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(host.count_logs("used after release_sandbox") == 2);
+  CHECK(host.problems().empty());  // each failed operation still completed exactly once
+}
+
+TEST_CASE("checks: a call without usable callbacks starts nothing and is reported") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  provider.misbehave.null_on_complete = true;
+  CHECK(provider.raw_exec(box, "x") == nullptr);
+  CHECK(host.count_logs("exec: called without usable callbacks") == 1);
+  provider.misbehave.null_on_complete = false;
+  provider.release(box);
+}
+
+TEST_CASE("checks: an operation handle released twice, or cancelled after release, is reported") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  provider.misbehave.release_handle_twice = true;
+  CHECK(provider.exec(box, "x").stdout_text == "hello x");
+  CHECK(host.count_logs("sbx_operation.release on a handle already released") == 1);
+  provider.misbehave = {};
+  provider.misbehave.cancel_after_release = true;
+  CHECK(provider.exec(box, "y").stdout_text == "hello y");
+  CHECK(host.count_logs("sbx_operation.cancel on a handle already released") == 1);
+  provider.misbehave = {};
+  provider.release(box);
+}
+
+TEST_CASE("checks: a host with NULL services is reported, and the SDK goes on without them") {
+  FakeHost::Options options;
+  options.null_now_ns = true;
+  FakeHost host(&sbx_plugin_entry, options);
+  CHECK(host.count_logs("init: the sbx_host has NULL functions (now_ns )") == 1);
+  FakeProvider provider = host.provider("clocked");
+  CHECK(host.count_logs("create_provider: the sbx_host has NULL functions (now_ns )") == 1);
+  const FakeSandbox box = provider.create();
+  CHECK(provider.exec(box, "x").stdout_text == "hello x");  // the steady clock stands in
+  provider.release(box);
+}
+
+// Run by the next test in a child process with SBX_SDK_CHECKS=strict; skipped in a normal run.
+TEST_CASE("checks: strict mode child" * doctest::skip()) {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  provider.release(box);
+  provider.release(box);  // strict: aborts here
+}
+
+TEST_CASE("checks: SBX_SDK_CHECKS=strict aborts on a violation") {
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    setenv("SBX_SDK_CHECKS", "strict", 1);
+    const int devnull = open("/dev/null", O_WRONLY);  // the child's report of its abort is expected
+    if (devnull >= 0) {
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+    }
+    execl("/proc/self/exe", "fake_host_test", "--no-skip", "--test-case=checks: strict mode child",
+          "--no-intro", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGABRT);
+}
+
+// ---- The fake host's own checks, against a raw plugin that breaks its promises ------------------
+
+namespace {
+
+// A plain-C-style plugin: exec completes twice, status never completes.
+struct RawOp {
+  sbx_operation handle{sizeof(sbx_operation), nullptr, [](sbx_operation*) {},
+                       [](sbx_operation* op) { delete static_cast<RawOp*>(op->plugin_data); }};
+  RawOp() { handle.plugin_data = this; }
+};
+sbx_sandbox g_raw_box{sizeof(sbx_sandbox), {"raw", 3}, nullptr};
+
+sbx_provider* make_raw_provider() {
+  static sbx_provider p{};
+  p.struct_size = sizeof p;
+  p.create = [](sbx_provider*, const sbx_spec*, const sbx_create_callbacks* cb) {
+    cb->on_complete(cb->user_data, &g_raw_box, nullptr);
+    return &(new RawOp)->handle;
+  };
+  p.exec = [](sbx_provider*, sbx_sandbox*, const sbx_exec_request*, const sbx_exec_callbacks* cb) {
+    const sbx_exec_result result{
+        sizeof(sbx_exec_result), 0, {nullptr, 0}, {nullptr, 0}, {nullptr, 0}};
+    cb->on_complete(cb->user_data, &result, nullptr);
+    cb->on_complete(cb->user_data, &result, nullptr);  // broken on purpose
+    return &(new RawOp)->handle;
+  };
+  p.status = [](sbx_provider*, sbx_sandbox*, const sbx_status_callbacks*) {
+    return &(new RawOp)->handle;  // never completes
+  };
+  p.release_sandbox = [](sbx_provider*, sbx_sandbox*) {};
+  p.get_extension = [](const sbx_provider*, const char*) -> const void* { return nullptr; };
+  p.destroy = [](sbx_provider*) {};
+  return &p;
+}
+
+const sbx_provider_factory kRawFactory{sizeof(sbx_provider_factory), "raw", "breaks its promises",
+                                       "{}",
+                                       [](const sbx_provider_factory*, const sbx_host*, sbx_str,
+                                          sbx_provider** out, const sbx_error_sink*) {
+                                         *out = make_raw_provider();
+                                         return SBX_STATUS_OK;
+                                       }};
+const sbx_provider_factory* const kRawFactories[] = {&kRawFactory};
+const sbx_plugin kRawPlugin{sizeof(sbx_plugin),
+                            SBX_ABI_VERSION_INIT,
+                            "raw",
+                            "1",
+                            "raw",
+                            [](const sbx_host*, const sbx_error_sink*) { return SBX_STATUS_OK; },
+                            [] {},
+                            1,
+                            kRawFactories};
+const sbx_plugin* SBX_ABI raw_entry() {
+  return &kRawPlugin;
+}
+
+}  // namespace
+
+TEST_CASE("fake host: a second completion, and a missing one, are problems") {
+  FakeHost::Options options;
+  options.completion_timeout = 200ms;  // the status below never completes
+  FakeHost host(&raw_entry, options);
+  FakeProvider provider = host.provider("raw");
+  const FakeSandbox box = provider.create();
+  CHECK(provider.exec(box, "x").completed);
+  std::vector<std::string> problems = host.problems();
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0] == "operation 'exec' completed a second time");
+  std::optional<ErrorInfo> error;
+  provider.status(box, &error);
+  problems = host.problems();
+  REQUIRE(problems.size() == 2);
+  CHECK(problems[1] == "operation 'status' did not complete in time");
+  provider.release(box);
+}
