@@ -2,6 +2,8 @@
 #include <sbx/sdk/plugin.hpp>
 #include <sbx/sdk/time.hpp>
 
+#include "immortal.hpp"
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -17,8 +19,7 @@ struct Sleepers {
   uint64_t generation = 0;  // bumped by notify_clock_changed() and by every cancellation
 };
 Sleepers& sleepers() {
-  static Sleepers* const instance = new Sleepers();  // never destroyed: used until exit
-  return *instance;
+  return detail::immortal<Sleepers>();  // a plugin thread may still sleep while the process exits
 }
 
 constexpr std::chrono::milliseconds kRecheck{100};

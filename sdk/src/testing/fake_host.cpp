@@ -322,9 +322,13 @@ bool wait_completed(OpRecord& r, std::chrono::milliseconds timeout) {
 
 void release_op(sbx_operation* op, const Misbehaviour& m) {
   if (!op) return;
-  op->release(op);
-  if (m.release_handle_twice) op->release(op);
-  if (m.cancel_after_release) op->cancel(op);
+  // The function pointers are read before the first release: the handle's memory may be gone
+  // after it, and the misbehaviour is the second call, not reading freed memory here.
+  const auto release = op->release;
+  const auto cancel = op->cancel;
+  release(op);
+  if (m.release_handle_twice) release(op);
+  if (m.cancel_after_release) cancel(op);
 }
 
 }  // namespace

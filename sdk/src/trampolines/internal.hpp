@@ -54,6 +54,10 @@ void violation(const sbx_host* host, std::string_view what) noexcept;
 
 }  // namespace checks
 
+// Gives back the memory of the table of live operation handles when no handle is live
+// (operations.cpp); called by the last plugin_deinit, before the library may be unloaded.
+void forget_handle_table() noexcept;
+
 // ---- Sandboxes and providers as the host sees them ----------------------------------------------
 
 struct ProviderBox;  // provider_table.cpp

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "../immortal.hpp"
+
 namespace sbx::sdk::detail {
 namespace {
 
@@ -17,11 +19,18 @@ struct LiveHandles {
   std::unordered_set<const sbx_operation*> handles;
 };
 LiveHandles& live_handles() {
-  static LiveHandles* const instance = new LiveHandles();  // never destroyed: used until exit
-  return *instance;
+  return immortal<LiveHandles>();  // a host may release a handle while the process exits
 }
 
 }  // namespace
+
+void forget_handle_table() noexcept {
+  LiveHandles& live = live_handles();
+  std::lock_guard lock(live.mutex);
+  // Handles still live after the last deinit were never released: the host broke the contract,
+  // and they stay known (leaked) rather than become unchecked.
+  if (live.handles.empty()) std::unordered_set<const sbx_operation*>().swap(live.handles);
+}
 
 OpBase::OpBase() {
   handle_.struct_size = sizeof(sbx_operation);

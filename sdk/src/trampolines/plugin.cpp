@@ -56,7 +56,10 @@ sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* error
 void SBX_ABI plugin_deinit() {
   std::lock_guard lock(g_init_mutex);
   if (g_init_count == 0) return;
-  if (--g_init_count == 0) g_plugin_host.store(nullptr);
+  if (--g_init_count == 0) {
+    g_plugin_host.store(nullptr);
+    forget_handle_table();  // the library may be unloaded next: give back what the checks hold
+  }
 }
 
 sbx_status create_provider(const sbx_host* host, sbx_str config_json, sbx_provider** out,
