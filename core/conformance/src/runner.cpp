@@ -104,7 +104,7 @@ Sandbox T::create(SandboxSpec spec) {
 }
 
 std::unique_ptr<Host> T::second_host() const {
-  return std::make_unique<Host>(run_.options->host);
+  return std::make_unique<Host>(suite_host_options(*run_.options));
 }
 
 const fs::path& T::tmp() {
@@ -220,6 +220,15 @@ std::string_view to_string(Outcome outcome) noexcept {
   return "?";
 }
 
+// The suite's hosts wait long for a cancelled operation (kCancelGrace), so that a plugin whose
+// cancel does nothing is seen as such: otherwise the host's own abandonment, after 5 s, would
+// answer CancelledError in its place. A config's "deadlines" still win.
+Host::Options suite_host_options(const Options& options) {
+  Host::Options host = options.host;
+  host.deadlines.cancel_grace_s = std::max(host.deadlines.cancel_grace_s, kCancelGrace.count());
+  return host;
+}
+
 Summary run(const Options& options) {
   std::vector<const Case*> selected;
   for (const auto& c : all_cases()) {
@@ -234,7 +243,7 @@ Summary run(const Options& options) {
     std::shuffle(selected.begin(), selected.end(), random);
   }
 
-  Host host(options.host);
+  Host host(suite_host_options(options));
   Run run;
   run.options = &options;
   run.host = &host;

@@ -6,6 +6,7 @@
 #include <sbx/sbx.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -15,6 +16,14 @@
 #include <vector>
 
 namespace sbx::conformance {
+
+// How long the suite's hosts wait for a plugin to end a cancelled operation before abandoning it
+// (Deadlines::cancel_grace_s, 5 s by default): long, so that exec.cancel sees the plugin's own
+// answer, not the host's.
+inline constexpr std::chrono::duration<double> kCancelGrace{60.0};
+
+// The host options of the suite's hosts: the caller's, with kCancelGrace (runner.cpp).
+Host::Options suite_host_options(const Options& options);
 
 // What every case of one run shares (read-only while cases run, but for the TTL memo).
 struct Run {
