@@ -279,9 +279,16 @@ struct Host::Impl {
       std::string available;
       for (const auto& n : available_names(*catalog))
         available += (available.empty() ? "" : ", ") + n;
+      // A plugin file that did not load may be the one meant: say which and why.
+      std::string broken;
+      for (const auto& f : catalog->files) {
+        if (!f.info.ok()) {
+          broken += "; " + f.info.path.string() + " did not load: " + f.info.error;
+        }
+      }
       throw InvalidArgumentError(
           "Unknown sandbox provider '" + std::string(name) +
-          "'. Available providers: " + (available.empty() ? "<none>" : available));
+          "'. Available providers: " + (available.empty() ? "<none>" : available) + broken);
     }
     ProviderBlock block;
     block.name = std::string(name);
