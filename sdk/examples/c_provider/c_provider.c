@@ -9,6 +9,8 @@
  * The rules it follows are those of docs/sandbox-semantics.md; in short:
  *   - Paths: the sandbox path "/work/x" is "<dir>/work/x" on the host; a relative path is relative
  *     to the spec's workdir ("/" when none); a path that would leave <dir> is INVALID_ARGUMENT.
+ *     Symbolic links are NOT resolved inside <dir>: the commands are unconfined anyway. A provider
+ *     that isolates must resolve them inside its root (docs/sandbox-semantics.md, "Paths").
  *   - Every start function copies what it needs from its BORROWED arguments and returns at once;
  *     the work runs on a thread of its own, and on_complete is called EXACTLY ONCE.
  *   - Cancellation works for real: a cancelled exec kills its command within milliseconds.

@@ -4,7 +4,9 @@
 //
 // The sandbox's file system is its directory: the sandbox path "/work/x" is "<dir>/work/x" on the
 // host, a relative path is relative to the spec's workdir, and a path that would leave the
-// directory ("..") is refused. Commands start in the workdir (or the exec's cwd) with only the
+// directory ("..") is refused; symbolic links are NOT resolved inside it (a link made by a command
+// leads a transfer anywhere, as the command itself can go anywhere; a provider that isolates must
+// do better: docs/sandbox-semantics.md, "Paths"). Commands start in the workdir (or the exec's cwd) with only the
 // spec's and the exec's environment (plus PATH and HOME). What the ABI asks of every provider
 // (paths, closed and gone sandboxes, cancellation, threading) is in docs/sandbox-semantics.md.
 //
@@ -15,6 +17,7 @@
 //   - a TTL is kept by a watchdog process (`sleep TTL; rm -rf DIR`) in a session of its own, so the
 //     sandbox ends on time also when the host process is gone; close stops the watchdog;
 //   - no extension (pause, connect, list-reap, renew) is offered.
+#include <sbx/sdk/clock.hpp>
 #include <sbx/sdk/plugin.hpp>
 
 #include <fcntl.h>
@@ -36,7 +39,9 @@
 
 namespace fs = std::filesystem;
 using namespace sbx::sdk;
-using Clock = std::chrono::steady_clock;
+// Timeouts are measured on the host's clock (sbx::sdk::now()), not on steady_clock, so that a test
+// on the SDK's fake host can make them pass by advancing its clock (docs/writing-a-plugin.md).
+using Clock = HostClock;
 
 // Runs argv with the given cwd and environment in a session of its own (so that killing the
 // process group kills everything it started), stdin from /dev/null, and no other file of this
@@ -211,7 +216,8 @@ class HelloProvider : public BlockingProvider {
         timed_out = true;
         break;
       }
-      if (poll(fds, 3, static_cast<int>(std::min<int64_t>(left.count(), 60'000))) < 0) continue;
+      // At most 100 ms at a time: a fake clock moves without waking the poll.
+      if (poll(fds, 3, static_cast<int>(std::min<int64_t>(left.count(), 100))) < 0) continue;
       for (int i = 0; i < 2; ++i) {
         if (fds[i].fd < 0 || !fds[i].revents) continue;
         char buf[65536];
