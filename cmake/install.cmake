@@ -144,7 +144,9 @@ endforeach()
 
 set(CPACK_PACKAGE_NAME sbx)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${PROJECT_DESCRIPTION}")
+# Empty, so that CPackDeb takes each package's summary from the first line of its own description
+# (CPACK_DEBIAN_<COMPONENT>_DESCRIPTION) instead of putting the project's above both.
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "")
 set(CPACK_PACKAGE_CONTACT "sbx maintainers <sbx-maintainers@example.invalid>")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
@@ -157,7 +159,7 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME sbx)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)  # Depends from dpkg-shlibdeps (package dpkg-dev)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "docker.io")
-set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
+set(CPACK_DEBIAN_RUNTIME_DESCRIPTION  # the first line is the summary
     "run commands in sandboxes through provider plugins\n\
 The sbx command, its plugin probe and the local_docker provider plugin (sandboxes as\n\
 containers of the local Docker daemon).")
@@ -170,7 +172,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "sbx (= ${PROJECT_VERSION}), libboost-json1.81-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS
     "libcurl4-openssl-dev | libcurl-dev, libspdlog-dev, cmake (>= 3.25) | pkg-config")
-set(CPACK_COMPONENT_DEV_DESCRIPTION
+set(CPACK_DEBIAN_DEV_DESCRIPTION  # the first line is the summary
     "sbx provider plugin SDK and host library (development files)\n\
 The C ABI headers, the C++20 plugin SDK and its HTTP client, the host library, as static\n\
 libraries with a CMake package (find_package(sbx)) and pkg-config files (sbx, sbx-abi,\n\
