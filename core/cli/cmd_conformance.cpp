@@ -81,10 +81,11 @@ int conformance(ConformanceFields& f, const Global& g) {
   for (const auto& r : summary.results) {
     if (r.outcome == sbx::conformance::Outcome::failed) failed_names += " " + r.name;
   }
-  print_line(std::to_string(summary.results.size()) + " cases on provider '" + summary.provider +
-             "': " + std::to_string(summary.passed) + " passed, " + std::to_string(summary.failed) +
-             " failed, " + std::to_string(summary.not_offered) + " not offered (" +
-             seconds_text(summary.seconds) + ")" +
+  const size_t count = summary.results.size();
+  print_line(std::to_string(count) + (count == 1 ? " case" : " cases") + " on provider '" +
+             summary.provider + "': " + std::to_string(summary.passed) + " passed, " +
+             std::to_string(summary.failed) + " failed, " + std::to_string(summary.not_offered) +
+             " not offered (" + seconds_text(summary.seconds) + ")" +
              (f.seed ? ", order from --seed " + std::to_string(f.seed) : std::string()));
   if (!failed_names.empty()) print_line("failed:" + failed_names);
 

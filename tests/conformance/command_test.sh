@@ -47,7 +47,7 @@ rc=$?
 cat "$work/user.out"
 [ "$rc" = 0 ] || fail "a run with only 'not offered' exited $rc"
 has "$work/user.out" "not offered exec.user"
-has "$work/user.out" "1 cases on provider 'test_processes': 0 passed, 0 failed, 1 not offered"
+has "$work/user.out" "1 case on provider 'test_processes': 0 passed, 0 failed, 1 not offered"
 
 # A random order from a seed runs every selected case, in another order than the suite's.
 "$sbx" conformance --plugin-dir "$plugins" --provider test_processes --only 'exec.*' \
