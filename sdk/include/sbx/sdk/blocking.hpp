@@ -50,6 +50,10 @@ class BlockingEndpoint {
   ~BlockingEndpoint() = default;
 };
 
+// `selector`: every pair must match a sandbox's label, key and value; the SDK passes the ABI's
+// unset value ("any value", ext/list_reap.h) as an empty string, so an empty value matches any
+// value (a label whose value is empty cannot be selected alone). Each SandboxInfo's `id` is the
+// same string as that sandbox's Sandbox::id() (the conformance suite's labels.list-reap checks it).
 class BlockingListReap {
  public:
   virtual std::vector<SandboxInfo> list(const KeyValues& selector, const CancelToken& cancel) = 0;
