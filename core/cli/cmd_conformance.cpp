@@ -71,6 +71,12 @@ int conformance(ConformanceFields& f, const Global& g) {
     print_line(line);
   };
 
+  // A --junit file that cannot be written fails now, not after every case ran.
+  if (f.junit && !std::ofstream(*f.junit, std::ios::binary | std::ios::app)) {
+    std::cerr << "sbx: cannot write " << *f.junit << ": " << std::strerror(errno) << "\n";
+    return kExitLocalIo;
+  }
+
   sbx::conformance::Summary summary;
   try {
     summary = sbx::conformance::run(options);
