@@ -102,6 +102,16 @@ endforeach()
 install(DIRECTORY sdk/include/ core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         COMPONENT dev FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
 
+# ---- Docs and examples --------------------------------------------------------------------------
+
+# The docs and the example plugins, for an author who has the packages but no source tree. They
+# keep the source tree's layout under share/doc/sbx/ (docs/, sdk/examples/), so the links between
+# them still resolve and `SBX_SRC=<prefix>/share/doc/sbx` serves the guide's walk-through.
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/sbx/docs COMPONENT dev
+        FILES_MATCHING PATTERN "*.md")
+install(DIRECTORY sdk/examples/ DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/sbx/sdk/examples
+        COMPONENT dev)
+
 # ---- The CMake package --------------------------------------------------------------------------
 
 foreach(set ${sbx_library_sets} tools)

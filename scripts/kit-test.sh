@@ -133,7 +133,7 @@ run_conformance against-prefix "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
 
 step "A. docs/writing-a-plugin.md: from an empty folder to a passing sbx conformance, as printed"
 # The guide's first sh block under "From an empty folder", run as it stands in the guide, with
-# the two variables it asks the reader to set.
+# the two variables it asks the reader to set (the examples as the install carries them).
 guide_script=${work}/guide.sh
 awk '/^## From an empty folder/ {section = 1; next}
      section && /^```sh$/ {copy = 1; next}
@@ -141,7 +141,7 @@ awk '/^## From an empty folder/ {section = 1; next}
      copy {print}' "${src}/docs/writing-a-plugin.md" >"${guide_script}"
 grep -q 'sbx" conformance' "${guide_script}" || die "no walk-through with sbx conformance in the guide"
 mkdir -p "${work}/guide"
-guide_out=$(cd "${work}/guide" && SBX_SRC=${src} PREFIX=${prefix} bash -euo pipefail "${guide_script}" 2>&1) ||
+guide_out=$(cd "${work}/guide" && SBX_SRC=${prefix}/share/doc/sbx PREFIX=${prefix} bash -euo pipefail "${guide_script}" 2>&1) ||
   { printf '%s\n' "${guide_out}"; die "the guide's walk-through failed"; }
 printf '%s\n' "${guide_out}" | tail -4
 [[ $(tail -1 <<<"${guide_out}") == hi ]] || die "the guide's last command did not print hi"

@@ -39,10 +39,13 @@ for f in bin/sbx libexec/sbx/sbx-plugin-probe lib/sbx/plugins/local_docker.so \
   lib/libsbx_sdk.a lib/libsbx_sdk_http.a lib/libsbx_core.a \
   lib/cmake/sbx/sbx-config.cmake lib/cmake/sbx/sbx-config-version.cmake \
   lib/cmake/sbx/SbxAddPlugin.cmake lib/cmake/sbx/plugin.version \
-  lib/pkgconfig/sbx.pc lib/pkgconfig/sbx-abi.pc lib/pkgconfig/sbx-http.pc; do
+  lib/pkgconfig/sbx.pc lib/pkgconfig/sbx-abi.pc lib/pkgconfig/sbx-http.pc \
+  share/doc/sbx/docs/writing-a-plugin.md share/doc/sbx/docs/sandbox-semantics.md \
+  share/doc/sbx/sdk/examples/hello/hello.cpp share/doc/sbx/sdk/examples/c_provider/c_provider.c; do
   [[ -e ${prefix}/${f} ]] || fail "not installed: ${f}"
 done
-unwanted=$(cd "${prefix}" && find . \( -name '*_test' -o -name '*_test.*' -o -name 'test_*' \
+# The examples' sources are documentation (share/doc/sbx); nothing built from them is installed.
+unwanted=$(cd "${prefix}" && find . -path ./share/doc -prune -o \( -name '*_test' -o -name '*_test.*' -o -name 'test_*' \
   -o -name 'hello*' -o -name 'c_provider*' -o -name 'noop*' -o -name 'abi_dispatch*' \
   -o -name '*_vs_cli*' -o -name 'misbehave*' -o -name 'init_counter*' -o -name 'v1_0_*' \
   -o -name 'libsbx_cli_args*' \) -print)
