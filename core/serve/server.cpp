@@ -28,12 +28,16 @@ bool is_loopback(const std::string& host) {
 }
 
 Server::State::State(sbx::Provider p, Options o)
-    : provider(std::move(p)), options(std::move(o)), acceptor(ioc), grace_timer(ioc) {}
+    : provider(std::move(p)),
+      options(std::move(o)),
+      control(asio::make_strand(ioc)),
+      acceptor(control),
+      grace_timer(control) {}
 
 void Server::State::maybe_finish_locked() {
   if (!stopping || finished || !creating.empty() || closing != 0) return;
   finished = true;
-  asio::post(ioc, [this] {
+  asio::post(control, [this] {
     grace_timer.cancel();
     ioc.stop();
   });
@@ -178,7 +182,7 @@ void accept(const std::shared_ptr<Server::State>& state) {
         if (ec) {
           // E.g. out of file descriptors: try again a little later rather than spin.
           spdlog::warn("sbx serve: accept failed: {}", ec.message());
-          auto timer = std::make_shared<asio::steady_timer>(state->ioc);
+          auto timer = std::make_shared<asio::steady_timer>(state->control);
           timer->expires_after(std::chrono::milliseconds(100));
           timer->async_wait([state, timer](beast::error_code) { accept(state); });
           return;
@@ -230,7 +234,7 @@ bool Server::run() {
       stop();
     });
   }
-  accept(state);
+  asio::post(state->control, [state] { accept(state); });
   std::vector<std::thread> threads;
   for (int i = 1; i < state->options.threads; ++i)
     threads.emplace_back([state] { state->ioc.run(); });
@@ -256,7 +260,7 @@ void Server::stop() {
       if (op.valid()) to_cancel.push_back(op);
     state->closing += static_cast<int>(to_close.size());
   }
-  asio::post(state->ioc, [state] {
+  asio::post(state->control, [state] {
     beast::error_code ignored;
     state->acceptor.close(ignored);
     state->grace_timer.expires_after(state->options.grace);

@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json/value.hpp>
 
@@ -48,6 +49,8 @@ struct Server::State {
   sbx::Provider provider;
   Options options;
   boost::asio::io_context ioc;
+  // Where the acceptor, the grace timer and the stop's steps run, one at a time.
+  boost::asio::strand<boost::asio::io_context::executor_type> control;
   boost::asio::ip::tcp::acceptor acceptor;
   boost::asio::steady_timer grace_timer;
   uint16_t port = 0;
