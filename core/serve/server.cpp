@@ -35,7 +35,7 @@ Server::State::State(sbx::Provider p, Options o)
       grace_timer(control) {}
 
 void Server::State::maybe_finish_locked() {
-  if (!stopping || finished || !creating.empty() || closing != 0) return;
+  if (!stopping || finished || !creating.empty() || closing != 0 || answering != 0) return;
   finished = true;
   asio::post(control, [this] {
     grace_timer.cancel();
@@ -67,7 +67,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read(beast::error_code ec) {
-    if (ec == http::error::header_limit || ec == http::error::body_limit) {
+    const bool limit = ec == http::error::header_limit || ec == http::error::body_limit;
+    if (!ec || limit) {  // a request to answer: a stop waits for the answer (write() counts down)
+      std::lock_guard lock(state_->mutex);
+      ++state_->answering;
+    }
+    if (limit) {
       // The rest of the request is not read: answer and close.
       Request request;
       request.version(11);
@@ -148,11 +153,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void write(Response response) {
     response.set("x-request-id", request_id_);
-    if (!keep_alive_) response.keep_alive(false);
+    bool stopping = false;
+    {
+      std::lock_guard lock(state_->mutex);
+      stopping = state_->stopping;
+    }
+    if (!keep_alive_ || stopping) response.keep_alive(false);
     spdlog::debug("sbx serve: answered {} (request {})", response.result_int(), request_id_);
     auto held = std::make_shared<Response>(std::move(response));
     http::async_write(stream_, *held,
                       [self = shared_from_this(), held](beast::error_code ec, std::size_t) {
+                        {
+                          std::lock_guard lock(self->state_->mutex);
+                          --self->state_->answering;
+                          self->state_->maybe_finish_locked();
+                        }
                         if (ec || !held->keep_alive()) {
                           self->close();
                           return;

@@ -59,7 +59,8 @@ struct Server::State {
   std::map<std::string, std::shared_ptr<Entry>> sandboxes;
   std::map<uint64_t, sbx::Operation<sbx::Sandbox>> creating;  // creates in flight, by ticket
   uint64_t next_ticket = 0;
-  int closing = 0;  // closes in flight (deletes and the stop's)
+  int closing = 0;    // closes in flight (deletes and the stop's)
+  int answering = 0;  // requests read and not yet answered: a stop lets them finish
   bool stopping = false;
   bool finished = false;
   bool all_closed = true;

@@ -9,6 +9,11 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <thread>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 
 using namespace serve_test;
 namespace json = boost::json;
@@ -23,12 +28,15 @@ struct Fixture {
   fs::path log = dir.path / "serve.log";
   std::optional<ServeProcess> server;
 
-  explicit Fixture(std::vector<std::string> extra = {},
-                   std::map<std::string, std::string> env = {}) {
+  // `provider_config`: test_processes options besides its root (fault injection).
+  explicit Fixture(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {},
+                   const std::string& provider_config = "{}") {
     fs::create_directories(root);
-    std::ofstream(config)
-        << R"({"providers": {"p": {"plugin": "test_processes", "config": {"root": ")"
-        << root.string() << R"("}}}})";
+    json::object c = json::parse(provider_config).as_object();
+    c["root"] = root.string();
+    std::ofstream(config) << json::serialize(
+        json::object{{"providers", json::object{{"p", json::object{{"plugin", "test_processes"},
+                                                                   {"config", std::move(c)}}}}}});
     server.emplace(config, "p", log, std::move(extra), std::move(env));
   }
   int port() const { return server->port(); }
@@ -264,8 +272,7 @@ TEST_CASE("bad create requests get the real server's 422 and 400 answers and cre
     CHECK(r.status == 400);
     CHECK(r.json().at("code") == "SANDBOX::INVALID_PARAMETER");
   }
-  SUBCASE("a provider that refuses the create") {
-    // test_processes refuses nothing by itself here; an unknown route and method instead.
+  SUBCASE("unknown routes and methods") {
     CHECK(request(f.port(), "GET", "/v1/nothing").status == 404);
     CHECK(request(f.port(), "GET", "/v1/nothing").body == R"({"detail":"Not Found"})");
     CHECK(request(f.port(), "PUT", "/v1/sandboxes/x").status == 405);
@@ -318,4 +325,73 @@ TEST_CASE("listening beyond loopback without an API key is refused at start") {
   CHECK(output.find("--listen must look like HOST:PORT") != std::string::npos);
   CHECK(run_to_exit({SBX_CLI, "serve", "--provider", "x"}, output) == 2);
   CHECK(output.find("serve needs --listen") != std::string::npos);
+}
+
+TEST_CASE("a create the provider refuses: 500 DOCKER::SANDBOX_START_FAILED with its message") {
+  Fixture f({}, {}, R"j({"fail_create": "no capacity (injected)"})j");
+  const auto r = request(f.port(), "POST", "/v1/sandboxes", kCreateBody);
+  CHECK(r.status == 500);
+  CHECK(r.json() == json::object{{"code", "DOCKER::SANDBOX_START_FAILED"},
+                                 {"message", "no capacity (injected)"}});
+  CHECK(f.sandboxes_on_disk() == 0);
+  CHECK(request(f.port(), "GET", "/health").status == 200);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a provider whose operations complete inside the start call (no lock held then)") {
+  Fixture f({}, {}, R"({"complete_inline": true})");
+  const auto created = request(f.port(), "POST", "/v1/sandboxes", kCreateBody);
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).status == 200);
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes", kCreateBody).status == 202);
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("several requests on one keep-alive connection") {
+  Fixture f;
+  namespace asio = boost::asio;
+  namespace http = boost::beast::http;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  boost::beast::flat_buffer buffer;
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::string_body> req{http::verb::get, "/health", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.set("X-Request-ID", "keep-" + std::to_string(i));
+    http::write(socket, req);
+    http::response<http::string_body> res;
+    http::read(socket, buffer, res);
+    CHECK(res.result_int() == 200);
+    CHECK(res["x-request-id"] == "keep-" + std::to_string(i));
+    CHECK(res.keep_alive());
+  }
+}
+
+TEST_CASE("a stop while a create is in flight cancels it and answers 503 SERVER_STOPPING") {
+  // The provider would take ten minutes to create: only the cancellation ends it in time.
+  Fixture f({"--log-level", "debug"}, {}, R"({"create_delay_ms": 600000})");
+  std::optional<Response> answer;
+  std::string failure;
+  std::thread client([&] {
+    try {
+      answer = request(f.port(), "POST", "/v1/sandboxes", kCreateBody);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  // Waits (without a time bound of its own) until the server has taken the request.
+  while (f.log_text().find("POST /v1/sandboxes") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(f.server->stop() == 0);
+  client.join();
+  CHECK(failure == "");
+  REQUIRE(answer);
+  CHECK(answer->status == 503);
+  CHECK(answer->json().at("code") == "SANDBOX::SERVER_STOPPING");
+  CHECK(f.sandboxes_on_disk() == 0);
 }
