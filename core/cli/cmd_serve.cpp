@@ -101,21 +101,24 @@ int serve(ServeFields& f, const Global& g) {
 
 Command serve_command() {
   std::vector<Option<ServeFields>> options = options_of(&ServeFields::provider, provider_options());
-  options.push_back(value<ServeFields>(
-      "--listen", "HOST:PORT",
-      "Address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port, printed at start).\n"
-      "Anything but loopback needs --api-key-env",
-      [](ServeFields& f, const Arg& a) { f.listen = a.text; }));
-  options.push_back(value<ServeFields>(
-      "--api-key-env", "VAR",
-      "Require the API key held by environment variable VAR in OPEN-SANDBOX-API-KEY",
-      [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
-  options.push_back(value<ServeFields>(
-      "--grace", "S", "On SIGINT/SIGTERM, wait up to S seconds for sandboxes to close (default 10)",
-      [](ServeFields& f, const Arg& a) {
-        f.grace_s = a.number();
-        if (!(f.grace_s >= 0)) throw UsageError("--grace must be >= 0");
-      }));
+  options.push_back(
+      value<ServeFields>("--listen", "HOST:PORT",
+                         "Address to listen on, e.g. 127.0.0.1:8080; port 0: any free port,\n"
+                         "printed at start. Anything but loopback needs --api-key-env",
+                         [](ServeFields& f, const Arg& a) { f.listen = a.text; }));
+  options.push_back(
+      value<ServeFields>("--api-key-env", "VAR",
+                         "Require the API key held by environment variable VAR\n"
+                         "in the OPEN-SANDBOX-API-KEY header",
+                         [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
+  options.push_back(value<ServeFields>("--grace", "S",
+                                       "On SIGINT/SIGTERM, wait up to S seconds for the sandboxes\n"
+                                       "to close (default 10)",
+                                       [](ServeFields& f, const Arg& a) {
+                                         f.grace_s = a.number();
+                                         if (!(f.grace_s >= 0))
+                                           throw UsageError("--grace must be >= 0");
+                                       }));
   options.push_back(value<ServeFields>("--threads", "N", "Server threads (default 2)",
                                        [](ServeFields& f, const Arg& a) {
                                          f.threads = a.whole_number();

@@ -117,9 +117,16 @@ struct CreateRequest {
 
 // The JSON body as the real server reads it: 422 json_invalid with the offset of the error.
 std::optional<json::value> parse_body(const Request& request, const Reply& reply) {
+  const std::string& body = request.body();
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {  // FastAPI: a required body
+    Invalid invalid;
+    invalid.add("missing", json::array{"body"}, "Field required", nullptr);
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return std::nullopt;
+  }
   json::stream_parser parser;
   boost::system::error_code ec;
-  const std::string& body = request.body();
   const std::size_t used = parser.write_some(body.data(), body.size(), ec);
   if (!ec) parser.finish(ec);
   if (!ec) return parser.release();

@@ -204,6 +204,12 @@ TEST_CASE("bad create requests get the real server's 422 and 400 answers and cre
                                   R"("msg":"JSON decode error","input":{},)"
                                   R"("ctx":{"error":"Expecting value"}}]})"));
   }
+  SUBCASE("no body") {
+    const auto r = post("");
+    CHECK(r.status == 422);
+    CHECK(r.json() == json::parse(R"({"detail":[{"type":"missing","loc":["body"],)"
+                                  R"("msg":"Field required","input":null}]})"));
+  }
   SUBCASE("missing image, as in the transcript") {
     const std::string body = R"({"timeout":600,"entrypoint":["sh"],"resourceLimits":{}})";
     const auto r = post(body);
