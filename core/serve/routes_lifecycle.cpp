@@ -412,6 +412,9 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     } catch (...) {
       error = std::current_exception();
     }
+    // Filled in before the entry is in the registry: from then on other requests read it.
+    entry->created_at = std::chrono::system_clock::now();
+    if (timeout_s) entry->expires_at = entry->created_at + std::chrono::seconds(*timeout_s);
     bool refused = false;
     {
       std::lock_guard lock(state->mutex);
@@ -437,8 +440,6 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
                            "The server is stopping."));
       return;
     }
-    entry->created_at = std::chrono::system_clock::now();
-    if (timeout_s) entry->expires_at = entry->created_at + std::chrono::seconds(*timeout_s);
     spdlog::info("sbx serve: created sandbox {}", entry->box->id());
     json::object body{
         {"id", entry->box->id()},

@@ -111,9 +111,9 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = request.keep_alive();
     auto self = shared_from_this();
     auto request_ptr = std::make_shared<const Request>(std::move(request));
-    Reply reply = [self, request_ptr](Response response) {
-      asio::post(self->stream_.get_executor(),
-                 [self, r = std::move(response)]() mutable { self->write(std::move(r)); });
+    // The strand is copied here, on it: the reply may come from a plugin thread.
+    Reply reply = [self, request_ptr, strand = stream_.get_executor()](Response response) {
+      asio::post(strand, [self, r = std::move(response)]() mutable { self->write(std::move(r)); });
     };
     const Request& req = *request_ptr;
     spdlog::debug("sbx serve: {} {} (request {})", std::string(req.method_string()),

@@ -35,7 +35,8 @@ using Response = http::response<http::string_body>;
 // Answers a request; callable once, from any thread.
 using Reply = std::function<void(Response)>;
 
-// A sandbox the server created, with what the lifecycle API reports of it.
+// A sandbox the server created, with what the lifecycle API reports of it. Filled in before it
+// enters the registry and not changed after (the Sandbox itself is thread-safe).
 struct Entry {
   std::shared_ptr<sbx::Sandbox> box;
   std::string image;
