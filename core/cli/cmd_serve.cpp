@@ -22,6 +22,7 @@ struct ServeFields {
   std::string listen;
   std::optional<std::string> api_key_env;
   double grace_s = 10;
+  double read_timeout_s = 30;
   int64_t threads = 2;
 };
 
@@ -66,6 +67,7 @@ int serve(ServeFields& f, const Global& g) {
   }
   options.grace = std::chrono::milliseconds(static_cast<int64_t>(f.grace_s * 1000));
   options.threads = static_cast<int>(f.threads);
+  options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
   options.handle_signals = true;
 
   sbx::Host::Options host_options;
@@ -119,6 +121,15 @@ Command serve_command() {
                                          if (!(f.grace_s >= 0))
                                            throw UsageError("--grace must be >= 0");
                                        }));
+  options.push_back(
+      value<ServeFields>("--read-timeout", "S",
+                         "Close a connection whose next request has not fully arrived\n"
+                         "within S seconds (default 30)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.read_timeout_s = a.number();
+                           if (!(f.read_timeout_s > 0))
+                             throw UsageError("--read-timeout must be > 0");
+                         }));
   options.push_back(value<ServeFields>("--threads", "N", "Server threads (default 2)",
                                        [](ServeFields& f, const Arg& a) {
                                          f.threads = a.whole_number();

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -400,4 +401,20 @@ TEST_CASE("a stop while a create is in flight cancels it and answers 503 SERVER_
   CHECK(answer->status == 503);
   CHECK(answer->json().at("code") == "SANDBOX::SERVER_STOPPING");
   CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("a client that sends nothing is disconnected after --read-timeout") {
+  Fixture f({"--read-timeout", "0.5"});
+  namespace asio = boost::asio;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  asio::write(socket, asio::buffer(std::string("GET /health HTTP/1.1\r\n")));  // never finished
+  // Blocks until the server closes the connection (no bound here but ctest's).
+  char c = 0;
+  boost::system::error_code ec;
+  const size_t n = socket.read_some(asio::buffer(&c, 1), ec);
+  CHECK(n == 0);
+  CHECK((ec == asio::error::eof || ec == asio::error::connection_reset));
+  CHECK(request(f.port(), "GET", "/health").status == 200);
 }
