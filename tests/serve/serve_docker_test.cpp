@@ -1,6 +1,6 @@
 // `sbx serve` over local_docker on the real daemon: a sandbox created through the server is a
 // container with the sbx.serve label (so `sbx reap` finds it), reported Running, and gone after
-// DELETE.
+// DELETE; one still held when the server gets SIGTERM is removed by the stop.
 
 #include "support.hpp"
 
@@ -59,5 +59,15 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
   CHECK(deleted.status == 204);
   CHECK(!contains(labelled_ids(config), id));
   CHECK(request(server.port(), "GET", "/v1/sandboxes/" + id).status == 404);
+
+  // One left to the server: SIGTERM removes its container.
+  const auto second =
+      request(server.port(), "POST", "/sandboxes",
+              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+              R"("resourceLimits":{},"timeout":300})");
+  REQUIRE(second.status == 202);
+  const std::string second_id(second.json().at("id").as_string());
+  CHECK(contains(labelled_ids(config), second_id));
   CHECK(server.stop() == 0);
+  CHECK(!contains(labelled_ids(config), second_id));
 }
