@@ -5,6 +5,7 @@
 //                                                 (one sandbox over several sbx processes)
 //   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
 //   cmd_conformance.cpp conformance               (the provider conformance suite)
+//   cmd_serve.cpp       serve                     (an OpenSandbox-compatible server, core/serve)
 // main.cpp puts them in the table, in the order `sbx --help` lists them.
 #pragma once
 
@@ -25,5 +26,6 @@ Command close_command();
 Command list_command();
 Command reap_command();
 Command conformance_command();
+Command serve_command();
 
 }  // namespace sbx::cli

@@ -1,0 +1,113 @@
+// Helpers of the route files: responses, the error envelopes, times, request ids (state.hpp).
+
+#include "state.hpp"
+
+#include <sbx/core/errors.hpp>
+
+#include <boost/json/serialize.hpp>
+
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+namespace sbx::serve {
+
+Response json_response(const Request& request, http::status status,
+                       const boost::json::value& body) {
+  Response response{status, request.version()};
+  response.set(http::field::content_type, "application/json");
+  response.body() = boost::json::serialize(body);
+  response.prepare_payload();
+  return response;
+}
+
+Response empty_response(const Request& request, http::status status) {
+  Response response{status, request.version()};
+  // 204 carries no Content-Length, as the real server's; others say 0.
+  if (status != http::status::no_content) response.prepare_payload();
+  return response;
+}
+
+Response error_response(const Request& request, http::status status, const std::string& code,
+                        const std::string& message) {
+  return json_response(request, status, boost::json::object{{"code", code}, {"message", message}});
+}
+
+Response provider_error_response(const Request& request, std::exception_ptr error,
+                                 const std::string& sandbox_id) {
+  const sbx::Error e = sbx::to_error(error);
+  switch (e.status()) {
+    case SBX_STATUS_NOT_FOUND:
+      if (!e.create_failure()) {
+        return error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
+                              "Sandbox " + sandbox_id + " not found.");
+      }
+      break;
+    case SBX_STATUS_INVALID_ARGUMENT:
+      return error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                            e.what());
+    case SBX_STATUS_FAILED_PRECONDITION:
+      return error_response(request, http::status::conflict, "SANDBOX::INVALID_STATE", e.what());
+    case SBX_STATUS_UNIMPLEMENTED:
+      return error_response(request, http::status::not_implemented, "SANDBOX::API_NOT_SUPPORTED",
+                            e.what());
+    case SBX_STATUS_CANCELLED:
+      return error_response(request, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
+                            e.what());
+    case SBX_STATUS_UNAVAILABLE:
+    case SBX_STATUS_RESOURCE_EXHAUSTED:
+      return error_response(request, http::status::service_unavailable,
+                            "SANDBOX::PROVIDER_UNAVAILABLE", e.what());
+    default:
+      break;
+  }
+  if (e.create_failure()) {
+    return error_response(request, http::status::internal_server_error,
+                          "DOCKER::SANDBOX_START_FAILED", e.what());
+  }
+  return error_response(request, http::status::internal_server_error, "GENERAL::UNKNOWN_ERROR",
+                        e.what());
+}
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(us / 1000000);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(us % 1000000));
+  return buf;
+}
+
+std::string new_request_id() {
+  thread_local std::mt19937_64 engine{std::random_device{}()};
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(engine()),
+                static_cast<unsigned long long>(engine()));
+  return buf;
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Every byte of the longer string is looked at whatever the contents: the time depends on the
+  // lengths only.
+  const std::size_t n = a.size() > b.size() ? a.size() : b.size();
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
+}
+
+std::string route_path(const Request& request) {
+  const std::string_view target = request.target();
+  std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/v1" || path.substr(0, 4) == "/v1/") path = path.substr(3);
+  return path.empty() ? std::string("/") : std::string(path);
+}
+
+}  // namespace sbx::serve

@@ -1,0 +1,561 @@
+// The lifecycle routes of this slice, at the root and under /v1:
+//   POST   /sandboxes        create (202, state Running once the provider reports it ready)
+//   GET    /sandboxes/{id}   get
+//   DELETE /sandboxes/{id}   delete (204; 404 DOCKER::SANDBOX_NOT_FOUND for an unknown id)
+// Request-validation failures answer FastAPI's 422 {"detail": [...]} as the real server does;
+// other errors the {"code", "message"} envelope (docs/serve.md).
+
+#include "state.hpp"
+
+#include <sbx/core/errors.hpp>
+
+#include <spdlog/spdlog.h>
+#include <boost/json.hpp>
+
+#include <cmath>
+#include <set>
+
+namespace sbx::serve {
+
+namespace json = boost::json;
+
+namespace {
+
+// Pydantic's error items, gathered while the body is read.
+struct Invalid {
+  json::array detail;
+
+  void add(std::string type, json::array loc, std::string msg, const json::value& input,
+           std::optional<json::object> ctx = std::nullopt) {
+    json::object item{{"type", std::move(type)},
+                      {"loc", std::move(loc)},
+                      {"msg", std::move(msg)},
+                      {"input", input}};
+    if (ctx) item["ctx"] = std::move(*ctx);
+    detail.push_back(std::move(item));
+  }
+};
+
+json::array loc(std::initializer_list<json::value> parts) {
+  json::array out{"body"};
+  for (const auto& p : parts)
+    out.push_back(p);
+  return out;
+}
+
+// An object of string values (null values skipped, as the real server skips them in env).
+std::optional<json::object> string_map(const json::object& body, const char* name,
+                                       Invalid& invalid) {
+  const auto* v = body.if_contains(name);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_object()) {
+    invalid.add("dict_type", loc({name}), "Input should be a valid dictionary", *v);
+    return std::nullopt;
+  }
+  json::object out;
+  for (const auto& [key, value] : v->as_object()) {
+    if (value.is_null()) continue;
+    if (!value.is_string()) {
+      invalid.add("string_type", loc({name, key}), "Input should be a valid string", value);
+      continue;
+    }
+    out[key] = value;
+  }
+  return out;
+}
+
+// "500m" -> 0.5, "2" -> 2, "1.5" -> 1.5.
+std::optional<double> parse_cpu(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    if (!text.empty() && text.back() == 'm') {
+      const double v = std::stod(text.substr(0, text.size() - 1), &used);
+      if (used != text.size() - 1 || !(v > 0)) return std::nullopt;
+      return v / 1000;
+    }
+    const double v = std::stod(text, &used);
+    if (used != text.size() || !(v > 0)) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// "512Mi" -> 512, "2Gi" -> 2048, "1024Ki" -> 1, "512M" / plain bytes rounded up to whole MiB.
+std::optional<int64_t> parse_memory_mib(const std::string& text) {
+  static const std::vector<std::pair<std::string, double>> units{
+      {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+      {"K", 1e3},     {"M", 1e6},        {"G", 1e9},           {"T", 1e12}};
+  double factor = 1;
+  std::string number = text;
+  for (const auto& [suffix, f] : units) {
+    if (text.size() > suffix.size() &&
+        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      factor = f;
+      number = text.substr(0, text.size() - suffix.size());
+      break;
+    }
+  }
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(number, &used);
+    if (used != number.size() || !(v > 0)) return std::nullopt;
+    return static_cast<int64_t>(std::ceil(v * factor / 1048576.0));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// What a create request asks for, read and checked; an answer instead when it cannot be served.
+struct CreateRequest {
+  sbx::SandboxSpec spec;
+  std::string image;
+  std::vector<std::string> entrypoint;
+  std::optional<json::object> metadata;
+  std::optional<int64_t> timeout_s;
+};
+
+// The JSON body as the real server reads it: 422 json_invalid with the offset of the error.
+std::optional<json::value> parse_body(const Request& request, const Reply& reply) {
+  const std::string& body = request.body();
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {  // FastAPI: a required body
+    Invalid invalid;
+    invalid.add("missing", json::array{"body"}, "Field required", nullptr);
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return std::nullopt;
+  }
+  json::stream_parser parser;
+  boost::system::error_code ec;
+  const std::size_t used = parser.write_some(body.data(), body.size(), ec);
+  if (!ec) parser.finish(ec);
+  if (!ec) return parser.release();
+  Invalid invalid;
+  invalid.add("json_invalid", loc({static_cast<int64_t>(used)}), "JSON decode error",
+              json::object{}, json::object{{"error", "Expecting value"}});
+  reply(json_response(request, http::status::unprocessable_entity,
+                      json::object{{"detail", std::move(invalid.detail)}}));
+  return std::nullopt;
+}
+
+std::optional<CreateRequest> read_create(const Request& request, const Reply& reply) {
+  auto parsed = parse_body(request, reply);
+  if (!parsed) return std::nullopt;
+  const json::value& value = *parsed;
+  auto unprocessable = [&](Invalid& invalid) {
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return std::nullopt;
+  };
+  Invalid invalid;
+  if (!value.is_object()) {
+    invalid.add("model_attributes_type", json::array{"body"},
+                "Input should be a valid dictionary or object to extract fields from", value);
+    return unprocessable(invalid);
+  }
+  const json::object& body = value.as_object();
+  CreateRequest out;
+
+  bool has_image = false;
+  if (const auto* image = body.if_contains("image"); image && !image->is_null()) {
+    if (!image->is_object()) {
+      invalid.add("model_attributes_type", loc({"image"}),
+                  "Input should be a valid dictionary or object to extract fields from", *image);
+    } else if (const auto* uri = image->as_object().if_contains("uri"); !uri) {
+      invalid.add("missing", loc({"image", "uri"}), "Field required", *image);
+    } else if (!uri->is_string()) {
+      invalid.add("string_type", loc({"image", "uri"}), "Input should be a valid string", *uri);
+    } else {
+      out.image = std::string(uri->as_string());
+      has_image = out.image.find_first_not_of(" \t") != std::string::npos;
+    }
+    if (image->is_object()) {
+      for (const auto& [key, v] : image->as_object()) {
+        if (key != "uri" && key != "auth") {
+          continue;  // unknown keys are ignored, as pydantic does
+        }
+        if (key == "auth" && !v.is_null()) {
+          reply(error_response(request, http::status::bad_request, "SANDBOX::API_NOT_SUPPORTED",
+                               "image.auth is not supported by this server yet."));
+          return std::nullopt;
+        }
+      }
+    }
+  }
+  bool has_snapshot = false;
+  if (const auto* snapshot = body.if_contains("snapshotId"); snapshot && !snapshot->is_null()) {
+    if (!snapshot->is_string()) {
+      invalid.add("string_type", loc({"snapshotId"}), "Input should be a valid string", *snapshot);
+    } else {
+      has_snapshot = !snapshot->as_string().empty();
+    }
+  }
+  if (const auto* entrypoint = body.if_contains("entrypoint");
+      entrypoint && !entrypoint->is_null()) {
+    if (!entrypoint->is_array()) {
+      invalid.add("list_type", loc({"entrypoint"}), "Input should be a valid list", *entrypoint);
+    } else if (entrypoint->as_array().empty()) {
+      invalid.add("too_short", loc({"entrypoint"}),
+                  "List should have at least 1 item after validation, not 0", *entrypoint,
+                  json::object{{"field_type", "List"}, {"min_length", 1}, {"actual_length", 0}});
+    } else {
+      int64_t i = 0;
+      for (const auto& word : entrypoint->as_array()) {
+        if (!word.is_string()) {
+          invalid.add("string_type", loc({"entrypoint", i}), "Input should be a valid string",
+                      word);
+        } else {
+          out.entrypoint.emplace_back(word.as_string());
+        }
+        ++i;
+      }
+    }
+  }
+  std::optional<json::object> limits;
+  if (const auto* r = body.if_contains("resourceLimits"); !r) {
+    invalid.add("missing", loc({"resourceLimits"}), "Field required", value);
+  } else {
+    limits = string_map(body, "resourceLimits", invalid);
+  }
+  if (const auto* timeout = body.if_contains("timeout"); timeout && !timeout->is_null()) {
+    std::optional<int64_t> seconds;
+    if (timeout->is_int64()) seconds = timeout->as_int64();
+    if (timeout->is_uint64()) seconds = static_cast<int64_t>(timeout->as_uint64());
+    if (timeout->is_double() && std::floor(timeout->as_double()) == timeout->as_double() &&
+        std::abs(timeout->as_double()) < 1e15) {
+      seconds = static_cast<int64_t>(timeout->as_double());
+    }
+    if (!seconds) {
+      invalid.add("int_type", loc({"timeout"}), "Input should be a valid integer", *timeout);
+    } else if (*seconds < 60) {
+      invalid.add("greater_than_equal", loc({"timeout"}),
+                  "Input should be greater than or equal to 60", *timeout,
+                  json::object{{"ge", 60}});
+    } else {
+      out.timeout_s = seconds;
+    }
+  }
+  const auto env = string_map(body, "env", invalid);
+  out.metadata = string_map(body, "metadata", invalid);
+  if (!invalid.detail.empty()) return unprocessable(invalid);
+
+  // The model's own checks, after its fields (pydantic runs them only when the fields are valid).
+  auto model_error = [&](const std::string& message) {
+    invalid.add("value_error", json::array{"body"}, "Value error, " + message, value,
+                json::object{{"error", json::object{}}});
+    return unprocessable(invalid);
+  };
+  if (has_image == has_snapshot) {
+    return model_error("Exactly one of image or snapshotId must be provided.");
+  }
+  if (has_image && out.entrypoint.empty()) {
+    return model_error("entrypoint is required when image is provided.");
+  }
+
+  // Known fields this slice does not serve yet: a clear refusal, never a silent drop.
+  auto unsupported = [&](const std::string& what) {
+    reply(error_response(request, http::status::bad_request, "SANDBOX::API_NOT_SUPPORTED",
+                         what + " is not supported by this server yet."));
+    return std::nullopt;
+  };
+  if (has_snapshot) return unsupported("snapshotId");
+  for (const char* name : {"platform", "volumes", "networkPolicy", "credentialProxy"}) {
+    if (const auto* v = body.if_contains(name); v && !v->is_null()) return unsupported(name);
+  }
+  if (const auto* v = body.if_contains("secureAccess"); v && !v->is_null()) {
+    if (!v->is_bool()) {
+      invalid.add("bool_type", loc({"secureAccess"}), "Input should be a valid boolean", *v);
+      return unprocessable(invalid);
+    }
+    if (v->as_bool()) return unsupported("secureAccess");
+  }
+  if (const auto* v = body.if_contains("extensions"); v && !v->is_null()) {
+    if (!v->is_object()) {
+      invalid.add("dict_type", loc({"extensions"}), "Input should be a valid dictionary", *v);
+      return unprocessable(invalid);
+    }
+    if (!v->as_object().empty()) return unsupported("extensions");
+  }
+  static const std::set<std::string> known{
+      "image",     "snapshotId", "entrypoint", "resourceLimits", "timeout",         "env",
+      "metadata",  "platform",   "volumes",    "networkPolicy",  "credentialProxy", "secureAccess",
+      "extensions"};
+  for (const auto& [key, v] : body) {
+    if (!known.count(key)) spdlog::debug("sbx serve: create: ignoring unknown field '{}'", key);
+  }
+
+  // The spec.
+  sbx::SandboxSpec& spec = out.spec;
+  spec.image = out.image;
+  spec.entrypoint = out.entrypoint;
+  if (out.timeout_s) spec.ttl_s = static_cast<double>(*out.timeout_s);
+  if (env) {
+    for (const auto& [k, v] : *env)
+      spec.env[k] = std::string(v.as_string());
+  }
+  if (out.metadata) {
+    for (const auto& [k, v] : *out.metadata)
+      spec.metadata[k] = std::string(v.as_string());
+  }
+  if (limits) {
+    for (const auto& [k, v] : *limits) {
+      const std::string text(v.as_string());
+      if (k == "cpu") {
+        spec.resources.cpu = parse_cpu(text);
+        if (!spec.resources.cpu) {
+          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                               "Invalid cpu limit '" + text + "'."));
+          return std::nullopt;
+        }
+      } else if (k == "memory") {
+        spec.resources.memory_mib = parse_memory_mib(text);
+        if (!spec.resources.memory_mib) {
+          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                               "Invalid memory limit '" + text + "'."));
+          return std::nullopt;
+        }
+      } else {
+        return unsupported("resourceLimits." + std::string(k));
+      }
+    }
+  }
+  return out;
+}
+
+// Docker-runtime states, as the real server reports them (docs/serve.md).
+json::object status_of(sbx::SandboxStatus status, std::chrono::system_clock::time_point at) {
+  const char* state = "Unknown";
+  const char* reason = "CONTAINER_UNKNOWN";
+  const char* message = "Sandbox container is in an unknown state.";
+  switch (status) {
+    case sbx::SandboxStatus::running:
+      state = "Running", reason = "CONTAINER_RUNNING", message = "Sandbox container is running.";
+      break;
+    case sbx::SandboxStatus::paused:
+      state = "Paused", reason = "CONTAINER_PAUSED", message = "Sandbox container is paused.";
+      break;
+    case sbx::SandboxStatus::starting:
+      state = "Pending", reason = "CONTAINER_STARTING", message = "Sandbox container is starting.";
+      break;
+    case sbx::SandboxStatus::stopped:
+      state = "Terminated", reason = "CONTAINER_EXITED", message = "Sandbox container exited.";
+      break;
+    case sbx::SandboxStatus::error:
+      state = "Failed", reason = "CONTAINER_EXITED_ERROR", message = "Sandbox container failed.";
+      break;
+    case sbx::SandboxStatus::unknown:
+      break;
+  }
+  return json::object{{"state", state},
+                      {"reason", reason},
+                      {"message", message},
+                      {"lastTransitionAt", format_time(at)}};
+}
+
+json::array entrypoint_json(const Entry& entry) {
+  json::array out;
+  for (const auto& word : entry.entrypoint)
+    out.push_back(json::string(word));
+  return out;
+}
+
+void create(const std::shared_ptr<Server::State>& state, const Request& request,
+            const Reply& reply) {
+  auto read = read_create(request, reply);
+  if (!read) return;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    if (state->stopping) {
+      reply(error_response(request, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
+                           "The server is stopping."));
+      return;
+    }
+    ticket = state->next_ticket++;
+    state->creating[ticket];  // counted before it starts: a stop waits for it
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->image = read->image;
+  entry->entrypoint = read->entrypoint;
+  entry->metadata = read->metadata;
+  const auto timeout_s = read->timeout_s;
+  auto version = request.version();
+
+  sbx::Operation<sbx::Sandbox> op;
+  try {
+    op = state->provider.create_async(std::move(read->spec));
+  } catch (...) {
+    {
+      std::lock_guard lock(state->mutex);
+      state->creating.erase(ticket);
+      state->maybe_finish_locked();
+    }
+    reply(provider_error_response(request, std::current_exception(), ""));
+    return;
+  }
+  bool cancel = false;
+  {
+    std::lock_guard lock(state->mutex);
+    if (auto it = state->creating.find(ticket); it != state->creating.end()) {
+      it->second = op;
+      cancel = state->stopping;
+    }
+  }
+  if (cancel) op.cancel();
+  // The continuation runs on the thread that completes the create (a plugin thread, or this one).
+  op.then([state, ticket, entry, timeout_s, version, reply](sbx::Operation<sbx::Sandbox>& done) {
+    Request shape;
+    shape.version(version);
+    std::exception_ptr error;
+    try {
+      entry->box = std::make_shared<sbx::Sandbox>(done.get());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Filled in before the entry is in the registry: from then on other requests read it.
+    entry->created_at = std::chrono::system_clock::now();
+    if (timeout_s) entry->expires_at = entry->created_at + std::chrono::seconds(*timeout_s);
+    bool refused = false;
+    {
+      std::lock_guard lock(state->mutex);
+      state->creating.erase(ticket);
+      if (!error) {
+        if (state->stopping) {
+          ++state->closing;
+          refused = true;
+        } else {
+          state->sandboxes[entry->box->id()] = entry;
+        }
+      }
+      if (!refused) state->maybe_finish_locked();
+    }
+    if (error) {
+      spdlog::info("sbx serve: create failed: {}", sbx::to_error(error).what());
+      reply(provider_error_response(shape, error, ""));
+      return;
+    }
+    if (refused) {  // the server began stopping while the provider created it
+      begin_close(state, entry, [](std::exception_ptr) {});
+      reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
+                           "The server is stopping."));
+      return;
+    }
+    spdlog::info("sbx serve: created sandbox {}", entry->box->id());
+    json::object body{
+        {"id", entry->box->id()},
+        {"status", json::object{{"state", "Running"},
+                                {"reason", "CONTAINER_RUNNING"},
+                                {"message", "Sandbox container started successfully."},
+                                {"lastTransitionAt", format_time(entry->created_at)}}}};
+    if (entry->metadata) body["metadata"] = *entry->metadata;
+    if (entry->expires_at) body["expiresAt"] = format_time(*entry->expires_at);
+    body["createdAt"] = format_time(entry->created_at);
+    body["entrypoint"] = entrypoint_json(*entry);
+    reply(json_response(shape, http::status::accepted, body));
+  });
+}
+
+std::shared_ptr<Entry> find(const std::shared_ptr<Server::State>& state, const std::string& id) {
+  std::lock_guard lock(state->mutex);
+  const auto it = state->sandboxes.find(id);
+  return it == state->sandboxes.end() ? nullptr : it->second;
+}
+
+Response not_found(const Request& request, const std::string& id) {
+  return error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
+                        "Sandbox " + id + " not found.");
+}
+
+void get(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
+         const std::string& id) {
+  auto entry = find(state, id);
+  if (!entry) {
+    reply(not_found(request, id));
+    return;
+  }
+  const auto version = request.version();
+  entry->box->status_async().then(
+      [entry, id, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
+        Request shape;
+        shape.version(version);
+        try {
+          const auto status = done.get();
+          json::object body{{"id", id},
+                            {"image", json::object{{"uri", entry->image}}},
+                            {"status", status_of(status, entry->created_at)}};
+          if (entry->metadata) body["metadata"] = *entry->metadata;
+          body["entrypoint"] = entrypoint_json(*entry);
+          if (entry->expires_at) body["expiresAt"] = format_time(*entry->expires_at);
+          body["createdAt"] = format_time(entry->created_at);
+          reply(json_response(shape, http::status::ok, body));
+        } catch (...) {
+          reply(provider_error_response(shape, std::current_exception(), id));
+        }
+      });
+}
+
+void remove(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
+            const std::string& id) {
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard lock(state->mutex);
+    const auto it = state->sandboxes.find(id);
+    if (it != state->sandboxes.end()) {
+      entry = it->second;
+      state->sandboxes.erase(it);
+      ++state->closing;
+    }
+  }
+  if (!entry) {
+    reply(not_found(request, id));
+    return;
+  }
+  const auto version = request.version();
+  begin_close(state, entry, [id, version, reply](std::exception_ptr error) {
+    Request shape;
+    shape.version(version);
+    if (error) {
+      reply(provider_error_response(shape, error, id));
+      return;
+    }
+    spdlog::info("sbx serve: deleted sandbox {}", id);
+    reply(empty_response(shape, http::status::no_content));
+  });
+}
+
+Response method_not_allowed(const Request& request) {
+  return json_response(request, http::status::method_not_allowed,
+                       json::object{{"detail", "Method Not Allowed"}});
+}
+
+}  // namespace
+
+bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
+                     const Reply& reply) {
+  const std::string path = route_path(request);
+  if (path == "/sandboxes") {
+    if (request.method() == http::verb::post) {
+      create(state, request, reply);
+    } else {
+      reply(method_not_allowed(request));  // list comes in a later slice
+    }
+    return true;
+  }
+  const std::string prefix = "/sandboxes/";
+  if (path.rfind(prefix, 0) != 0) return false;
+  const std::string id = path.substr(prefix.size());
+  if (id.empty() || id.find('/') != std::string::npos) return false;
+  switch (request.method()) {
+    case http::verb::get:
+      get(state, request, reply, id);
+      return true;
+    case http::verb::delete_:
+      remove(state, request, reply, id);
+      return true;
+    default:
+      reply(method_not_allowed(request));
+      return true;
+  }
+}
+
+}  // namespace sbx::serve

@@ -1,0 +1,67 @@
+// sbx::serve::Server: an OpenSandbox-compatible HTTP server (Boost.Beast over Asio) in front of one
+// sbx::Provider. This slice serves GET /health and the lifecycle routes create, get and delete,
+// each at the root and under /v1 (README.md, docs/serve.md).
+//
+// THREADING: one io_context run by Options::threads threads; every connection has its own strand.
+// Provider calls are the asynchronous host API (Operation<T>::then): their continuations run on a
+// plugin thread and only post the result back onto the connection's strand. No thread is made per
+// request. port(), stop() and the constructor may be called from any thread; run() from one.
+//
+// OWNERSHIP: the server owns the sandboxes it created (a registry of sbx::Sandbox); a graceful stop
+// closes them all, bounded by Options::grace.
+#pragma once
+
+#include <sbx/core/provider.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace sbx::serve {
+
+struct Options {
+  std::string host = "127.0.0.1";      // an IP address literal to listen on
+  uint16_t port = 0;                   // 0: any free port (see Server::port())
+  std::optional<std::string> api_key;  // when set, OPEN-SANDBOX-API-KEY is required
+  int threads = 2;
+  std::size_t header_limit = 16 * 1024;  // bytes of a request's start line and headers (431)
+  std::size_t body_limit = 1024 * 1024;  // bytes of a request body (413)
+  std::chrono::milliseconds read_timeout{30000};  // a slow client's request; then the socket closes
+  std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
+  bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
+};
+
+// Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one
+// without an API key; boost::system::system_error when the address cannot be bound.
+class Server {
+ public:
+  Server(sbx::Provider provider, Options options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The port bound (the real one when Options::port was 0).
+  uint16_t port() const;
+
+  // Serves until a stop completes. Returns true when every sandbox the server created was closed
+  // within the grace period, false when some were still closing (they keep their labels: sbx reap).
+  bool run();
+
+  // Starts a graceful stop: no new connection is accepted, creates in flight are cancelled, and
+  // every sandbox the server holds is closed; run() returns once they are, or after the grace
+  // period. Idempotent, thread-safe.
+  void stop();
+
+  struct State;  // shared with connections and continuations (server.cpp)
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// True when `host` is a loopback IP literal (127.0.0.0/8, ::1) or "localhost".
+bool is_loopback(const std::string& host);
+
+}  // namespace sbx::serve

@@ -1,0 +1,105 @@
+// What the server's parts share (internal to core/serve): the server state, the registry of the
+// sandboxes the server created, and the types the route files answer with.
+//
+// THREADING: State is shared (shared_ptr) by the connections and by the continuations of provider
+// operations; its registry is guarded by its mutex. A route handler runs on its connection's strand
+// and answers through `Reply`, which may be called once, from any thread (it posts to the strand).
+#pragma once
+
+#include "server.hpp"
+
+#include <sbx/core/sandbox.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json/value.hpp>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sbx::serve {
+
+namespace http = boost::beast::http;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+// Answers a request; callable once, from any thread.
+using Reply = std::function<void(Response)>;
+
+// A sandbox the server created, with what the lifecycle API reports of it. Filled in before it
+// enters the registry and not changed after (the Sandbox itself is thread-safe).
+struct Entry {
+  std::shared_ptr<sbx::Sandbox> box;
+  std::string image;
+  std::vector<std::string> entrypoint;
+  std::optional<boost::json::object> metadata;
+  std::chrono::system_clock::time_point created_at;
+  std::optional<std::chrono::system_clock::time_point> expires_at;
+};
+
+struct Server::State {
+  sbx::Provider provider;
+  Options options;
+  boost::asio::io_context ioc;
+  // Where the acceptor, the grace timer and the stop's steps run, one at a time.
+  boost::asio::strand<boost::asio::io_context::executor_type> control;
+  boost::asio::ip::tcp::acceptor acceptor;
+  boost::asio::steady_timer grace_timer;
+  uint16_t port = 0;
+
+  std::mutex mutex;  // guards what follows
+  std::map<std::string, std::shared_ptr<Entry>> sandboxes;
+  std::map<uint64_t, sbx::Operation<sbx::Sandbox>> creating;  // creates in flight, by ticket
+  uint64_t next_ticket = 0;
+  int closing = 0;    // closes in flight (deletes and the stop's)
+  int answering = 0;  // requests read and not yet answered: a stop lets them finish
+  bool stopping = false;
+  bool finished = false;
+  bool all_closed = true;
+
+  State(sbx::Provider p, Options o);
+
+  void maybe_finish_locked();
+};
+
+// Starts closing `entry`'s sandbox. The caller has counted it in State::closing (under the
+// mutex) and must not hold the mutex: the operation may complete at once, on this thread. When it
+// ends, `closing` goes down and `done` runs (on a plugin thread, or this one) with the error, if
+// any.
+void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
+                 std::function<void(std::exception_ptr)> done);
+
+// Route groups, one file each. Each answers the request or returns false when the path is not its.
+bool route_health(const std::shared_ptr<Server::State>& state, const Request& request,
+                  const Reply& reply);
+bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
+                     const Reply& reply);
+
+// Helpers of the route files (http_util.cpp).
+Response json_response(const Request& request, http::status status, const boost::json::value& body);
+Response empty_response(const Request& request, http::status status);
+// {"code": code, "message": message}, the lifecycle API's error envelope.
+Response error_response(const Request& request, http::status status, const std::string& code,
+                        const std::string& message);
+// The response for a failed provider call, by the error's status.
+Response provider_error_response(const Request& request, std::exception_ptr error,
+                                 const std::string& sandbox_id);
+// RFC 3339 UTC with microseconds and 'Z', as the real server prints.
+std::string format_time(std::chrono::system_clock::time_point t);
+// A 32-hex-digit request id.
+std::string new_request_id();
+// Equal without an early exit on the first difference.
+bool constant_time_equal(const std::string& a, const std::string& b);
+// The path of a request target without its query; "/v1" prefix removed (the routes are the same).
+std::string route_path(const Request& request);
+
+}  // namespace sbx::serve

@@ -1,0 +1,228 @@
+// The serve tests' process and HTTP helpers (support.hpp).
+
+#include "support.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstring>
+#include <ctime>
+#include <regex>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace serve_test {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "sbx-serve-test-XXXXXX").string();
+  if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  path = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+namespace {
+
+std::vector<std::string> environment_with(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (!env.count(name)) out.push_back(entry);
+  }
+  for (const auto& [k, v] : env)
+    out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings)
+    out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+int wait_status(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -2;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+ServeProcess::ServeProcess(const fs::path& config, const std::string& provider,
+                           const fs::path& stderr_path, std::vector<std::string> extra,
+                           std::map<std::string, std::string> env) {
+  std::vector<std::string> argv{
+      SBX_CLI,  "serve",    "--config",    config.string(), "--provider",
+      provider, "--listen", "127.0.0.1:0", "--plugin-dir",  SBX_TEST_PLUGIN_DIR};
+  for (auto& e : extra)
+    argv.push_back(std::move(e));
+  auto envs = environment_with(env);
+  auto argp = pointers(argv);
+  auto envp = pointers(envs);
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (err < 0) throw std::runtime_error("cannot open " + stderr_path.string());
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err, 2);
+    ::execve(argp[0], argp.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err);
+  stdout_fd_ = out[0];
+  // The first line: "sbx serve: listening on http://127.0.0.1:PORT (...)".
+  std::string line;
+  char c = 0;
+  while (true) {
+    const ssize_t n = ::read(stdout_fd_, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    line.push_back(c);
+  }
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex(R"(listening on http://127\.0\.0\.1:(\d+) )"))) {
+    const int status = stop();
+    throw std::runtime_error("sbx serve did not start (exit " + std::to_string(status) + "): '" +
+                             line + "'");
+  }
+  port_ = std::stoi(m[1]);
+}
+
+int ServeProcess::stop() {
+  if (pid_ <= 0) return -3;
+  ::kill(pid_, SIGTERM);
+  stdout_rest_ = read_all(stdout_fd_);
+  const int status = wait_status(pid_);
+  pid_ = -1;
+  ::close(stdout_fd_);
+  stdout_fd_ = -1;
+  return status;
+}
+
+ServeProcess::~ServeProcess() {
+  if (pid_ > 0) stop();
+}
+
+namespace {
+
+Response read_response(asio::ip::tcp::socket& socket, bool head) {
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.skip(head);
+  http::read(socket, buffer, parser);
+  Response out;
+  const auto& res = parser.get();
+  out.status = static_cast<int>(res.result_int());
+  for (const auto& field : res) {
+    std::string name(field.name_string());
+    for (auto& ch : name)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    out.headers[name] = std::string(field.value());
+  }
+  out.body = res.body();
+  beast::error_code ignored;
+  socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  return out;
+}
+
+}  // namespace
+
+Response request(int port, const std::string& method, const std::string& target,
+                 const std::optional<std::string>& body,
+                 const std::map<std::string, std::string>& headers) {
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "127.0.0.1:" + std::to_string(port));
+  req.keep_alive(false);
+  if (body) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = *body;
+    req.prepare_payload();
+  }
+  for (const auto& [k, v] : headers)
+    req.set(k, v);
+  http::write(socket, req);
+  return read_response(socket, method == "HEAD");
+}
+
+Response raw_request(int port, const std::string& text) {
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  asio::write(socket, asio::buffer(text));
+  return read_response(socket, false);
+}
+
+int run_to_exit(const std::vector<std::string>& args, std::string& output) {
+  std::vector<std::string> argv = args;
+  auto argp = pointers(argv);
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::execv(argp[0], argp.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  output = read_all(out[0]);
+  ::close(out[0]);
+  return wait_status(pid);
+}
+
+long long parse_time_us(const std::string& text) {
+  std::tm tm{};
+  int us = 0;
+  if (std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d.%6dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &us) != 7) {
+    throw std::runtime_error("not a time: " + text);
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<long long>(::timegm(&tm)) * 1000000 + us;
+}
+
+}  // namespace serve_test

@@ -1,0 +1,74 @@
+// What the serve tests share: an `sbx serve` process on 127.0.0.1:0 and a small HTTP client
+// (Boost.Beast, synchronous) that speaks to it.
+#pragma once
+
+#include <boost/json.hpp>
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace serve_test {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the system temp dir, removed (it alone) when the object goes.
+struct TempDir {
+  fs::path path;
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+// `sbx serve --config <config> --provider <provider> --listen 127.0.0.1:0 <extra...>`, its stdout
+// read up to the line giving the port; stderr goes to `stderr_path`. `env` is added to the child's
+// environment. The destructor sends SIGTERM (if it still runs) and reaps it.
+class ServeProcess {
+ public:
+  ServeProcess(const fs::path& config, const std::string& provider, const fs::path& stderr_path,
+               std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {});
+  ~ServeProcess();
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  int port() const { return port_; }
+  // SIGTERM, then waits for it: its exit status (-1 when a signal killed it), and what it printed
+  // on stdout after the port line.
+  int stop();
+  const std::string& rest_of_stdout() const { return stdout_rest_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+  std::string stdout_rest_;
+};
+
+struct Response {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+  bool has_header(const std::string& name) const { return headers.count(name) != 0; }
+  boost::json::value json() const { return boost::json::parse(body); }
+};
+
+// One request on a new connection. `raw_extra` is added to the header block as is.
+Response request(int port, const std::string& method, const std::string& target,
+                 const std::optional<std::string>& body = std::nullopt,
+                 const std::map<std::string, std::string>& headers = {});
+
+// Sends `text` as is on a new connection and reads one response.
+Response raw_request(int port, const std::string& text);
+
+// Runs `argv` to its end with stdout/stderr into `output`; its exit status.
+int run_to_exit(const std::vector<std::string>& argv, std::string& output);
+
+// "2026-12-01T04:59:53.073818Z" as microseconds since the epoch.
+long long parse_time_us(const std::string& text);
+
+}  // namespace serve_test
