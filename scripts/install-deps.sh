@@ -24,6 +24,7 @@ packages=(
   dpkg-dev file
   # libraries
   libboost1.81-dev libboost-json1.81-dev libcurl4-openssl-dev libspdlog-dev doctest-dev
+  libssl-dev
   # runtime / test tools
   docker.io busybox-static docker-registry iproute2 curl python3 clang-format
   # used by scripts/docker-up.sh (cgroup setup on bare machines, pgrep, tar)

@@ -6,9 +6,13 @@
 
 #include <boost/json/serialize.hpp>
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <cstdio>
 #include <ctime>
 #include <random>
+#include <stdexcept>
 
 namespace sbx::serve {
 
@@ -108,6 +112,26 @@ std::string route_path(const Request& request) {
   std::string_view path = target.substr(0, target.find('?'));
   if (path == "/v1" || path.substr(0, 4) == "/v1/") path = path.substr(3);
   return path.empty() ? std::string("/") : std::string(path);
+}
+
+std::string execd_access_token(const Options& options, const std::string& sandbox_id) {
+  if (!options.api_key) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  const auto& key = *options.api_key;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(sandbox_id.data()), sandbox_id.size(), digest,
+           &size) == nullptr) {
+    throw std::runtime_error("HMAC-SHA256 failed");
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string token;
+  token.reserve(2 * size);
+  for (unsigned int i = 0; i < size; ++i) {
+    token += hex[digest[i] >> 4];
+    token += hex[digest[i] & 0xf];
+  }
+  return token;
 }
 
 }  // namespace sbx::serve

@@ -99,6 +99,11 @@ std::string format_time(std::chrono::system_clock::time_point t);
 std::string new_request_id();
 // Equal without an early exit on the first difference.
 bool constant_time_equal(const std::string& a, const std::string& b);
+// The token a client sends as X-EXECD-ACCESS-TOKEN on the sandbox's direct execd paths when the
+// server has an API key: hex HMAC-SHA256(api key, sandbox id). Stateless, so it survives a restart,
+// and it unlocks one sandbox only (the key itself is never handed to a sandbox endpoint). Empty
+// when the server has no key (execd paths are then open, as the real execd is).
+std::string execd_access_token(const Options& options, const std::string& sandbox_id);
 // The path of a request target without its query; "/v1" prefix removed (the routes are the same).
 std::string route_path(const Request& request);
 
