@@ -99,9 +99,11 @@ class Faults {
       std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
   // For the event-stream code (POST /command), when it opens a stream: when the next action of
-  // `route_key`'s sequence is `cut_after_events`, consumes it and returns N (the stream then ends
-  // its connection, without a final event, once N events are written); else nullopt and nothing is
-  // consumed. `sandbox_id` is for the log line.
+  // `route_key`'s sequence is `cut_after_events`, consumes it and returns N; else nullopt and
+  // nothing is consumed. `sandbox_id` is for the log line. With N, the stream writes N events
+  // (every event counts, `init` and `ping` too; 0: none) and then closes the connection without
+  // the final event and without ending the chunked body, as a network cut looks to a client; its
+  // command is then handled as when a client goes away mid-stream.
   std::optional<int> stream_cut(std::string_view route_key, std::string_view sandbox_id);
 
  private:
