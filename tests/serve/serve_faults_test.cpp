@@ -233,6 +233,23 @@ TEST_CASE("the serve section's limits take effect: body_limit, header_limit, rea
   CHECK(Clock::now() - start < std::chrono::seconds(25));
 }
 
+TEST_CASE("a flag wins over the serve section: --read-timeout over read_timeout_s") {
+  // The file says an hour; the flag half a second: a silent client is disconnected.
+  Fixture f(R"({"read_timeout_s": 3600, "faults": []})", {"--read-timeout", "0.5"});
+  namespace asio = boost::asio;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  asio::write(socket, asio::buffer(std::string("GET /health HTTP/1.1\r\n")));
+  char c = 0;
+  boost::system::error_code ec;
+  CHECK(socket.read_some(asio::buffer(&c, 1), ec) == 0);  // blocks until the server closes it
+  CHECK((ec == asio::error::eof || ec == asio::error::connection_reset));
+  // An empty plan is no plan: every route is served.
+  CHECK(request(f.port(), "GET", "/health").status == 200);
+  CHECK(f.log_text().find("fault injected") == std::string::npos);
+}
+
 TEST_CASE("listen from the serve section; the --listen flag wins over it") {
   TempDir dir;
   const fs::path config = dir.path / "sbx.json";
