@@ -53,11 +53,12 @@ struct Fixture {
     std::ifstream in(log);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-  std::string create() {
+  json::object create_response() {
     const auto r = request(port(), "POST", "/v1/sandboxes", kCreateBody);
     REQUIRE(r.status == 202);
-    return std::string(r.json().at("id").as_string());
+    return r.json().as_object();
   }
+  std::string create() { return std::string(create_response().at("id").as_string()); }
 
   static inline const std::string kCreateBody =
       R"({"image":{"uri":"local/busybox:latest"},"entrypoint":["tail","-f","/dev/null"],)"
@@ -125,11 +126,14 @@ TEST_CASE("the first N command submissions answer 502, direct and through the se
 }
 
 TEST_CASE("ping fails for S seconds counted from each sandbox's creation") {
-  Fixture f(R"({"faults": [{"route": "GET /ping", "fail_for_s": 2, "status": 502},
-                           {"route": "GET /sandboxes/{id}", "fail_for_s": 2, "status": 503,
+  Fixture f(R"({"faults": [{"route": "GET /ping", "fail_for_s": 3, "status": 502},
+                           {"route": "GET /sandboxes/{id}", "fail_for_s": 3, "status": 503,
                             "code": "X::WARMING_UP"}]})");
-  const auto created = Clock::now();
-  const std::string a = f.create();
+  const auto created = f.create_response();
+  const std::string a(created.at("id").as_string());
+  // The window counts from the creation the server recorded (the answer's createdAt).
+  const std::chrono::system_clock::time_point a_created{
+      std::chrono::microseconds(parse_time_us(std::string(created.at("createdAt").as_string())))};
   const std::string ping_a = "/sandboxes/" + a + "/proxy/44772/ping";
   CHECK(request(f.port(), "GET", ping_a).status == 502);
   CHECK(request(f.port(), "GET", "/v1" + ping_a).status == 502);
@@ -139,7 +143,7 @@ TEST_CASE("ping fails for S seconds counted from each sandbox's creation") {
   // An unknown sandbox has no creation time: no window (the route answers 404).
   CHECK(request(f.port(), "GET", "/v1/sandboxes/nope").status == 404);
 
-  std::this_thread::sleep_until(created + std::chrono::milliseconds(2500));
+  std::this_thread::sleep_until(a_created + std::chrono::milliseconds(3500));
   // A's window is over; B, created now, has its own.
   const std::string b = f.create();
   CHECK(request(f.port(), "GET", "/sandboxes/" + b + "/proxy/44772/ping").status == 502);
