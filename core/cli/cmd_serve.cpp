@@ -6,6 +6,7 @@
 #include "shared.hpp"
 #include "stop.hpp"
 
+#include <faults.hpp>
 #include <server.hpp>
 
 #include <spdlog/spdlog.h>
@@ -17,13 +18,14 @@ namespace sbx::cli {
 
 namespace {
 
+// Flags left unset keep the config file's `serve` value, else the default (the flag wins).
 struct ServeFields {
   ProviderChoice provider;
-  std::string listen;
+  std::optional<std::string> listen;
   std::optional<std::string> api_key_env;
-  double grace_s = 10;
-  double read_timeout_s = 30;
-  int64_t threads = 2;
+  std::optional<double> grace_s;         // default 10
+  std::optional<double> read_timeout_s;  // default 30
+  std::optional<int64_t> threads;        // default 2
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -50,9 +52,44 @@ std::pair<std::string, uint16_t> split_listen(const std::string& text) {
   return {host, static_cast<uint16_t>(port)};
 }
 
+// The config file's `serve` section onto `options` (the flags are applied after it).
+void apply_settings(const sbx::ServeSettings& s, sbx::serve::Options& options) {
+  auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+  };
+  if (s.max_sandboxes) options.max_sandboxes = *s.max_sandboxes;
+  if (s.max_streams) options.max_streams = *s.max_streams;
+  if (s.header_limit) options.header_limit = *s.header_limit;
+  if (s.body_limit) options.body_limit = *s.body_limit;
+  if (s.read_timeout_s) options.read_timeout = ms(*s.read_timeout_s);
+  if (s.grace_s) options.grace = ms(*s.grace_s);
+  if (s.threads) options.threads = *s.threads;
+  if (s.keepalive_ping_s) options.keepalive_ping = ms(*s.keepalive_ping_s);
+  if (s.faults) {
+    auto faults = sbx::serve::Faults::parse(*s.faults, s.faults_path);  // ConfigError: exit 2
+    if (!faults->empty()) options.faults = std::move(faults);
+  }
+}
+
 int serve(ServeFields& f, const Global& g) {
+  sbx::Host::Options host_options;
+  std::optional<std::string> config = g.config;
+  if (!config) {
+    if (const char* env = std::getenv("SBX_CONFIG"); env && *env) config = env;
+  }
+  if (config) host_options.config = sbx::Config::load(*config);
+  const std::optional<sbx::ServeSettings>& settings = host_options.config.serve;
+
   sbx::serve::Options options;
-  std::tie(options.host, options.port) = split_listen(f.listen);
+  if (settings) apply_settings(*settings, options);
+  const std::optional<std::string> listen = f.listen   ? f.listen
+                                            : settings ? settings->listen
+                                                       : std::nullopt;
+  if (!listen) {
+    throw UsageError(
+        "serve needs --listen HOST:PORT (or \"listen\" in the config's serve section)");
+  }
+  std::tie(options.host, options.port) = split_listen(*listen);
   if (f.api_key_env) {
     const char* key = std::getenv(f.api_key_env->c_str());
     if (!key || !*key) {
@@ -65,17 +102,14 @@ int serve(ServeFields& f, const Global& g) {
     throw UsageError("refusing to listen on " + options.host +
                      " without an API key (give --api-key-env VAR, or listen on 127.0.0.1)");
   }
-  options.grace = std::chrono::milliseconds(static_cast<int64_t>(f.grace_s * 1000));
-  options.threads = static_cast<int>(f.threads);
-  options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
+  if (f.grace_s) options.grace = std::chrono::milliseconds(static_cast<int64_t>(*f.grace_s * 1000));
+  if (f.threads) options.threads = static_cast<int>(*f.threads);
+  if (f.read_timeout_s) {
+    options.read_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(*f.read_timeout_s * 1000));
+  }
   options.handle_signals = true;
 
-  sbx::Host::Options host_options;
-  std::optional<std::string> config = g.config;
-  if (!config) {
-    if (const char* env = std::getenv("SBX_CONFIG"); env && *env) config = env;
-  }
-  if (config) host_options.config = sbx::Config::load(*config);
   host_options.plugin_dirs = g.plugin_dirs;
   host_options.labels["sbx.serve"] =
       "true";  // every sandbox it creates: `sbx reap --label sbx.serve`
@@ -106,7 +140,8 @@ Command serve_command() {
   options.push_back(
       value<ServeFields>("--listen", "HOST:PORT",
                          "Address to listen on, e.g. 127.0.0.1:8080; port 0: any free port,\n"
-                         "printed at start. Anything but loopback needs --api-key-env",
+                         "printed at start. Anything but loopback needs --api-key-env.\n"
+                         "Else the config file's serve.listen",
                          [](ServeFields& f, const Arg& a) { f.listen = a.text; }));
   options.push_back(
       value<ServeFields>("--api-key-env", "VAR",
@@ -115,42 +150,44 @@ Command serve_command() {
                          [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
   options.push_back(value<ServeFields>("--grace", "S",
                                        "On SIGINT/SIGTERM, wait up to S seconds for the sandboxes\n"
-                                       "to close (default 10)",
+                                       "to close (default: serve.grace_s, else 10)",
                                        [](ServeFields& f, const Arg& a) {
                                          f.grace_s = a.number();
-                                         if (!(f.grace_s >= 0))
+                                         if (!(*f.grace_s >= 0))
                                            throw UsageError("--grace must be >= 0");
                                        }));
   options.push_back(
       value<ServeFields>("--read-timeout", "S",
                          "Close a connection whose next request has not fully arrived\n"
-                         "within S seconds (default 30)",
+                         "within S seconds (default: serve.read_timeout_s, else 30)",
                          [](ServeFields& f, const Arg& a) {
                            f.read_timeout_s = a.number();
-                           if (!(f.read_timeout_s > 0))
+                           if (!(*f.read_timeout_s > 0))
                              throw UsageError("--read-timeout must be > 0");
                          }));
-  options.push_back(value<ServeFields>("--threads", "N", "Server threads (default 2)",
+  options.push_back(value<ServeFields>("--threads", "N",
+                                       "Server threads (default: serve.threads, else 2)",
                                        [](ServeFields& f, const Arg& a) {
                                          f.threads = a.whole_number();
-                                         if (f.threads < 1 || f.threads > 64) {
+                                         if (*f.threads < 1 || *f.threads > 64) {
                                            throw UsageError("--threads must be between 1 and 64");
                                          }
                                        }));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",
-      .usage = "--provider NAME --listen HOST:PORT [--api-key-env VAR] [--grace S]",
+      .usage = "--provider NAME [--listen HOST:PORT] [--api-key-env VAR] [--grace S]",
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
           "This version serves GET /health and POST/GET/DELETE /sandboxes[/{id}], also under "
           "/v1.\nSandboxes it creates carry the label sbx.serve=true. SIGINT or SIGTERM stops "
-          "it: it closes the\nsandboxes it created (within --grace) and exits 0.\n",
+          "it: it closes the\nsandboxes it created (within --grace) and exits 0. Limits and "
+          "fault injection come\nfrom the config file's \"serve\" section (docs/config.md); a "
+          "flag wins over it.\n",
       .options = std::move(options),
       .check =
           [](ServeFields& f) {
-            if (f.listen.empty()) throw UsageError("serve needs --listen HOST:PORT");
-            split_listen(f.listen);
+            if (f.listen) split_listen(*f.listen);  // else the config's serve.listen
           },
       .handler = serve,
   });

@@ -1,6 +1,7 @@
 // The server: listening, connections (one strand each), authentication, request ids, limits and
 // the graceful stop (server.hpp). The routes are in routes_*.cpp.
 
+#include "faults.hpp"
 #include "state.hpp"
 
 #include <spdlog/spdlog.h>
@@ -118,8 +119,17 @@ class Session : public std::enable_shared_from_this<Session> {
     const Request& req = *request_ptr;
     spdlog::debug("sbx serve: {} {} (request {})", std::string(req.method_string()),
                   std::string(req.target()), request_id_);
+    route(request_ptr, reply, true);
+  }
+
+  // Authentication, then (with `faults`) the fault plan, then the route groups; an exception
+  // becomes 500 GENERAL::UNKNOWN_ERROR. A delayed request comes back here without `faults`.
+  void route(const std::shared_ptr<const Request>& request_ptr, const Reply& reply, bool faults) {
+    const Request& req = *request_ptr;
     try {
       if (!authorized(req, reply)) return;
+      // Fault injection (faults.hpp), when the config file has a plan: may answer, reset or delay.
+      if (faults && state_->options.faults && inject_fault(request_ptr, reply)) return;
       if (route_health(state_, req, reply)) return;
       if (route_lifecycle(state_, req, reply)) return;
       reply(json_response(req, http::status::not_found,
@@ -130,6 +140,52 @@ class Session : public std::enable_shared_from_this<Session> {
       reply(error_response(req, http::status::internal_server_error, "GENERAL::UNKNOWN_ERROR",
                            e.what()));
     }
+  }
+
+  // Asks the fault plan for this request's action: answers it (status), aborts the connection
+  // (reset) or routes it after a wait (delay) and returns true; false to route it now.
+  bool inject_fault(const std::shared_ptr<const Request>& request, const Reply& reply) {
+    const auto key = route_key(std::string(request->method_string()), route_path(*request));
+    if (!key) return false;
+    std::optional<std::chrono::system_clock::time_point> created_at;
+    if (!key->sandbox_id.empty()) {
+      std::lock_guard lock(state_->mutex);
+      if (auto it = state_->sandboxes.find(key->sandbox_id); it != state_->sandboxes.end())
+        created_at = it->second->created_at;
+    }
+    const auto action = state_->options.faults->take(*key, created_at);
+    if (!action) return false;
+    switch (action->kind) {
+      case FaultAction::Kind::status:
+        reply(error_response(*request, static_cast<http::status>(action->status), action->code,
+                             action->message));
+        return true;
+      case FaultAction::Kind::reset:
+        reset();
+        return true;
+      case FaultAction::Kind::delay: {
+        auto timer = std::make_shared<asio::steady_timer>(stream_.get_executor());
+        timer->expires_after(action->delay);
+        timer->async_wait([self = shared_from_this(), timer, request, reply](beast::error_code) {
+          self->route(request, reply, false);
+        });
+        return true;
+      }
+      case FaultAction::Kind::cut_after_events:  // taken by the stream code (stream_cut)
+      case FaultAction::Kind::pass:
+        return false;
+    }
+    return false;
+  }
+
+  // Aborts the connection without an answer: SO_LINGER 0 makes the close send an RST.
+  void reset() {
+    beast::error_code ignored;
+    stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+    stream_.socket().close(ignored);
+    std::lock_guard lock(state_->mutex);
+    --state_->answering;  // counted when the request was read; it gets no answer
+    state_->maybe_finish_locked();
   }
 
   // OPEN-SANDBOX-API-KEY when a key is configured; /health is exempt, as on the real server.

@@ -22,6 +22,8 @@
 
 namespace sbx::serve {
 
+class Faults;  // faults.hpp
+
 struct Options {
   std::string host = "127.0.0.1";      // an IP address literal to listen on
   uint16_t port = 0;                   // 0: any free port (see Server::port())
@@ -32,6 +34,13 @@ struct Options {
   std::chrono::milliseconds read_timeout{30000};  // a slow client's request; then the socket closes
   std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
   bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
+  std::size_t max_sandboxes = 0;                  // sandboxes held at once (0: unlimited)
+  std::size_t max_streams = 0;                    // event streams open at once (0: unlimited)
+  // How often an event stream sends a ping while its command is silent.
+  std::chrono::milliseconds keepalive_ping{3000};
+  // The fault-injection plan (faults.hpp), from the config file's serve.faults; null: no faults.
+  // Shared by every connection (thread-safe).
+  std::shared_ptr<Faults> faults;
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one
