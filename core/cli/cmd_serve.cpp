@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <stdexcept>
 
 namespace sbx::cli {
 
@@ -24,6 +26,9 @@ struct ServeFields {
   double grace_s = 10;
   double read_timeout_s = 30;
   int64_t threads = 2;
+  int64_t max_sandboxes = 0;
+  std::optional<std::string> state_dir;
+  bool keep_on_stop = false;
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -69,6 +74,9 @@ int serve(ServeFields& f, const Global& g) {
   options.threads = static_cast<int>(f.threads);
   options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
   options.handle_signals = true;
+  options.max_sandboxes = static_cast<std::size_t>(f.max_sandboxes);
+  if (f.state_dir) options.state_dir = *f.state_dir;
+  options.keep_on_stop = f.keep_on_stop;
 
   sbx::Host::Options host_options;
   std::optional<std::string> config = g.config;
@@ -82,7 +90,13 @@ int serve(ServeFields& f, const Global& g) {
   sbx::Host host(std::move(host_options));
   sbx::Provider provider = f.provider.pick(host);
 
-  sbx::serve::Server server(provider, options);
+  std::optional<sbx::serve::Server> made;
+  try {
+    made.emplace(provider, options);
+  } catch (const std::invalid_argument& e) {  // options that cannot work together
+    throw UsageError(e.what());
+  }
+  sbx::serve::Server& server = *made;
   const std::string run_id = host.labels().at("sbx.run");
   std::cout << "sbx serve: listening on http://"
             << (options.host.find(':') != std::string::npos ? "[" + options.host + "]"
@@ -137,19 +151,45 @@ Command serve_command() {
                                            throw UsageError("--threads must be between 1 and 64");
                                          }
                                        }));
+  options.push_back(
+      value<ServeFields>("--max-sandboxes", "N",
+                         "Hold at most N sandboxes at once; a create beyond answers 429\n"
+                         "SANDBOX::TOO_MANY_SANDBOXES (default 0: no cap)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.max_sandboxes = a.whole_number();
+                           if (f.max_sandboxes < 0)
+                             throw UsageError("--max-sandboxes must be >= 0");
+                         }));
+  options.push_back(
+      value<ServeFields>("--state-dir", "DIR",
+                         "Keep one descriptor per sandbox in DIR, so that a restarted server\n"
+                         "serves the sandboxes of the one before (needs sbx.connect/1)",
+                         [](ServeFields& f, const Arg& a) { f.state_dir = a.text; }));
+  options.push_back(
+      flag<ServeFields>("--keep-on-stop",
+                        "On SIGINT/SIGTERM leave the sandboxes running for the next server\n"
+                        "instead of closing them (needs --state-dir)",
+                        &ServeFields::keep_on_stop));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",
       .usage = "--provider NAME --listen HOST:PORT [--api-key-env VAR] [--grace S]",
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
-          "This version serves GET /health and POST/GET/DELETE /sandboxes[/{id}], also under "
-          "/v1.\nSandboxes it creates carry the label sbx.serve=true. SIGINT or SIGTERM stops "
-          "it: it closes the\nsandboxes it created (within --grace) and exits 0.\n",
+          "It serves GET /health and the lifecycle API (create, get, list, delete, pause,\n"
+          "resume, renew-expiration, endpoints), also under /v1. Sandboxes it creates carry\n"
+          "the label sbx.serve=true. SIGINT or SIGTERM stops it: it closes the sandboxes it\n"
+          "holds (within --grace; with --keep-on-stop it leaves them for the next server\n"
+          "started with the same --state-dir) and exits 0.\n",
       .options = std::move(options),
       .check =
           [](ServeFields& f) {
             if (f.listen.empty()) throw UsageError("serve needs --listen HOST:PORT");
+            if (f.keep_on_stop && !f.state_dir) {
+              throw UsageError(
+                  "--keep-on-stop needs --state-dir (the next server finds the "
+                  "sandboxes there)");
+            }
             split_listen(f.listen);
           },
       .handler = serve,
