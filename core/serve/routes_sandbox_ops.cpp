@@ -1,10 +1,10 @@
 // The lifecycle operations on one sandbox, at the root and under /v1:
-//   POST /sandboxes/{id}/pause             202, empty (sbx.pause/1); 409
-//   DOCKER::SANDBOX_NOT_RUNNING POST /sandboxes/{id}/resume            202, empty (sbx.pause/1);
-//   409 DOCKER::SANDBOX_NOT_PAUSED POST /sandboxes/{id}/renew-expiration  200 {expiresAt}
-//   (sbx.renew/1) GET  /sandboxes/{id}/endpoints/{port}  200 {endpoint, headers?}: the gateway's
-//   own paths
-// A provider without the extension answers 501 SANDBOX::API_NOT_SUPPORTED (docs/serve.md).
+//   POST /sandboxes/{id}/pause             202, empty (sbx.pause/1)
+//   POST /sandboxes/{id}/resume            202, empty (sbx.pause/1)
+//   POST /sandboxes/{id}/renew-expiration  200 {expiresAt} (sbx.renew/1)
+//   GET  /sandboxes/{id}/endpoints/{port}  200 {endpoint, headers?}: the gateway's own paths
+// Wrong states answer 409 DOCKER::SANDBOX_NOT_RUNNING / DOCKER::SANDBOX_NOT_PAUSED; a provider
+// without the extension answers 501 SANDBOX::API_NOT_SUPPORTED (docs/serve.md).
 
 #include "state.hpp"
 
@@ -162,6 +162,10 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
     reply(not_found(request, id));
     return;
   }
+  if (!state->provider.supports("sbx.renew/1")) {
+    reply(unsupported(request, *state, "renew sandboxes", "sbx.renew/1"));
+    return;
+  }
   if (*wanted <= std::chrono::system_clock::now()) {
     reply(error_response(request, http::status::bad_request, "DOCKER::INVALID_EXPIRATION",
                          "New expiration time must be in the future."));
@@ -175,10 +179,6 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
   if (!has_expiry) {
     reply(error_response(request, http::status::conflict, "DOCKER::INVALID_EXPIRATION",
                          "Sandbox " + id + " does not have automatic expiration enabled."));
-    return;
-  }
-  if (!state->provider.supports("sbx.renew/1")) {
-    reply(unsupported(request, *state, "renew sandboxes", "sbx.renew/1"));
     return;
   }
   const auto version = request.version();
