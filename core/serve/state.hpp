@@ -97,7 +97,7 @@ void retire_expired(const std::shared_ptr<Server::State>& state);
 
 // The state directory (store.cpp): one JSON file per sandbox, written atomically (temporary file
 // and rename); a no-op without Options::state_dir. Errors are logged, not thrown.
-void store_save(const Server::State& state, const Entry& entry);
+void store_save(Server::State& state, const Entry& entry);
 void store_remove(const Server::State& state, const std::string& id);
 // Locks the directory (creating it) and connects to every sandbox recorded there; files of
 // sandboxes that are gone or expired are removed. Blocking: called by the constructor.

@@ -96,11 +96,11 @@ std::shared_ptr<Entry> from_json(const json::value& value) {
 
 }  // namespace
 
-void store_save(const Server::State& state, const Entry& entry) {
+void store_save(Server::State& state, const Entry& entry) {
   if (!state.options.state_dir) return;
   std::optional<std::chrono::system_clock::time_point> expires_at;
   {
-    std::lock_guard lock(const_cast<Server::State&>(state).mutex);
+    std::lock_guard lock(state.mutex);
     expires_at = entry.expires_at;
   }
   const fs::path target = file_of(*state.options.state_dir, entry.id);

@@ -314,11 +314,11 @@ TEST_CASE("renew-expiration: 200 {expiresAt}, GET reflects it, and the real serv
 }
 
 TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody asks") {
-  Fixture f;
+  Fixture f({"--log-level", "info"});
   const std::string touched = create(f.port(), R"({"ttl":"short"})");
   const std::string untouched = create(f.port(), R"({"ttl":"short"})");
   const std::string kept = create(f.port(), R"({"ttl":"long"})");
-  // Shorten both to two seconds from now (the create's minimum timeout is 60 s).
+  // Shorten both to three seconds from now (the create's minimum timeout is 60 s).
   const std::string soon = rfc3339(std::chrono::system_clock::now() + std::chrono::seconds(3));
   for (const auto& id : {touched, untouched}) {
     REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
@@ -327,6 +327,11 @@ TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody
   }
   CHECK(request(f.port(), "GET", "/v1/sandboxes/" + touched).status == 200);
   std::this_thread::sleep_for(std::chrono::seconds(4));
+  // Closed by the server's sweep, with no request about them.
+  CHECK(eventually([&] { return f.sandboxes_on_disk() == 1; }));
+  CHECK(fs::exists(f.root / kept));
+  CHECK(f.log_text().find("closing sandbox " + untouched + " (its TTL passed)") !=
+        std::string::npos);
   for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
            {"GET", "/v1/sandboxes/" + touched},
            {"GET", "/v1/sandboxes/" + touched + "/endpoints/44772"},
@@ -339,9 +344,6 @@ TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody
     CHECK(r.json() == error_of("DOCKER::SANDBOX_NOT_FOUND", "Sandbox " + touched + " not found."));
   }
   CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes")) == std::vector<std::string>{kept});
-  // Both closed by the server (the one nobody asked about by the sweep).
-  CHECK(eventually([&] { return f.sandboxes_on_disk() == 1; }));
-  CHECK(fs::exists(f.root / kept));
   CHECK(f.server->stop() == 0);
   CHECK(f.sandboxes_on_disk() == 0);
 }
