@@ -350,6 +350,10 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
                    const Reply& reply) {
   Request shape;
   shape.version(version);
+  // Read before the entry is published: from then on a renew may change expires_at.
+  const auto expires_at = entry->expires_at;
+  // The record first, so that a delete racing with this answer removes it after it was written.
+  if (!error) store_save(*state, *entry);
   bool refused = false;
   {
     std::lock_guard lock(state->mutex);
@@ -370,12 +374,12 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
     return;
   }
   if (refused) {  // the server began stopping while the provider created it
+    store_remove(*state, entry->id);
     begin_close(state, entry, [](std::exception_ptr) {});
     reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
                          "The server is stopping."));
     return;
   }
-  store_save(*state, *entry);
   spdlog::info("sbx serve: created sandbox {}", entry->id);
   json::object body{{"id", entry->id},
                     {"status", json::object{{"state", "Running"},
@@ -383,7 +387,7 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
                                             {"message", "Sandbox container started successfully."},
                                             {"lastTransitionAt", format_time(entry->created_at)}}}};
   if (entry->metadata) body["metadata"] = *entry->metadata;
-  if (entry->expires_at) body["expiresAt"] = format_time(*entry->expires_at);
+  if (expires_at) body["expiresAt"] = format_time(*expires_at);
   body["createdAt"] = format_time(entry->created_at);
   body["entrypoint"] = entrypoint_json(*entry);
   reply(json_response(shape, http::status::accepted, body));
