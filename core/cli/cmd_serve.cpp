@@ -26,7 +26,7 @@ struct ServeFields {
   double grace_s = 10;
   double read_timeout_s = 30;
   int64_t threads = 2;
-  int64_t max_sandboxes = 0;
+  std::optional<int64_t> max_sandboxes;  // unset: Options' value (the config file's, later)
   std::optional<std::string> state_dir;
   bool keep_on_stop = false;
 };
@@ -74,7 +74,7 @@ int serve(ServeFields& f, const Global& g) {
   options.threads = static_cast<int>(f.threads);
   options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
   options.handle_signals = true;
-  options.max_sandboxes = static_cast<std::size_t>(f.max_sandboxes);
+  if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
 
@@ -157,7 +157,7 @@ Command serve_command() {
                          "SANDBOX::TOO_MANY_SANDBOXES (default 0: no cap)",
                          [](ServeFields& f, const Arg& a) {
                            f.max_sandboxes = a.whole_number();
-                           if (f.max_sandboxes < 0)
+                           if (*f.max_sandboxes < 0)
                              throw UsageError("--max-sandboxes must be >= 0");
                          }));
   options.push_back(
