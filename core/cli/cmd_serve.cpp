@@ -13,6 +13,8 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <stdexcept>
 
 namespace sbx::cli {
 
@@ -26,6 +28,9 @@ struct ServeFields {
   std::optional<double> grace_s;         // default 10
   std::optional<double> read_timeout_s;  // default 30
   std::optional<int64_t> threads;        // default 2
+  std::optional<int64_t> max_sandboxes;  // default: the config file's, else no cap
+  std::optional<std::string> state_dir;
+  bool keep_on_stop = false;
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -109,6 +114,9 @@ int serve(ServeFields& f, const Global& g) {
         std::chrono::milliseconds(static_cast<int64_t>(*f.read_timeout_s * 1000));
   }
   options.handle_signals = true;
+  if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
+  if (f.state_dir) options.state_dir = *f.state_dir;
+  options.keep_on_stop = f.keep_on_stop;
 
   host_options.plugin_dirs = g.plugin_dirs;
   host_options.labels["sbx.serve"] =
@@ -116,7 +124,13 @@ int serve(ServeFields& f, const Global& g) {
   sbx::Host host(std::move(host_options));
   sbx::Provider provider = f.provider.pick(host);
 
-  sbx::serve::Server server(provider, options);
+  std::optional<sbx::serve::Server> made;
+  try {
+    made.emplace(provider, options);
+  } catch (const std::invalid_argument& e) {  // options that cannot work together
+    throw UsageError(e.what());
+  }
+  sbx::serve::Server& server = *made;
   const std::string run_id = host.labels().at("sbx.run");
   std::cout << "sbx serve: listening on http://"
             << (options.host.find(':') != std::string::npos ? "[" + options.host + "]"
@@ -173,20 +187,45 @@ Command serve_command() {
                                            throw UsageError("--threads must be between 1 and 64");
                                          }
                                        }));
+  options.push_back(
+      value<ServeFields>("--max-sandboxes", "N",
+                         "Hold at most N sandboxes at once; a create beyond answers 429\n"
+                         "SANDBOX::TOO_MANY_SANDBOXES (default 0: no cap)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.max_sandboxes = a.whole_number();
+                           if (*f.max_sandboxes < 0)
+                             throw UsageError("--max-sandboxes must be >= 0");
+                         }));
+  options.push_back(
+      value<ServeFields>("--state-dir", "DIR",
+                         "Keep one descriptor per sandbox in DIR, so that a restarted server\n"
+                         "serves the sandboxes of the one before (needs sbx.connect/1)",
+                         [](ServeFields& f, const Arg& a) { f.state_dir = a.text; }));
+  options.push_back(
+      flag<ServeFields>("--keep-on-stop",
+                        "On SIGINT/SIGTERM leave the sandboxes running for the next server\n"
+                        "instead of closing them (needs --state-dir)",
+                        &ServeFields::keep_on_stop));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",
       .usage = "--provider NAME [--listen HOST:PORT] [--api-key-env VAR] [--grace S]",
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
-          "This version serves GET /health and POST/GET/DELETE /sandboxes[/{id}], also under "
-          "/v1.\nSandboxes it creates carry the label sbx.serve=true. SIGINT or SIGTERM stops "
-          "it: it closes the\nsandboxes it created (within --grace) and exits 0. Limits and "
-          "fault injection come\nfrom the config file's \"serve\" section (docs/config.md); a "
-          "flag wins over it.\n",
+          "It serves GET /health and the lifecycle API (create, get, list, delete, pause,\n"
+          "resume, renew-expiration, endpoints), also under /v1. Sandboxes it creates carry\n"
+          "the label sbx.serve=true. SIGINT or SIGTERM stops it: it closes the sandboxes it\n"
+          "holds (within --grace; with --keep-on-stop it leaves them for the next server\n"
+          "started with the same --state-dir) and exits 0. Limits and fault injection come\n"
+          "from the config file's \"serve\" section (docs/config.md); a flag wins over it.\n",
       .options = std::move(options),
       .check =
           [](ServeFields& f) {
+            if (f.keep_on_stop && !f.state_dir) {
+              throw UsageError(
+                  "--keep-on-stop needs --state-dir (the next server finds the "
+                  "sandboxes there)");
+            }
             if (f.listen) split_listen(*f.listen);  // else the config's serve.listen
           },
       .handler = serve,

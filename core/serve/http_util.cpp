@@ -80,9 +80,15 @@ std::string format_time(std::chrono::system_clock::time_point t) {
   std::tm tm{};
   ::gmtime_r(&secs, &tm);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<long long>(us % 1000000));
+  const long long fraction = static_cast<long long>(((us % 1000000) + 1000000) % 1000000);
+  // pydantic leaves the fraction out when it is zero ("2026-12-01T01:00:00Z").
+  if (fraction == 0) {
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+  } else {
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, fraction);
+  }
   return buf;
 }
 
@@ -112,6 +118,134 @@ std::string route_path(const Request& request) {
   std::string_view path = target.substr(0, target.find('?'));
   if (path == "/v1" || path.substr(0, 4) == "/v1/") path = path.substr(3);
   return path.empty() ? std::string("/") : std::string(path);
+}
+
+std::optional<std::string> percent_decode(std::string_view text, bool form) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '+' && form) {
+      out += ' ';
+    } else if (c == '%') {
+      if (i + 2 >= text.size() || hex(text[i + 1]) < 0 || hex(text[i + 2]) < 0) {
+        return std::nullopt;
+      }
+      out += static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+      i += 2;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> query_params(const Request& request) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string_view target = request.target();
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return out;
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const auto amp = rest.find('&');
+    const std::string_view field = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+    if (field.empty()) continue;
+    const auto eq = field.find('=');
+    // As Starlette: a malformed escape is kept as it is; a field without '=' has an empty value.
+    const std::string_view name = field.substr(0, eq);
+    const std::string_view value =
+        eq == std::string_view::npos ? std::string_view{} : field.substr(eq + 1);
+    out.emplace_back(percent_decode(name, true).value_or(std::string(name)),
+                     percent_decode(value, true).value_or(std::string(value)));
+  }
+  return out;
+}
+
+ParsedTime parse_time(std::string_view t) {
+  // The checks and messages of speedate, the parser pydantic uses, for the common mistakes.
+  auto digits = [&](std::size_t at, std::size_t n, int& value) {
+    value = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (i >= t.size() || t[i] < '0' || t[i] > '9') return false;
+      value = value * 10 + (t[i] - '0');
+    }
+    return true;
+  };
+  auto fail = [](std::string error) { return ParsedTime{std::nullopt, std::move(error)}; };
+  if (t.size() < 10) return fail("input is too short");
+  int year = 0, month = 0, day = 0;
+  if (!digits(0, 4, year)) return fail("invalid character in year");
+  if (t[4] != '-') return fail("invalid date separator, expected `-`");
+  if (!digits(5, 2, month)) return fail("invalid character in month");
+  if (t[7] != '-') return fail("invalid date separator, expected `-`");
+  if (!digits(8, 2, day)) return fail("invalid character in day");
+  if (month < 1 || month > 12) return fail("month value is outside expected range of 1-12");
+  const std::chrono::year_month_day date{std::chrono::year{year},
+                                         std::chrono::month{static_cast<unsigned>(month)},
+                                         std::chrono::day{static_cast<unsigned>(day)}};
+  if (!date.ok()) return fail("day value is outside expected range");
+  std::chrono::system_clock::time_point at = std::chrono::sys_days{date};
+  if (t.size() == 10) return ParsedTime{at, ""};  // a date alone: midnight UTC
+  const char sep = t[10];
+  if (sep != 'T' && sep != 't' && sep != '_' && sep != ' ') {
+    return fail("invalid datetime separator, expected `T`, `t`, `_` or space");
+  }
+  std::size_t i = 11;
+  int hour = 0, minute = 0, second = 0;
+  if (t.size() < i + 5) return fail("input is too short");
+  if (!digits(i, 2, hour)) return fail("invalid character in hour");
+  if (t[i + 2] != ':') return fail("invalid time separator, expected `:`");
+  if (!digits(i + 3, 2, minute)) return fail("invalid character in minute");
+  i += 5;
+  long long micros = 0;
+  if (i < t.size() && t[i] == ':') {
+    if (!digits(i + 1, 2, second)) return fail("invalid character in second");
+    i += 3;
+    if (i < t.size() && (t[i] == '.' || t[i] == ',')) {
+      ++i;
+      int n = 0;
+      while (i < t.size() && t[i] >= '0' && t[i] <= '9') {
+        if (n < 6) micros = micros * 10 + (t[i] - '0');
+        ++n, ++i;
+      }
+      if (n == 0) return fail("invalid character in second fraction");
+      for (int k = n; k < 6; ++k)
+        micros *= 10;
+    }
+  }
+  if (hour > 23) return fail("hour value is outside expected range of 0-23");
+  if (minute > 59) return fail("minute value is outside expected range of 0-59");
+  if (second > 59) return fail("second value is outside expected range of 0-59");
+  at += std::chrono::hours(hour) + std::chrono::minutes(minute) + std::chrono::seconds(second) +
+        std::chrono::microseconds(micros);
+  if (i < t.size()) {  // a zone; none means UTC (the real server treats naive times as UTC)
+    if (t[i] == 'Z' || t[i] == 'z') {
+      ++i;
+    } else if (t[i] == '+' || t[i] == '-') {
+      const int sign = t[i] == '+' ? 1 : -1;
+      int oh = 0, om = 0;
+      if (!digits(i + 1, 2, oh)) return fail("invalid timezone hour");
+      i += 3;
+      if (i < t.size() && t[i] == ':') ++i;
+      if (i < t.size()) {
+        if (!digits(i, 2, om)) return fail("invalid timezone minute");
+        i += 2;
+      }
+      if (oh > 23 || om > 59) return fail("timezone offset must be less than 24 hours");
+      at -= sign * (std::chrono::hours(oh) + std::chrono::minutes(om));
+    } else {
+      return fail("invalid timezone sign");
+    }
+  }
+  if (i != t.size()) return fail("unexpected extra characters at the end of the input");
+  return ParsedTime{at, ""};
 }
 
 std::string execd_access_token(const Options& options, const std::string& sandbox_id) {

@@ -1,9 +1,11 @@
-// The lifecycle routes of this slice, at the root and under /v1:
+// The lifecycle routes that read and change the registry, at the root and under /v1:
 //   POST   /sandboxes        create (202, state Running once the provider reports it ready)
+//   GET    /sandboxes        list (state and metadata filters, page/pageSize, newest first)
 //   GET    /sandboxes/{id}   get
 //   DELETE /sandboxes/{id}   delete (204; 404 DOCKER::SANDBOX_NOT_FOUND for an unknown id)
 // Request-validation failures answer FastAPI's 422 {"detail": [...]} as the real server does;
-// other errors the {"code", "message"} envelope (docs/serve.md).
+// other errors the {"code", "message"} envelope (docs/serve.md). pause, resume, renew and
+// endpoints are in routes_sandbox_ops.cpp.
 
 #include "state.hpp"
 
@@ -12,7 +14,12 @@
 #include <spdlog/spdlog.h>
 #include <boost/json.hpp>
 
+#include <boost/algorithm/string/case_conv.hpp>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <map>
 #include <set>
 
 namespace sbx::serve {
@@ -115,31 +122,8 @@ struct CreateRequest {
   std::optional<int64_t> timeout_s;
 };
 
-// The JSON body as the real server reads it: 422 json_invalid with the offset of the error.
-std::optional<json::value> parse_body(const Request& request, const Reply& reply) {
-  const std::string& body = request.body();
-  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {  // FastAPI: a required body
-    Invalid invalid;
-    invalid.add("missing", json::array{"body"}, "Field required", nullptr);
-    reply(json_response(request, http::status::unprocessable_entity,
-                        json::object{{"detail", std::move(invalid.detail)}}));
-    return std::nullopt;
-  }
-  json::stream_parser parser;
-  boost::system::error_code ec;
-  const std::size_t used = parser.write_some(body.data(), body.size(), ec);
-  if (!ec) parser.finish(ec);
-  if (!ec) return parser.release();
-  Invalid invalid;
-  invalid.add("json_invalid", loc({static_cast<int64_t>(used)}), "JSON decode error",
-              json::object{}, json::object{{"error", "Expecting value"}});
-  reply(json_response(request, http::status::unprocessable_entity,
-                      json::object{{"detail", std::move(invalid.detail)}}));
-  return std::nullopt;
-}
-
 std::optional<CreateRequest> read_create(const Request& request, const Reply& reply) {
-  auto parsed = parse_body(request, reply);
+  auto parsed = parse_json_body(request, reply);
   if (!parsed) return std::nullopt;
   const json::value& value = *parsed;
   auto unprocessable = [&](Invalid& invalid) {
@@ -359,6 +343,56 @@ json::array entrypoint_json(const Entry& entry) {
   return out;
 }
 
+// The end of a create: the sandbox enters the registry (or, when the server began stopping
+// meanwhile, is closed) and the client gets its answer.
+void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
+                   const std::shared_ptr<Entry>& entry, std::exception_ptr error, unsigned version,
+                   const Reply& reply) {
+  Request shape;
+  shape.version(version);
+  // Read before the entry is published: from then on a renew may change expires_at.
+  const auto expires_at = entry->expires_at;
+  // The record first, so that a delete racing with this answer removes it after it was written.
+  if (!error) store_save(*state, *entry);
+  bool refused = false;
+  {
+    std::lock_guard lock(state->mutex);
+    state->creating.erase(ticket);
+    if (!error) {
+      if (state->stopping) {
+        ++state->closing;
+        refused = true;
+      } else {
+        state->sandboxes[entry->id] = entry;
+      }
+    }
+    if (!refused) state->maybe_finish_locked();
+  }
+  if (error) {
+    spdlog::info("sbx serve: create failed: {}", sbx::to_error(error).what());
+    reply(provider_error_response(shape, error, ""));
+    return;
+  }
+  if (refused) {  // the server began stopping while the provider created it
+    store_remove(*state, entry->id);
+    begin_close(state, entry, [](std::exception_ptr) {});
+    reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
+                         "The server is stopping."));
+    return;
+  }
+  spdlog::info("sbx serve: created sandbox {}", entry->id);
+  json::object body{{"id", entry->id},
+                    {"status", json::object{{"state", "Running"},
+                                            {"reason", "CONTAINER_RUNNING"},
+                                            {"message", "Sandbox container started successfully."},
+                                            {"lastTransitionAt", format_time(entry->created_at)}}}};
+  if (entry->metadata) body["metadata"] = *entry->metadata;
+  if (expires_at) body["expiresAt"] = format_time(*expires_at);
+  body["createdAt"] = format_time(entry->created_at);
+  body["entrypoint"] = entrypoint_json(*entry);
+  reply(json_response(shape, http::status::accepted, body));
+}
+
 void create(const std::shared_ptr<Server::State>& state, const Request& request,
             const Reply& reply) {
   auto read = read_create(request, reply);
@@ -371,6 +405,13 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
                            "The server is stopping."));
       return;
     }
+    const std::size_t cap = state->options.max_sandboxes;
+    if (cap != 0 && state->sandboxes.size() + state->creating.size() >= cap) {
+      reply(error_response(request, http::status::too_many_requests, "SANDBOX::TOO_MANY_SANDBOXES",
+                           "The server holds its maximum of " + std::to_string(cap) +
+                               " sandboxes; delete one first."));
+      return;
+    }
     ticket = state->next_ticket++;
     state->creating[ticket];  // counted before it starts: a stop waits for it
   }
@@ -378,7 +419,12 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   entry->image = read->image;
   entry->entrypoint = read->entrypoint;
   entry->metadata = read->metadata;
-  const auto timeout_s = read->timeout_s;
+  // As the real server: createdAt is taken when the request is accepted and expiresAt counts
+  // from it, so the server's expiry never comes after the provider's own TTL.
+  entry->created_at = std::chrono::system_clock::now();
+  if (read->timeout_s) {
+    entry->expires_at = entry->created_at + std::chrono::seconds(*read->timeout_s);
+  }
   auto version = request.version();
 
   sbx::Operation<sbx::Sandbox> op;
@@ -403,62 +449,76 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   }
   if (cancel) op.cancel();
   // The continuation runs on the thread that completes the create (a plugin thread, or this one).
-  op.then([state, ticket, entry, timeout_s, version, reply](sbx::Operation<sbx::Sandbox>& done) {
-    Request shape;
-    shape.version(version);
+  op.then([state, ticket, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
     std::exception_ptr error;
     try {
       entry->box = std::make_shared<sbx::Sandbox>(done.get());
+      entry->id = entry->box->id();
     } catch (...) {
       error = std::current_exception();
     }
-    // Filled in before the entry is in the registry: from then on other requests read it.
-    entry->created_at = std::chrono::system_clock::now();
-    if (timeout_s) entry->expires_at = entry->created_at + std::chrono::seconds(*timeout_s);
-    bool refused = false;
-    {
-      std::lock_guard lock(state->mutex);
-      state->creating.erase(ticket);
-      if (!error) {
-        if (state->stopping) {
+    if (error || !state->options.state_dir) {
+      finish_create(state, ticket, entry, error, version, reply);
+      return;
+    }
+    // With a state directory, the sandbox's descriptor is kept before the client hears of it.
+    sbx::Operation<std::string> serialize;
+    try {
+      serialize = entry->box->serialize_async();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    auto described = [state, ticket, entry, version, reply](std::exception_ptr error) {
+      if (error) {  // a sandbox the server could not find again after a restart: not created
+        spdlog::warn("sbx serve: sandbox {} has no descriptor ({}); closing it", entry->id,
+                     sbx::to_error(error).what());
+        {
+          std::lock_guard lock(state->mutex);
           ++state->closing;
-          refused = true;
-        } else {
-          state->sandboxes[entry->box->id()] = entry;
         }
+        begin_close(state, entry, [](std::exception_ptr) {});
       }
-      if (!refused) state->maybe_finish_locked();
-    }
+      finish_create(state, ticket, entry, error, version, reply);
+    };
     if (error) {
-      spdlog::info("sbx serve: create failed: {}", sbx::to_error(error).what());
-      reply(provider_error_response(shape, error, ""));
+      described(error);
       return;
     }
-    if (refused) {  // the server began stopping while the provider created it
-      begin_close(state, entry, [](std::exception_ptr) {});
-      reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
-                           "The server is stopping."));
-      return;
-    }
-    spdlog::info("sbx serve: created sandbox {}", entry->box->id());
-    json::object body{
-        {"id", entry->box->id()},
-        {"status", json::object{{"state", "Running"},
-                                {"reason", "CONTAINER_RUNNING"},
-                                {"message", "Sandbox container started successfully."},
-                                {"lastTransitionAt", format_time(entry->created_at)}}}};
-    if (entry->metadata) body["metadata"] = *entry->metadata;
-    if (entry->expires_at) body["expiresAt"] = format_time(*entry->expires_at);
-    body["createdAt"] = format_time(entry->created_at);
-    body["entrypoint"] = entrypoint_json(*entry);
-    reply(json_response(shape, http::status::accepted, body));
+    serialize.then([entry, described](sbx::Operation<std::string>& d) {
+      std::exception_ptr error;
+      try {
+        entry->descriptor = d.get();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      described(error);
+    });
   });
 }
 
-std::shared_ptr<Entry> find(const std::shared_ptr<Server::State>& state, const std::string& id) {
-  std::lock_guard lock(state->mutex);
-  const auto it = state->sandboxes.find(id);
-  return it == state->sandboxes.end() ? nullptr : it->second;
+}  // namespace
+
+// The JSON body as the real server reads it: 422 json_invalid with the offset of the error.
+std::optional<json::value> parse_json_body(const Request& request, const Reply& reply) {
+  const std::string& body = request.body();
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {  // FastAPI: a required body
+    Invalid invalid;
+    invalid.add("missing", json::array{"body"}, "Field required", nullptr);
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return std::nullopt;
+  }
+  json::stream_parser parser;
+  boost::system::error_code ec;
+  const std::size_t used = parser.write_some(body.data(), body.size(), ec);
+  if (!ec) parser.finish(ec);
+  if (!ec) return parser.release();
+  Invalid invalid;
+  invalid.add("json_invalid", loc({static_cast<int64_t>(used)}), "JSON decode error",
+              json::object{}, json::object{{"error", "Expecting value"}});
+  reply(json_response(request, http::status::unprocessable_entity,
+                      json::object{{"detail", std::move(invalid.detail)}}));
+  return std::nullopt;
 }
 
 Response not_found(const Request& request, const std::string& id) {
@@ -466,28 +526,44 @@ Response not_found(const Request& request, const std::string& id) {
                         "Sandbox " + id + " not found.");
 }
 
+Response method_not_allowed(const Request& request) {
+  return json_response(request, http::status::method_not_allowed,
+                       json::object{{"detail", "Method Not Allowed"}});
+}
+
+json::object sandbox_json(const std::shared_ptr<Server::State>& state, const Entry& entry,
+                          sbx::SandboxStatus status) {
+  std::optional<std::chrono::system_clock::time_point> expires_at;
+  {
+    std::lock_guard lock(state->mutex);
+    expires_at = entry.expires_at;
+  }
+  json::object body{{"id", entry.id},
+                    {"image", json::object{{"uri", entry.image}}},
+                    {"status", status_of(status, entry.created_at)}};
+  if (entry.metadata) body["metadata"] = *entry.metadata;
+  body["entrypoint"] = entrypoint_json(entry);
+  if (expires_at) body["expiresAt"] = format_time(*expires_at);
+  body["createdAt"] = format_time(entry.created_at);
+  return body;
+}
+
+namespace {
+
 void get(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
          const std::string& id) {
-  auto entry = find(state, id);
+  auto entry = find_live(state, id);
   if (!entry) {
     reply(not_found(request, id));
     return;
   }
   const auto version = request.version();
   entry->box->status_async().then(
-      [entry, id, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
+      [state, entry, id, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
         Request shape;
         shape.version(version);
         try {
-          const auto status = done.get();
-          json::object body{{"id", id},
-                            {"image", json::object{{"uri", entry->image}}},
-                            {"status", status_of(status, entry->created_at)}};
-          if (entry->metadata) body["metadata"] = *entry->metadata;
-          body["entrypoint"] = entrypoint_json(*entry);
-          if (entry->expires_at) body["expiresAt"] = format_time(*entry->expires_at);
-          body["createdAt"] = format_time(entry->created_at);
-          reply(json_response(shape, http::status::ok, body));
+          reply(json_response(shape, http::status::ok, sandbox_json(state, *entry, done.get())));
         } catch (...) {
           reply(provider_error_response(shape, std::current_exception(), id));
         }
@@ -496,6 +572,10 @@ void get(const std::shared_ptr<Server::State>& state, const Request& request, co
 
 void remove(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
             const std::string& id) {
+  if (!find_live(state, id)) {  // unknown, or past its expiry (then closed in the background)
+    reply(not_found(request, id));
+    return;
+  }
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard lock(state->mutex);
@@ -506,10 +586,11 @@ void remove(const std::shared_ptr<Server::State>& state, const Request& request,
       ++state->closing;
     }
   }
-  if (!entry) {
+  if (!entry) {  // another request took it meanwhile
     reply(not_found(request, id));
     return;
   }
+  store_remove(*state, id);
   const auto version = request.version();
   begin_close(state, entry, [id, version, reply](std::exception_ptr error) {
     Request shape;
@@ -523,9 +604,203 @@ void remove(const std::shared_ptr<Server::State>& state, const Request& request,
   });
 }
 
-Response method_not_allowed(const Request& request) {
-  return json_response(request, http::status::method_not_allowed,
-                       json::object{{"detail", "Method Not Allowed"}});
+// Python's repr() of a short text, as the real server's messages quote it.
+std::string py_repr(const std::string& text) {
+  const char quote =
+      text.find('\'') != std::string::npos && text.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, quote);
+  for (const char c : text) {
+    if (c == '\\' || c == quote) out += '\\';
+    out += c;
+  }
+  out += quote;
+  return out;
+}
+
+// An integer query parameter as FastAPI reads it: the 422 items for what it is not.
+std::optional<int64_t> query_int(const std::string& name, const std::string& text, int64_t ge,
+                                 std::optional<int64_t> le, Invalid& invalid) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  const auto last = text.find_last_not_of(" \t\r\n");
+  const std::string trimmed =
+      first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+  std::size_t i = trimmed.size() > 0 && (trimmed[0] == '-' || trimmed[0] == '+') ? 1 : 0;
+  bool ok = i < trimmed.size() && trimmed.size() <= 18;
+  for (; ok && i < trimmed.size(); ++i)
+    ok = (trimmed[i] >= '0' && trimmed[i] <= '9') || (trimmed[i] == '_' && i + 1 < trimmed.size());
+  std::string digits;
+  for (const char c : trimmed)
+    if (c != '_') digits += c;
+  if (!ok) {
+    invalid.add("int_parsing", json::array{"query", json::string(name)},
+                "Input should be a valid integer, unable to parse string as an integer",
+                json::string(text));
+    return std::nullopt;
+  }
+  const int64_t value = std::stoll(digits);
+  if (value < ge) {
+    invalid.add("greater_than_equal", json::array{"query", json::string(name)},
+                "Input should be greater than or equal to " + std::to_string(ge),
+                json::string(text), json::object{{"ge", ge}});
+    return std::nullopt;
+  }
+  if (le && value > *le) {
+    invalid.add("less_than_equal", json::array{"query", json::string(name)},
+                "Input should be less than or equal to " + std::to_string(*le), json::string(text),
+                json::object{{"le", *le}});
+    return std::nullopt;
+  }
+  return value;
+}
+
+// GET /sandboxes: the sandboxes of this server (its registry), filtered, newest first, one page.
+void list(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply) {
+  std::vector<std::string> states;
+  std::optional<std::string> metadata_text, page_text, size_text;
+  for (auto& [name, value] : query_params(request)) {
+    if (name == "state") states.push_back(value);
+    if (name == "metadata") metadata_text = value;  // a single value: the last one, as FastAPI
+    if (name == "page") page_text = value;
+    if (name == "pageSize") size_text = value;
+  }
+  Invalid invalid;
+  int64_t page = 1, page_size = 20;
+  if (page_text) page = query_int("page", *page_text, 1, std::nullopt, invalid).value_or(0);
+  if (size_text) page_size = query_int("pageSize", *size_text, 1, 200, invalid).value_or(0);
+  if (!invalid.detail.empty()) {
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return;
+  }
+  // metadata=k%3Dv%26k2%3Dv2: one parameter whose value is itself a query, every pair ANDed
+  // (Python's parse_qsl with strict parsing and blank values kept, as the real server).
+  std::map<std::string, std::string> wanted;
+  if (metadata_text && !metadata_text->empty()) {
+    std::string_view rest = *metadata_text;
+    while (true) {
+      const auto amp = rest.find('&');
+      const std::string field(rest.substr(0, amp));
+      const auto eq = field.find('=');
+      if (eq == std::string::npos) {
+        reply(error_response(request, http::status::bad_request, "INVALID_METADATA_FORMAT",
+                             "Invalid metadata format: bad query field: " + py_repr(field)));
+        return;
+      }
+      const std::string key = field.substr(0, eq), value = field.substr(eq + 1);
+      wanted[percent_decode(key, true).value_or(key)] = percent_decode(value, true).value_or(value);
+      if (amp == std::string_view::npos) break;
+      rest = rest.substr(amp + 1);
+    }
+  }
+  std::set<std::string> wanted_states;
+  for (const auto& st : states)
+    wanted_states.insert(boost::algorithm::to_lower_copy(st));
+
+  retire_expired(state);
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard lock(state->mutex);
+    for (const auto& [id, entry] : state->sandboxes) {
+      bool match = true;
+      for (const auto& [k, v] : wanted) {
+        const json::value* have = entry->metadata ? entry->metadata->if_contains(k) : nullptr;
+        match = match && have && have->is_string() && have->as_string() == v;
+      }
+      if (match) entries.push_back(entry);
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a->created_at != b->created_at ? a->created_at > b->created_at : a->id < b->id;
+  });
+
+  // Without a state filter only the page's sandboxes are asked for their status.
+  struct Gather {
+    std::vector<std::shared_ptr<Entry>> entries;
+    std::vector<sbx::SandboxStatus> statuses;
+    std::atomic<std::size_t> left{0};
+  };
+  const bool by_state = !wanted_states.empty();
+  auto slice = [page, page_size](std::size_t total) {
+    const std::size_t begin =
+        std::min<std::size_t>(total, static_cast<std::size_t>((page - 1) * page_size));
+    return std::pair{begin,
+                     std::min<std::size_t>(total, begin + static_cast<std::size_t>(page_size))};
+  };
+  auto gather = std::make_shared<Gather>();
+  std::size_t total_unfiltered = entries.size();
+  if (by_state) {
+    gather->entries = std::move(entries);
+  } else {
+    const auto [b, e] = slice(entries.size());
+    gather->entries.assign(entries.begin() + static_cast<std::ptrdiff_t>(b),
+                           entries.begin() + static_cast<std::ptrdiff_t>(e));
+  }
+  gather->statuses.assign(gather->entries.size(), sbx::SandboxStatus::unknown);
+  const auto version = request.version();
+  auto complete = [state, gather, wanted_states, by_state, total_unfiltered, slice, page, page_size,
+                   version, reply] {
+    std::vector<json::value> items;
+    std::size_t total = 0;
+    if (by_state) {
+      std::vector<std::size_t> kept;
+      for (std::size_t i = 0; i < gather->entries.size(); ++i) {
+        const json::object s = status_of(gather->statuses[i], {});
+        const std::string name =
+            boost::algorithm::to_lower_copy(std::string(s.at("state").as_string()));
+        if (wanted_states.count(name)) kept.push_back(i);
+      }
+      total = kept.size();
+      const auto [b, e] = slice(total);
+      for (std::size_t k = b; k < e; ++k) {
+        items.push_back(sandbox_json(state, *gather->entries[kept[k]], gather->statuses[kept[k]]));
+      }
+    } else {
+      total = total_unfiltered;
+      for (std::size_t i = 0; i < gather->entries.size(); ++i)
+        items.push_back(sandbox_json(state, *gather->entries[i], gather->statuses[i]));
+    }
+    const int64_t pages =
+        total == 0 ? 0
+                   : static_cast<int64_t>((total + static_cast<std::size_t>(page_size) - 1) /
+                                          static_cast<std::size_t>(page_size));
+    json::array array(items.begin(), items.end());
+    Request shape;
+    shape.version(version);
+    reply(json_response(
+        shape, http::status::ok,
+        json::object{{"items", std::move(array)},
+                     {"pagination", json::object{{"page", page},
+                                                 {"pageSize", page_size},
+                                                 {"totalItems", static_cast<int64_t>(total)},
+                                                 {"totalPages", pages},
+                                                 {"hasNextPage", page < pages}}}}));
+  };
+  if (gather->entries.empty()) {
+    complete();
+    return;
+  }
+  gather->left = gather->entries.size();
+  for (std::size_t i = 0; i < gather->entries.size(); ++i) {
+    // A status that fails is reported as Unknown; the item stays in the list.
+    auto one = [gather, i, complete](std::optional<sbx::SandboxStatus> status) {
+      if (status) gather->statuses[i] = *status;
+      if (gather->left.fetch_sub(1) == 1) complete();
+    };
+    sbx::Operation<sbx::SandboxStatus> op;
+    try {
+      op = gather->entries[i]->box->status_async();
+    } catch (...) {
+      one(std::nullopt);
+      continue;
+    }
+    op.then([one](sbx::Operation<sbx::SandboxStatus>& done) {
+      try {
+        one(done.get());
+      } catch (...) {
+        one(std::nullopt);
+      }
+    });
+  }
 }
 
 }  // namespace
@@ -536,8 +811,10 @@ bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request&
   if (path == "/sandboxes") {
     if (request.method() == http::verb::post) {
       create(state, request, reply);
+    } else if (request.method() == http::verb::get) {
+      list(state, request, reply);
     } else {
-      reply(method_not_allowed(request));  // list comes in a later slice
+      reply(method_not_allowed(request));
     }
     return true;
   }

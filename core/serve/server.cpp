@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 namespace sbx::serve {
 
 namespace asio = boost::asio;
@@ -33,7 +35,8 @@ Server::State::State(sbx::Provider p, Options o)
       options(std::move(o)),
       control(asio::make_strand(ioc)),
       acceptor(control),
-      grace_timer(control) {}
+      grace_timer(control),
+      sweep_timer(control) {}
 
 void Server::State::maybe_finish_locked() {
   if (!stopping || finished || !creating.empty() || closing != 0 || answering != 0) return;
@@ -132,6 +135,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (faults && state_->options.faults && inject_fault(request_ptr, reply)) return;
       if (route_health(state_, req, reply)) return;
       if (route_lifecycle(state_, req, reply)) return;
+      if (route_sandbox_ops(state_, req, reply)) return;
       reply(json_response(req, http::status::not_found,
                           boost::json::object{{"detail", "Not Found"}}));
     } catch (const std::exception& e) {
@@ -263,6 +267,16 @@ void accept(const std::shared_ptr<Server::State>& state) {
       });
 }
 
+// Every second, on the control strand: close the sandboxes whose TTL passed (registry.cpp).
+void sweep(const std::shared_ptr<Server::State>& state) {
+  state->sweep_timer.expires_after(std::chrono::seconds(1));
+  state->sweep_timer.async_wait([state](beast::error_code ec) {
+    if (ec) return;  // cancelled: the server stops
+    retire_expired(state);
+    sweep(state);
+  });
+}
+
 }  // namespace
 
 Server::Server(sbx::Provider provider, Options options)
@@ -278,16 +292,39 @@ Server::Server(sbx::Provider provider, Options options)
                                 "commands (give --api-key-env VAR, or listen on 127.0.0.1)");
   }
   if (o.threads < 1) throw std::invalid_argument("threads must be at least 1");
+  if (o.keep_on_stop && !o.state_dir) {
+    throw std::invalid_argument(
+        "keeping sandboxes at a stop needs a state directory, or the next server could not "
+        "find them again");
+  }
+  if (o.state_dir && !state_->provider.supports("sbx.connect/1")) {
+    throw std::invalid_argument("provider '" + state_->provider.name() +
+                                "' cannot connect to existing sandboxes (sbx.connect/1), which "
+                                "a state directory needs");
+  }
   const tcp::endpoint endpoint(address, o.port);
   state_->acceptor.open(endpoint.protocol());
   state_->acceptor.set_option(asio::socket_base::reuse_address(true));
   state_->acceptor.bind(endpoint);
   state_->acceptor.listen(asio::socket_base::max_listen_connections);
   state_->port = state_->acceptor.local_endpoint().port();
+  // Only once the address is bound: a server that cannot start must not touch the sandboxes.
+  if (o.state_dir) store_load(*state_);
 }
 
 Server::~Server() {
-  // run() returned (or never ran): nothing is in flight on the io_context's threads.
+  // run() returned (or never ran): nothing is in flight on the io_context's threads. Sandboxes
+  // still in the registry (a server that never ran) are closed by their destructors, or left
+  // running for the next server with keep_on_stop.
+  std::lock_guard lock(state_->mutex);
+  if (state_->options.keep_on_stop) {
+    for (auto& [id, entry] : state_->sandboxes)
+      if (entry->box) entry->box->detach();
+    for (auto& entry : state_->kept)
+      if (entry->box) entry->box->detach();
+  }
+  if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
+  state_->state_dir_lock = -1;
 }
 
 uint16_t Server::port() const {
@@ -305,7 +342,10 @@ bool Server::run() {
       stop();
     });
   }
-  asio::post(state->control, [state] { accept(state); });
+  asio::post(state->control, [state] {
+    accept(state);
+    sweep(state);
+  });
   std::vector<std::thread> threads;
   for (int i = 1; i < state->options.threads; ++i)
     threads.emplace_back([state] { state->ioc.run(); });
@@ -320,12 +360,21 @@ void Server::stop() {
   auto state = state_;
   std::vector<std::shared_ptr<Entry>> to_close;
   std::vector<sbx::Operation<sbx::Sandbox>> to_cancel;
+  std::size_t kept = 0;
   {
     std::lock_guard lock(state->mutex);
     if (state->stopping) return;
     state->stopping = true;
-    for (auto& [id, entry] : state->sandboxes)
-      to_close.push_back(entry);
+    for (auto& [id, entry] : state->sandboxes) {
+      if (state->options.keep_on_stop) {
+        // Left running, its state file kept for the next server; detached once run() returned
+        // (~Server), when no request can be using it.
+        state->kept.push_back(entry);
+        ++kept;
+      } else {
+        to_close.push_back(entry);
+      }
+    }
     state->sandboxes.clear();
     for (auto& [ticket, op] : state->creating)
       if (op.valid()) to_cancel.push_back(op);
@@ -334,6 +383,7 @@ void Server::stop() {
   asio::post(state->control, [state] {
     beast::error_code ignored;
     state->acceptor.close(ignored);
+    state->sweep_timer.cancel();
     state->grace_timer.expires_after(state->options.grace);
     state->grace_timer.async_wait([state](beast::error_code ec) {
       if (ec) return;  // cancelled: everything closed in time
@@ -348,11 +398,13 @@ void Server::stop() {
       state->ioc.stop();
     });
   });
-  spdlog::info("sbx serve: closing {} sandbox(es)", to_close.size());
+  spdlog::info("sbx serve: closing {} sandbox(es), keeping {}", to_close.size(), kept);
   for (auto& op : to_cancel)
     op.cancel();
-  for (auto& entry : to_close)
+  for (auto& entry : to_close) {
+    store_remove(*state, entry->id);
     begin_close(state, entry, [](std::exception_ptr) {});
+  }
   std::lock_guard lock(state->mutex);
   state->maybe_finish_locked();
 }
@@ -378,7 +430,7 @@ void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_
       finished.get();
     } catch (...) {
       error = std::current_exception();
-      spdlog::warn("sbx serve: closing sandbox {} failed: {}", entry->box->id(),
+      spdlog::warn("sbx serve: closing sandbox {} failed: {}", entry->id,
                    sbx::to_error(error).what());
     }
     {

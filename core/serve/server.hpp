@@ -1,14 +1,15 @@
 // sbx::serve::Server: an OpenSandbox-compatible HTTP server (Boost.Beast over Asio) in front of one
-// sbx::Provider. This slice serves GET /health and the lifecycle routes create, get and delete,
-// each at the root and under /v1 (README.md, docs/serve.md).
+// sbx::Provider. It serves GET /health and the lifecycle routes (create, get, list, delete, pause,
+// resume, renew-expiration, endpoints), each at the root and under /v1 (README.md, docs/serve.md).
 //
 // THREADING: one io_context run by Options::threads threads; every connection has its own strand.
 // Provider calls are the asynchronous host API (Operation<T>::then): their continuations run on a
 // plugin thread and only post the result back onto the connection's strand. No thread is made per
 // request. port(), stop() and the constructor may be called from any thread; run() from one.
 //
-// OWNERSHIP: the server owns the sandboxes it created (a registry of sbx::Sandbox); a graceful stop
-// closes them all, bounded by Options::grace.
+// OWNERSHIP: the server owns the sandboxes it created (a registry of sbx::Sandbox), and those it
+// found again in Options::state_dir; a graceful stop closes them all, bounded by Options::grace
+// (or, with Options::keep_on_stop, leaves them running for the next server).
 #pragma once
 
 #include <sbx/core/provider.hpp>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,17 +36,26 @@ struct Options {
   std::chrono::milliseconds read_timeout{30000};  // a slow client's request; then the socket closes
   std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
   bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
-  std::size_t max_sandboxes = 0;                  // sandboxes held at once (0: unlimited)
+  std::size_t max_sandboxes = 0;  // sandboxes held or being created at once; 0: no cap (429)
   std::size_t max_streams = 0;                    // event streams open at once (0: unlimited)
   // How often an event stream sends a ping while its command is silent.
   std::chrono::milliseconds keepalive_ping{3000};
   // The fault-injection plan (faults.hpp), from the config file's serve.faults; null: no faults.
   // Shared by every connection (thread-safe).
   std::shared_ptr<Faults> faults;
+  // One descriptor file per sandbox (sbx.connect/1), so that a restarted server finds its
+  // sandboxes again; the directory is locked by one server at a time. Unset: nothing is kept.
+  std::optional<std::filesystem::path> state_dir;
+  // A graceful stop leaves the sandboxes running (detached, their descriptors kept in state_dir)
+  // instead of closing them. Needs state_dir.
+  bool keep_on_stop = false;
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one
-// without an API key; boost::system::system_error when the address cannot be bound.
+// without an API key, for keep_on_stop without state_dir, for a state_dir with a provider that
+// cannot connect (sbx.connect/1); std::runtime_error when the state directory cannot be used or is
+// locked by another server; boost::system::system_error when the address cannot be bound. With a
+// state_dir, the constructor connects to every sandbox recorded there (blocking, before serving).
 class Server {
  public:
   Server(sbx::Provider provider, Options options);

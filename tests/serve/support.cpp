@@ -216,8 +216,14 @@ int run_to_exit(const std::vector<std::string>& args, std::string& output) {
 long long parse_time_us(const std::string& text) {
   std::tm tm{};
   int us = 0;
-  if (std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d.%6dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &us) != 7) {
+  char next = 0;
+  // With a fraction ("...:53.073818Z"), or without one when it is zero ("...:00Z"), as pydantic.
+  const int n = std::sscanf(text.c_str(), "%d-%d-%dT%d:%d:%d%c", &tm.tm_year, &tm.tm_mon,
+                            &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &next);
+  if (n != 7 ||
+      (next == '.' && (std::sscanf(text.c_str() + text.find('.'), ".%6dZ", &us) != 1 ||
+                       text.size() != text.find('.') + 8)) ||
+      (next != '.' && (next != 'Z' || text.size() != 20))) {
     throw std::runtime_error("not a time: " + text);
   }
   tm.tm_year -= 1900;

@@ -1,0 +1,346 @@
+// The lifecycle operations on one sandbox, at the root and under /v1:
+//   POST /sandboxes/{id}/pause             202, empty (sbx.pause/1)
+//   POST /sandboxes/{id}/resume            202, empty (sbx.pause/1)
+//   POST /sandboxes/{id}/renew-expiration  200 {expiresAt} (sbx.renew/1)
+//   GET  /sandboxes/{id}/endpoints/{port}  200 {endpoint, headers?}: the gateway's own paths
+// Wrong states answer 409 DOCKER::SANDBOX_NOT_RUNNING / DOCKER::SANDBOX_NOT_PAUSED; a provider
+// without the extension answers 501 SANDBOX::API_NOT_SUPPORTED (docs/serve.md).
+
+#include "state.hpp"
+
+#include <sbx/core/errors.hpp>
+
+#include <spdlog/spdlog.h>
+#include <boost/algorithm/string/case_conv.hpp>
+#include <boost/json.hpp>
+
+namespace sbx::serve {
+
+namespace json = boost::json;
+
+namespace {
+
+Response unsupported(const Request& request, const Server::State& state, const char* what,
+                     const char* extension) {
+  return error_response(
+      request, http::status::not_implemented, "SANDBOX::API_NOT_SUPPORTED",
+      "Provider '" + state.provider.name() + "' cannot " + what + " (" + extension + ").");
+}
+
+// A failed provider call of an operation: the statuses with a meaning of their own as for every
+// route; anything else as the real server's "<operation> failed" 500.
+Response operation_error(const Request& shape, std::exception_ptr error, const std::string& id,
+                         const char* code, const char* what) {
+  const sbx::Error e = sbx::to_error(error);
+  switch (e.status()) {
+    case SBX_STATUS_INTERNAL:
+    case SBX_STATUS_TIMEOUT:
+    case SBX_STATUS_PERMISSION_DENIED:
+      return error_response(shape, http::status::internal_server_error, code,
+                            std::string(what) + ": " + e.what());
+    default:
+      return provider_error_response(shape, error, id);
+  }
+}
+
+// pause and resume: the state is checked first (the ABI's pause of a paused sandbox succeeds; the
+// real server answers 409), then the provider is asked.
+void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request& request,
+                     const Reply& reply, const std::string& id, bool pause) {
+  auto entry = find_live(state, id);
+  if (!entry) {
+    reply(not_found(request, id));
+    return;
+  }
+  if (!state->provider.supports("sbx.pause/1")) {
+    reply(unsupported(request, *state, pause ? "pause sandboxes" : "resume sandboxes",
+                      "sbx.pause/1"));
+    return;
+  }
+  const auto version = request.version();
+  entry->box->status_async().then(
+      [entry, id, pause, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
+        Request shape;
+        shape.version(version);
+        sbx::SandboxStatus status = sbx::SandboxStatus::unknown;
+        try {
+          status = done.get();
+        } catch (...) {
+          reply(provider_error_response(shape, std::current_exception(), id));
+          return;
+        }
+        if (pause && status != sbx::SandboxStatus::running) {
+          reply(error_response(shape, http::status::conflict, "DOCKER::SANDBOX_NOT_RUNNING",
+                               "Sandbox is not in a running state."));
+          return;
+        }
+        if (!pause && status != sbx::SandboxStatus::paused) {
+          reply(error_response(shape, http::status::conflict, "DOCKER::SANDBOX_NOT_PAUSED",
+                               "Sandbox is not in a paused state."));
+          return;
+        }
+        sbx::Operation<void> op;
+        try {
+          op = pause ? entry->box->pause_async() : entry->box->resume_async();
+        } catch (...) {
+          reply(operation_error(
+              shape, std::current_exception(), id,
+              pause ? "DOCKER::SANDBOX_PAUSE_FAILED" : "DOCKER::SANDBOX_RESUME_FAILED",
+              pause ? "Failed to pause sandbox" : "Failed to resume sandbox"));
+          return;
+        }
+        op.then([id, pause, version, reply](sbx::Operation<void>& finished) {
+          Request shape;
+          shape.version(version);
+          try {
+            finished.get();
+          } catch (...) {
+            reply(operation_error(
+                shape, std::current_exception(), id,
+                pause ? "DOCKER::SANDBOX_PAUSE_FAILED" : "DOCKER::SANDBOX_RESUME_FAILED",
+                pause ? "Failed to pause sandbox" : "Failed to resume sandbox"));
+            return;
+          }
+          spdlog::info("sbx serve: {} sandbox {}", pause ? "paused" : "resumed", id);
+          reply(empty_response(shape, http::status::accepted));
+        });
+      });
+}
+
+// The body of renew-expiration as pydantic reads RenewSandboxExpirationRequest; answers the 422
+// and returns nullopt when it cannot.
+std::optional<std::chrono::system_clock::time_point> read_renew(const Request& request,
+                                                                const Reply& reply) {
+  const auto parsed = parse_json_body(request, reply);
+  if (!parsed) return std::nullopt;
+  auto unprocessable = [&](json::object item) {
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", json::array{std::move(item)}}}));
+    return std::nullopt;
+  };
+  if (!parsed->is_object()) {
+    return unprocessable(
+        json::object{{"type", "model_attributes_type"},
+                     {"loc", json::array{"body"}},
+                     {"msg", "Input should be a valid dictionary or object to extract fields from"},
+                     {"input", *parsed}});
+  }
+  const json::value* v = parsed->as_object().if_contains("expiresAt");
+  const json::array where{"body", "expiresAt"};
+  if (!v) {
+    return unprocessable(json::object{
+        {"type", "missing"}, {"loc", where}, {"msg", "Field required"}, {"input", *parsed}});
+  }
+  if (v->is_string()) {
+    const ParsedTime t = parse_time(std::string(v->as_string()));
+    if (t.time) return t.time;
+    return unprocessable(
+        json::object{{"type", "datetime_from_date_parsing"},
+                     {"loc", where},
+                     {"msg", "Input should be a valid datetime or date, " + t.error},
+                     {"input", *v},
+                     {"ctx", json::object{{"error", t.error}}}});
+  }
+  if (v->is_number()) {  // pydantic: Unix seconds, or milliseconds past 2e10
+    double n = v->to_number<double>();
+    if (std::abs(n) > 2e10) n /= 1000;
+    return std::chrono::system_clock::time_point(
+        std::chrono::microseconds(static_cast<int64_t>(n * 1e6)));
+  }
+  return unprocessable(json::object{{"type", "datetime_type"},
+                                    {"loc", where},
+                                    {"msg", "Input should be a valid datetime"},
+                                    {"input", *v}});
+}
+
+void renew(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
+           const std::string& id) {
+  const auto wanted = read_renew(request, reply);
+  if (!wanted) return;
+  auto entry = find_live(state, id);
+  if (!entry) {
+    reply(not_found(request, id));
+    return;
+  }
+  if (!state->provider.supports("sbx.renew/1")) {
+    reply(unsupported(request, *state, "renew sandboxes", "sbx.renew/1"));
+    return;
+  }
+  if (*wanted <= std::chrono::system_clock::now()) {
+    reply(error_response(request, http::status::bad_request, "DOCKER::INVALID_EXPIRATION",
+                         "New expiration time must be in the future."));
+    return;
+  }
+  bool has_expiry = false;
+  {
+    std::lock_guard lock(state->mutex);
+    has_expiry = entry->expires_at.has_value();
+  }
+  if (!has_expiry) {
+    reply(error_response(request, http::status::conflict, "DOCKER::INVALID_EXPIRATION",
+                         "Sandbox " + id + " does not have automatic expiration enabled."));
+    return;
+  }
+  const auto version = request.version();
+  const auto expires_at = *wanted;
+  auto done = [state, entry, id, expires_at, version, reply](std::exception_ptr error) {
+    Request shape;
+    shape.version(version);
+    if (error) {
+      reply(operation_error(shape, error, id, "DOCKER::SANDBOX_RENEW_FAILED",
+                            "Failed to renew sandbox"));
+      return;
+    }
+    {
+      std::lock_guard lock(state->mutex);
+      entry->expires_at = expires_at;
+    }
+    store_save(*state, *entry);
+    spdlog::info("sbx serve: sandbox {} now expires at {}", id, format_time(expires_at));
+    reply(json_response(shape, http::status::ok,
+                        json::object{{"expiresAt", format_time(expires_at)}}));
+  };
+  sbx::Operation<std::chrono::system_clock::time_point> op;
+  try {
+    op = entry->box->renew_async(expires_at);
+  } catch (...) {
+    done(std::current_exception());
+    return;
+  }
+  op.then([done](sbx::Operation<std::chrono::system_clock::time_point>& finished) {
+    try {
+      finished.get();
+    } catch (...) {
+      done(std::current_exception());
+      return;
+    }
+    done(nullptr);
+  });
+}
+
+// A boolean query value as pydantic reads it.
+std::optional<bool> query_bool(std::string text) {
+  boost::algorithm::to_lower(text);
+  if (text == "1" || text == "true" || text == "t" || text == "yes" || text == "y" ||
+      text == "on") {
+    return true;
+  }
+  if (text == "0" || text == "false" || text == "f" || text == "no" || text == "n" ||
+      text == "off") {
+    return false;
+  }
+  return std::nullopt;
+}
+
+// GET /sandboxes/{id}/endpoints/{port}: every port is reached through the gateway's proxy paths,
+// as the real server's Docker runtime hands out execd's /proxy/{port} for every port but 8080.
+void endpoint(const std::shared_ptr<Server::State>& state, const Request& request,
+              const Reply& reply, const std::string& id, const std::string& port_text) {
+  json::array detail;
+  std::optional<int64_t> port;
+  {
+    bool digits = !port_text.empty() && port_text.size() <= 18;
+    for (std::size_t i = 0; digits && i < port_text.size(); ++i)
+      digits = (port_text[i] >= '0' && port_text[i] <= '9') || (i == 0 && port_text[i] == '-');
+    if (digits && port_text != "-") port = std::stoll(port_text);
+  }
+  if (!port) {
+    detail.push_back(json::object{
+        {"type", "int_parsing"},
+        {"loc", json::array{"path", "port"}},
+        {"msg", "Input should be a valid integer, unable to parse string as an integer"},
+        {"input", json::string(port_text)}});
+  }
+  bool server_proxy = false;
+  std::optional<std::string> expires;
+  for (const auto& [name, value] : query_params(request)) {
+    if (name == "use_server_proxy") {
+      const auto b = query_bool(value);
+      if (!b) {
+        detail.push_back(json::object{{"type", "bool_parsing"},
+                                      {"loc", json::array{"query", "use_server_proxy"}},
+                                      {"msg",
+                                       "Input should be a valid boolean, unable to "
+                                       "interpret input"},
+                                      {"input", json::string(value)}});
+      } else {
+        server_proxy = *b;
+      }
+    }
+    if (name == "expires") expires = value;
+  }
+  if (!detail.empty()) {
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(detail)}}));
+    return;
+  }
+  if (server_proxy && expires) {
+    reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                         "use_server_proxy cannot be combined with expires; signed endpoints "
+                         "require the gateway route."));
+    return;
+  }
+  if (*port < 1 || *port > 65535) {
+    reply(error_response(request, http::status::bad_request, "DOCKER::INVALID_PORT",
+                         "Port must be between 1 and 65535."));
+    return;
+  }
+  if (!find_live(state, id)) {
+    reply(not_found(request, id));
+    return;
+  }
+  if (expires) {
+    reply(error_response(request, http::status::bad_request, "SANDBOX::API_NOT_SUPPORTED",
+                         "Signed endpoints (expires) are not supported by this server."));
+    return;
+  }
+  const std::string& host = state->options.host;
+  const std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+                              ":" + std::to_string(state->port);
+  json::object body{{"endpoint", address + (server_proxy ? "/v1" : "") + "/sandboxes/" + id +
+                                     "/proxy/" + std::to_string(*port)}};
+  // Direct paths need the sandbox's token when the server has a key; server-proxy paths take the
+  // API key itself, which the client sends anyway.
+  if (!server_proxy && state->options.api_key) {
+    body["headers"] =
+        json::object{{"X-EXECD-ACCESS-TOKEN", execd_access_token(state->options, id)}};
+  }
+  reply(json_response(request, http::status::ok, body));
+}
+
+}  // namespace
+
+bool route_sandbox_ops(const std::shared_ptr<Server::State>& state, const Request& request,
+                       const Reply& reply) {
+  const std::string path = route_path(request);
+  const std::string prefix = "/sandboxes/";
+  if (path.rfind(prefix, 0) != 0) return false;
+  const auto slash = path.find('/', prefix.size());
+  if (slash == std::string::npos || slash == prefix.size()) return false;
+  const std::string id = path.substr(prefix.size(), slash - prefix.size());
+  const std::string op = path.substr(slash + 1);
+  const auto method = request.method();
+  if (op == "pause" || op == "resume" || op == "renew-expiration") {
+    if (method != http::verb::post) {
+      reply(method_not_allowed(request));
+    } else if (op == "renew-expiration") {
+      renew(state, request, reply, id);
+    } else {
+      pause_or_resume(state, request, reply, id, op == "pause");
+    }
+    return true;
+  }
+  const std::string endpoints = "endpoints/";
+  if (op.rfind(endpoints, 0) == 0 && op.size() > endpoints.size() &&
+      op.find('/', endpoints.size()) == std::string::npos) {
+    if (method != http::verb::get) {
+      reply(method_not_allowed(request));
+    } else {
+      endpoint(state, request, reply, id, op.substr(endpoints.size()));
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace sbx::serve

@@ -1,0 +1,529 @@
+// `sbx serve`'s lifecycle routes beyond create/get/delete, as a process over test_processes (which
+// offers sbx.pause/1, sbx.renew/1 and sbx.connect/1) and over v1_0_processes (no extension at all):
+// list with its filters and paging, pause/resume, renew-expiration, endpoints, the TTL (404 once
+// it passed, the sandbox closed), the cap on sandboxes, and sandboxes found again by a restarted
+// server through --state-dir (--keep-on-stop).
+
+#include "support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+using namespace serve_test;
+namespace json = boost::json;
+
+namespace {
+
+// A config whose provider "p" is test_processes with sandboxes under `root` (or, with
+// `v1_0`, the ABI 1.0 plain-C plugin, whose sandboxes go under $TMPDIR = this directory).
+struct Fixture {
+  TempDir dir;
+  fs::path root = dir.path / "root";
+  fs::path config = dir.path / "sbx.json";
+  fs::path log = dir.path / "serve.log";
+  bool v1_0 = false;
+  std::optional<ServeProcess> server;
+
+  explicit Fixture(std::vector<std::string> extra = {}, bool v1_0_plugin = false,
+                   std::map<std::string, std::string> env = {})
+      : v1_0(v1_0_plugin) {
+    fs::create_directories(root);
+    json::object provider{{"plugin", v1_0 ? "v1_0_processes" : "test_processes"}};
+    if (!v1_0) provider["config"] = json::object{{"root", root.string()}};
+    std::ofstream(config) << json::serialize(
+        json::object{{"providers", json::object{{"p", std::move(provider)}}}});
+    start(std::move(extra), std::move(env));
+  }
+  void start(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {}) {
+    if (v1_0) {
+      extra.push_back("--plugin-dir");
+      extra.push_back(SBX_C_PLUGIN_DIR);
+      env["TMPDIR"] = root.string();
+    }
+    server.emplace(config, "p", log, std::move(extra), std::move(env));
+  }
+  int port() const { return server->port(); }
+  size_t sandboxes_on_disk() const {
+    return static_cast<size_t>(
+        std::distance(fs::directory_iterator(root), fs::directory_iterator()));
+  }
+  std::string log_text() const {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+};
+
+std::string create_body(const std::string& metadata, const std::string& timeout = "600") {
+  return R"({"image":{"uri":"local/busybox:latest"},"entrypoint":["tail","-f","/dev/null"],)"
+         R"("resourceLimits":{"cpu":"500m","memory":"512Mi"},"timeout":)" +
+         timeout + R"(,"metadata":)" + metadata + "}";
+}
+
+std::string create(int port, const std::string& metadata, const std::string& timeout = "600") {
+  const auto r = request(port, "POST", "/v1/sandboxes", create_body(metadata, timeout));
+  REQUIRE_MESSAGE(r.status == 202, r.body);
+  return std::string(r.json().at("id").as_string());
+}
+
+json::value error_of(const std::string& code, const std::string& message) {
+  return json::object{{"code", code}, {"message", message}};
+}
+
+std::vector<std::string> ids_of(const Response& r) {
+  std::vector<std::string> out;
+  const json::value body = r.json();
+  for (const auto& item : body.at("items").as_array())
+    out.emplace_back(item.at("id").as_string());
+  return out;
+}
+
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string hmac_hex(const std::string& key, const std::string& text) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest, &size);
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < size; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 0xf];
+  }
+  return out;
+}
+
+// Waits (up to `limit`) until `done` holds.
+template <class F>
+bool eventually(F done, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+}  // namespace
+
+TEST_CASE("list: newest first, metadata and state filters, paging, and the real server's errors") {
+  Fixture f;
+  const std::string a = create(f.port(), R"({"team":"infra","tier":"gold"})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::string b = create(f.port(), R"({"team":"infra","tier":"silver"})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::string c = create(f.port(), R"({"team":"web"})");
+
+  for (const std::string prefix : {"/v1", ""}) {
+    CAPTURE(prefix);
+    const auto all = request(f.port(), "GET", prefix + "/sandboxes");
+    REQUIRE(all.status == 200);
+    CHECK(all.headers.at("content-type") == "application/json");
+    CHECK(ids_of(all) == std::vector<std::string>{c, b, a});
+    CHECK(all.json().at("pagination") == json::parse(R"({"page":1,"pageSize":20,"totalItems":3,)"
+                                                     R"("totalPages":1,"hasNextPage":false})"));
+    // Items are the Sandbox objects GET answers.
+    const auto got = request(f.port(), "GET", "/v1/sandboxes/" + b);
+    CHECK(all.json().at("items").at(1) == got.json());
+  }
+
+  // metadata=k%3Dv, several pairs ANDed inside the one parameter (as the SDK sends it).
+  auto list = [&](const std::string& query) {
+    return request(f.port(), "GET", "/v1/sandboxes?" + query);
+  };
+  CHECK(ids_of(list("metadata=team%3Dinfra")) == std::vector<std::string>{b, a});
+  CHECK(ids_of(list("metadata=team%3Dinfra%26tier%3Dgold")) == std::vector<std::string>{a});
+  CHECK(ids_of(list("metadata=team%3Dnobody")).empty());
+  const auto transcript = list("metadata=team%3Dinfra&pageSize=10");
+  CHECK(transcript.json().at("pagination") ==
+        json::parse(R"({"page":1,"pageSize":10,"totalItems":2,"totalPages":1,)"
+                    R"("hasNextPage":false})"));
+
+  // Paging.
+  const auto page1 = list("pageSize=2");
+  CHECK(ids_of(page1) == std::vector<std::string>{c, b});
+  CHECK(page1.json().at("pagination") ==
+        json::parse(R"({"page":1,"pageSize":2,"totalItems":3,"totalPages":2,"hasNextPage":true})"));
+  const auto page2 = list("pageSize=2&page=2");
+  CHECK(ids_of(page2) == std::vector<std::string>{a});
+  CHECK(page2.json().at("pagination").at("hasNextPage") == false);
+  const auto beyond = list("pageSize=2&page=5");
+  CHECK(beyond.status == 200);
+  CHECK(ids_of(beyond).empty());
+  CHECK(beyond.json().at("pagination").at("totalItems") == 3);
+
+  // State filters: repeated for OR, case-insensitive, as the real server.
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + b + "/pause").status == 202);
+  CHECK(ids_of(list("state=Paused")) == std::vector<std::string>{b});
+  CHECK(ids_of(list("state=running")) == std::vector<std::string>{c, a});
+  CHECK(ids_of(list("state=Running&state=Paused")) == std::vector<std::string>{c, b, a});
+  CHECK(ids_of(list("state=Running&metadata=team%3Dinfra")) == std::vector<std::string>{a});
+  const auto running_page = list("state=Running&pageSize=1&page=2");
+  CHECK(ids_of(running_page) == std::vector<std::string>{a});
+  CHECK(
+      running_page.json().at("pagination") ==
+      json::parse(R"({"page":2,"pageSize":1,"totalItems":2,"totalPages":2,"hasNextPage":false})"));
+  CHECK(ids_of(list("state=Terminated")).empty());
+
+  // FastAPI's 422 items for bad paging values, every one listed.
+  const auto bad = list("page=0&pageSize=201");
+  CHECK(bad.status == 422);
+  CHECK(bad.json() ==
+        json::parse(R"({"detail":[{"type":"greater_than_equal","loc":["query","page"],)"
+                    R"("msg":"Input should be greater than or equal to 1","input":"0",)"
+                    R"("ctx":{"ge":1}},{"type":"less_than_equal","loc":["query","pageSize"],)"
+                    R"("msg":"Input should be less than or equal to 200","input":"201",)"
+                    R"("ctx":{"le":200}}]})"));
+  const auto not_int = list("pageSize=abc");
+  CHECK(not_int.status == 422);
+  CHECK(not_int.json() ==
+        json::parse(R"({"detail":[{"type":"int_parsing","loc":["query","pageSize"],)"
+                    R"("msg":"Input should be a valid integer, unable to parse string as an )"
+                    R"(integer","input":"abc"}]})"));
+  // A metadata value that is not k=v pairs: the real server's 400.
+  const auto broken = list("metadata=a%3D1%26broken");
+  CHECK(broken.status == 400);
+  CHECK(broken.json() ==
+        error_of("INVALID_METADATA_FORMAT", "Invalid metadata format: bad query field: 'broken'"));
+
+  CHECK(request(f.port(), "PUT", "/v1/sandboxes").status == 405);
+  // A deleted sandbox is no longer listed.
+  REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + c).status == 204);
+  CHECK(ids_of(list("")) == std::vector<std::string>{b, a});
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("pause and resume: 202 without a body, GET reports Paused, wrong states are 409") {
+  Fixture f;
+  const std::string id = create(f.port(), R"({"team":"infra"})");
+  const auto paused = request(f.port(), "POST", "/v1/sandboxes/" + id + "/pause");
+  CHECK(paused.status == 202);
+  CHECK(paused.body.empty());
+  CHECK(paused.headers.at("content-length") == "0");
+  CHECK(!paused.has_header("content-type"));
+  CHECK(fs::exists(f.root / id / ".sbx-paused"));  // the provider really paused it
+  const auto got = request(f.port(), "GET", "/v1/sandboxes/" + id);
+  CHECK(got.json().at("status").at("state") == "Paused");
+  CHECK(got.json().at("status").at("reason") == "CONTAINER_PAUSED");
+  CHECK(got.json().at("status").at("message") == "Sandbox container is paused.");
+
+  const auto again = request(f.port(), "POST", "/sandboxes/" + id + "/pause");
+  CHECK(again.status == 409);
+  CHECK(again.json() ==
+        error_of("DOCKER::SANDBOX_NOT_RUNNING", "Sandbox is not in a running state."));
+
+  const auto resumed = request(f.port(), "POST", "/sandboxes/" + id + "/resume");
+  CHECK(resumed.status == 202);
+  CHECK(resumed.body.empty());
+  CHECK(!fs::exists(f.root / id / ".sbx-paused"));
+  CHECK(request(f.port(), "GET", "/sandboxes/" + id).json().at("status").at("state") == "Running");
+  const auto not_paused = request(f.port(), "POST", "/v1/sandboxes/" + id + "/resume");
+  CHECK(not_paused.status == 409);
+  CHECK(not_paused.json() ==
+        error_of("DOCKER::SANDBOX_NOT_PAUSED", "Sandbox is not in a paused state."));
+
+  for (const char* op : {"pause", "resume"}) {
+    CAPTURE(op);
+    const auto unknown = request(f.port(), "POST", std::string("/v1/sandboxes/nope/") + op);
+    CHECK(unknown.status == 404);
+    CHECK(unknown.json() == error_of("DOCKER::SANDBOX_NOT_FOUND", "Sandbox nope not found."));
+    CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id + "/" + op).status == 405);
+  }
+  // A paused sandbox can be deleted.
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + id + "/pause").status == 202);
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("renew-expiration: 200 {expiresAt}, GET reflects it, and the real server's errors") {
+  Fixture f;
+  const std::string id = create(f.port(), R"({"team":"infra"})");
+  const std::string target = rfc3339(std::chrono::system_clock::now() + std::chrono::hours(2));
+  const auto renewed = request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
+                               R"({"expiresAt":")" + target + R"("})");
+  REQUIRE(renewed.status == 200);
+  CHECK(renewed.body == R"({"expiresAt":")" + target + R"("})");  // no fraction, as pydantic
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") ==
+        json::value(target));
+
+  // An offset and a fraction are normalised to UTC.
+  const auto later = std::chrono::system_clock::now() + std::chrono::hours(3);
+  const std::string utc = rfc3339(later);
+  std::string shifted = rfc3339(later + std::chrono::hours(2));  // the same instant at +02:00
+  shifted = shifted.substr(0, shifted.size() - 1) + ".250000+02:00";
+  const auto offset = request(f.port(), "POST", "/sandboxes/" + id + "/renew-expiration",
+                              R"({"expiresAt":")" + shifted + R"("})");
+  REQUIRE(offset.status == 200);
+  CHECK(offset.json().at("expiresAt") == json::value(utc.substr(0, utc.size() - 1) + ".250000Z"));
+
+  // Errors: a time in the past, malformed times and bodies, unknown ids, no expiry at all.
+  auto renew = [&](const std::string& sandbox, const std::string& body) {
+    return request(f.port(), "POST", "/v1/sandboxes/" + sandbox + "/renew-expiration", body);
+  };
+  const auto past = renew(id, R"({"expiresAt":"2020-01-01T00:00:00Z"})");
+  CHECK(past.status == 400);
+  CHECK(past.json() ==
+        error_of("DOCKER::INVALID_EXPIRATION", "New expiration time must be in the future."));
+  const auto malformed = renew(id, R"({"expiresAt":"soon"})");
+  CHECK(malformed.status == 422);
+  CHECK(malformed.json() ==
+        json::parse(R"({"detail":[{"type":"datetime_from_date_parsing","loc":["body","expiresAt"],)"
+                    R"("msg":"Input should be a valid datetime or date, input is too short",)"
+                    R"("input":"soon","ctx":{"error":"input is too short"}}]})"));
+  const auto bad_month = renew(id, R"({"expiresAt":"2030-13-01T00:00:00Z"})");
+  CHECK(bad_month.status == 422);
+  CHECK(bad_month.json().at("detail").at(0).at("ctx").at("error") ==
+        "month value is outside expected range of 1-12");
+  const auto missing = renew(id, R"({"expires":"x"})");
+  CHECK(missing.status == 422);
+  CHECK(missing.json().at("detail").at(0).at("type") == "missing");
+  CHECK(missing.json().at("detail").at(0).at("loc") == json::array{"body", "expiresAt"});
+  const auto wrong_type = renew(id, R"({"expiresAt":true})");
+  CHECK(wrong_type.status == 422);
+  CHECK(wrong_type.json().at("detail").at(0).at("type") == "datetime_type");
+  const auto empty = request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration");
+  CHECK(empty.status == 422);
+  CHECK(empty.json().at("detail").at(0).at("loc") == json::array{"body"});
+  const auto unknown = renew("nope", R"({"expiresAt":")" + target + R"("})");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json() == error_of("DOCKER::SANDBOX_NOT_FOUND", "Sandbox nope not found."));
+  const std::string forever = create(f.port(), R"({})", "null");
+  const auto manual = renew(forever, R"({"expiresAt":")" + target + R"("})");
+  CHECK(manual.status == 409);
+  CHECK(manual.json() ==
+        error_of("DOCKER::INVALID_EXPIRATION",
+                 "Sandbox " + forever + " does not have automatic expiration enabled."));
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id + "/renew-expiration").status == 405);
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody asks") {
+  Fixture f({"--log-level", "info"});
+  const std::string touched = create(f.port(), R"({"ttl":"short"})");
+  const std::string untouched = create(f.port(), R"({"ttl":"short"})");
+  const std::string kept = create(f.port(), R"({"ttl":"long"})");
+  // Shorten both to three seconds from now (the create's minimum timeout is 60 s).
+  const std::string soon = rfc3339(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  for (const auto& id : {touched, untouched}) {
+    REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
+                    R"({"expiresAt":")" + soon + R"("})")
+                .status == 200);
+  }
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + touched).status == 200);
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  // Closed by the server's sweep, with no request about them.
+  CHECK(eventually([&] { return f.sandboxes_on_disk() == 1; }));
+  CHECK(fs::exists(f.root / kept));
+  CHECK(f.log_text().find("closing sandbox " + untouched + " (its TTL passed)") !=
+        std::string::npos);
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"GET", "/v1/sandboxes/" + touched},
+           {"GET", "/v1/sandboxes/" + touched + "/endpoints/44772"},
+           {"POST", "/v1/sandboxes/" + touched + "/pause"},
+           {"DELETE", "/v1/sandboxes/" + touched}}) {
+    CAPTURE(method);
+    CAPTURE(path);
+    const auto r = request(f.port(), method, path);
+    CHECK(r.status == 404);
+    CHECK(r.json() == error_of("DOCKER::SANDBOX_NOT_FOUND", "Sandbox " + touched + " not found."));
+  }
+  CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes")) == std::vector<std::string>{kept});
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("endpoints: the gateway's direct and server-proxy paths, and their errors") {
+  Fixture f;
+  const std::string id = create(f.port(), R"({})");
+  const std::string host = "127.0.0.1:" + std::to_string(f.port());
+  const auto direct = request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/44772");
+  REQUIRE(direct.status == 200);
+  CHECK(direct.body == R"({"endpoint":")" + host + "/sandboxes/" + id + R"(/proxy/44772"})");
+  const auto proxied =
+      request(f.port(), "GET", "/sandboxes/" + id + "/endpoints/44772?use_server_proxy=true");
+  REQUIRE(proxied.status == 200);
+  CHECK(proxied.body == R"({"endpoint":")" + host + "/v1/sandboxes/" + id + R"(/proxy/44772"})");
+  // Every port has an endpoint (the SDKs ask for the egress port 18080 on every create).
+  const auto egress = request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/18080");
+  CHECK(egress.status == 200);
+  CHECK(egress.json().at("endpoint") == json::value(host + "/sandboxes/" + id + "/proxy/18080"));
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/44772?use_server_proxy=false")
+            .json() == direct.json());
+
+  for (const char* port : {"0", "65536", "-1"}) {
+    CAPTURE(port);
+    const auto r = request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/" + port);
+    CHECK(r.status == 400);
+    CHECK(r.json() == error_of("DOCKER::INVALID_PORT", "Port must be between 1 and 65535."));
+  }
+  const auto not_int = request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/http");
+  CHECK(not_int.status == 422);
+  CHECK(not_int.json() ==
+        json::parse(R"({"detail":[{"type":"int_parsing","loc":["path","port"],)"
+                    R"("msg":"Input should be a valid integer, unable to parse string as an )"
+                    R"(integer","input":"http"}]})"));
+  const auto bad_bool =
+      request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/44772?use_server_proxy=maybe");
+  CHECK(bad_bool.status == 422);
+  CHECK(bad_bool.json().at("detail").at(0).at("type") == "bool_parsing");
+  const auto both =
+      request(f.port(), "GET",
+              "/v1/sandboxes/" + id + "/endpoints/44772?use_server_proxy=true&expires=1900000000");
+  CHECK(both.status == 400);
+  CHECK(both.json().at("code") == "SANDBOX::INVALID_PARAMETER");
+  const auto signed_route =
+      request(f.port(), "GET", "/v1/sandboxes/" + id + "/endpoints/44772?expires=1900000000");
+  CHECK(signed_route.status == 400);
+  CHECK(signed_route.json().at("code") == "SANDBOX::API_NOT_SUPPORTED");
+  const auto unknown = request(f.port(), "GET", "/v1/sandboxes/nope/endpoints/44772");
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json() == error_of("DOCKER::SANDBOX_NOT_FOUND", "Sandbox nope not found."));
+  CHECK(request(f.port(), "POST", "/v1/sandboxes/" + id + "/endpoints/44772").status == 405);
+}
+
+TEST_CASE("endpoints with an API key: direct mode hands out the sandbox's execd token") {
+  const std::string key = "lifecycle-test-key";
+  Fixture f({"--api-key-env", "SBX_SERVE_TEST_KEY"}, false, {{"SBX_SERVE_TEST_KEY", key}});
+  const std::map<std::string, std::string> auth{{"OPEN-SANDBOX-API-KEY", key}};
+  auto post = [&](const std::string& body) {
+    return request(f.port(), "POST", "/v1/sandboxes", body, auth);
+  };
+  const auto a = post(create_body("{}"));
+  const auto b = post(create_body("{}"));
+  REQUIRE(a.status == 202);
+  REQUIRE(b.status == 202);
+  const std::string id_a(a.json().at("id").as_string()), id_b(b.json().at("id").as_string());
+  const auto direct =
+      request(f.port(), "GET", "/v1/sandboxes/" + id_a + "/endpoints/44772", std::nullopt, auth);
+  REQUIRE(direct.status == 200);
+  CHECK(direct.json().at("headers") == json::object{{"X-EXECD-ACCESS-TOKEN", hmac_hex(key, id_a)}});
+  const auto other =
+      request(f.port(), "GET", "/v1/sandboxes/" + id_b + "/endpoints/44772", std::nullopt, auth);
+  CHECK(other.json().at("headers").at("X-EXECD-ACCESS-TOKEN") == json::value(hmac_hex(key, id_b)));
+  CHECK(hmac_hex(key, id_a) != hmac_hex(key, id_b));
+  const auto proxied =
+      request(f.port(), "GET", "/v1/sandboxes/" + id_a + "/endpoints/44772?use_server_proxy=true",
+              std::nullopt, auth);
+  CHECK(!proxied.json().as_object().contains("headers"));
+  // The list and the other new routes need the key too.
+  CHECK(request(f.port(), "GET", "/v1/sandboxes").status == 401);
+  CHECK(request(f.port(), "POST", "/v1/sandboxes/" + id_a + "/pause").status == 401);
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id_a + "/endpoints/44772").status == 401);
+  CHECK(f.log_text().find(key) == std::string::npos);
+}
+
+TEST_CASE("--max-sandboxes: a create beyond the cap answers 429 and creates nothing") {
+  Fixture f({"--max-sandboxes", "2"});
+  const std::string a = create(f.port(), "{}");
+  create(f.port(), "{}");
+  const auto refused = request(f.port(), "POST", "/v1/sandboxes", create_body("{}"));
+  CHECK(refused.status == 429);
+  CHECK(refused.json() == error_of("SANDBOX::TOO_MANY_SANDBOXES",
+                                   "The server holds its maximum of 2 sandboxes; delete one "
+                                   "first."));
+  CHECK(f.sandboxes_on_disk() == 2);
+  REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + a).status == 204);
+  create(f.port(), "{}");  // room again
+  CHECK(f.sandboxes_on_disk() == 2);
+  std::string output;
+  CHECK(run_to_exit({SBX_CLI, "serve", "--provider", "x", "--listen", "127.0.0.1:0",
+                     "--max-sandboxes", "-1"},
+                    output) == 2);
+  CHECK(output.find("--max-sandboxes must be >= 0") != std::string::npos);
+}
+
+TEST_CASE("a provider without pause and renew: 501 SANDBOX::API_NOT_SUPPORTED, no hang") {
+  Fixture f({}, /*v1_0_plugin=*/true);
+  const std::string id = create(f.port(), "{}", "null");  // ABI 1.0 plugins keep no TTL
+  for (const char* op : {"pause", "resume"}) {
+    CAPTURE(op);
+    const auto r = request(f.port(), "POST", "/v1/sandboxes/" + id + "/" + op);
+    CHECK(r.status == 501);
+    CHECK(r.json().at("code") == "SANDBOX::API_NOT_SUPPORTED");
+    CHECK(std::string(r.json().at("message").as_string()).find("sbx.pause/1") != std::string::npos);
+  }
+  const auto renew =
+      request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
+              R"({"expiresAt":")" +
+                  rfc3339(std::chrono::system_clock::now() + std::chrono::hours(1)) + R"("})");
+  CHECK(renew.status == 501);
+  CHECK(std::string(renew.json().at("message").as_string()).find("sbx.renew/1") !=
+        std::string::npos);
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("status").at("state") ==
+        "Running");
+  CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes")) == std::vector<std::string>{id});
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+
+  // A state directory needs sbx.connect/1: refused at start.
+  std::string output;
+  CHECK(run_to_exit({SBX_CLI, "serve", "--config", f.config.string(), "--plugin-dir",
+                     SBX_C_PLUGIN_DIR, "--provider", "p", "--listen", "127.0.0.1:0", "--state-dir",
+                     (f.dir.path / "state").string()},
+                    output) == 2);
+  CHECK(output.find("cannot connect to existing sandboxes (sbx.connect/1)") != std::string::npos);
+  CHECK(run_to_exit(
+            {SBX_CLI, "serve", "--provider", "x", "--listen", "127.0.0.1:0", "--keep-on-stop"},
+            output) == 2);
+  CHECK(output.find("--keep-on-stop needs --state-dir") != std::string::npos);
+}
+
+TEST_CASE("--state-dir with --keep-on-stop: a restarted server serves the same ids") {
+  TempDir state_holder;
+  const std::string state = (state_holder.path / "state").string();
+  Fixture f({"--state-dir", state, "--keep-on-stop"});
+  const std::string a = create(f.port(), R"({"team":"infra"})");
+  const std::string b = create(f.port(), "{}", "null");
+  const auto before = request(f.port(), "GET", "/v1/sandboxes/" + a);
+  REQUIRE(before.status == 200);
+  // One server per state directory.
+  std::string output;
+  CHECK(run_to_exit(
+            {SBX_CLI, "serve", "--config", f.config.string(), "--plugin-dir", SBX_TEST_PLUGIN_DIR,
+             "--provider", "p", "--listen", "127.0.0.1:0", "--state-dir", state},
+            output) == 125);  // sbx: error: ...
+  CHECK(output.find("is in use by another sbx serve") != std::string::npos);
+
+  CHECK(f.server->stop() == 0);  // keeps them: they still exist
+  CHECK(f.sandboxes_on_disk() == 2);
+  CHECK(fs::exists(f.root / a));
+
+  f.start({"--state-dir", state, "--keep-on-stop"});
+  const auto after = request(f.port(), "GET", "/v1/sandboxes/" + a);
+  REQUIRE(after.status == 200);
+  CHECK(after.json() == before.json());  // image, metadata, entrypoint, times: all kept
+  CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes")) == std::vector<std::string>{b, a});
+  CHECK(request(f.port(), "POST", "/v1/sandboxes/" + a + "/pause").status == 202);
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + a).json().at("status").at("state") == "Paused");
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + b).status == 204);
+  CHECK(!fs::exists(f.root / b));
+  CHECK(f.server->stop() == 0);
+
+  // A third server, now closing what it holds at its stop (no --keep-on-stop): a paused
+  // sandbox found again is closed, and the state directory keeps no record.
+  f.start({"--state-dir", state});
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + a).json().at("status").at("state") == "Paused");
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + b).status == 404);
+  CHECK(f.server->stop() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+  size_t records = 0;
+  for (const auto& item : fs::directory_iterator(state))
+    records += item.path().extension() == ".json" ? 1 : 0;
+  CHECK(records == 0);
+}
