@@ -28,6 +28,13 @@ OSB = [
 ]
 
 
+def json_output(text: str):
+    """The JSON document in an osb output (anything printed before it, a spinner say, skipped)."""
+    start = text.find("{")
+    check(start >= 0, f"no JSON in {text!r}")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
 class State:
     def __init__(self):
         work = Path(os.environ.get("SBX_CLIENTS_WORK", "/tmp"))
@@ -63,12 +70,12 @@ def create(state: State):
                        "--metadata", "suite=clients", "--metadata", "client=osb",
                        "--ready-timeout", "60s", "-o", "json")
     check_eq(result.returncode, 0, "osb sandbox create exit status")
-    created = json.loads(result.stdout)
+    created = json_output(result.stdout)
     check(created.get("id"), f"no id in {created}")
     state.sandbox_id = created["id"]
     got = state.osb("sandbox", "get", state.sandbox_id, "-o", "json")
     check_eq(got.returncode, 0, "osb sandbox get exit status")
-    info = json.loads(got.stdout)
+    info = json_output(got.stdout)
     check_eq(info["status"]["state"], "Running", "state")
 
 

@@ -71,8 +71,8 @@ if ! (cd "${dir}/npm" && timeout 900 npm install --no-audit --no-fund --ignore-s
   --no-package-lock --loglevel=error); then
   die "could not install the pinned JavaScript SDK (@alibaba-group/opensandbox@0.1.11) from npm: see npm's output above"
 fi
-got=$(cd "${dir}/npm" && node -p 'require("@alibaba-group/opensandbox/package.json").version' 2>/dev/null ||
-  node -p 'require("./node_modules/@alibaba-group/opensandbox/package.json").version')
+# (by path: the package's "exports" do not include its package.json)
+got=$(cd "${dir}/npm" && node -p 'require("./node_modules/@alibaba-group/opensandbox/package.json").version')
 [[ ${got} == 0.1.11 ]] || die "@alibaba-group/opensandbox ${got} installed, 0.1.11 pinned"
 
 printf '%s\n' "${want}" >"${dir}/stamp"
