@@ -12,8 +12,9 @@ it left and what it said on the wire.
    a random key, the server's), SBX_CLIENTS_USE_SERVER_PROXY=0/1, SBX_CLIENTS_RECORD (the JSON
    lines file the program's recorder appends to) and SBX_CLIENTS_WORK (a scratch directory).
 3. Checks that no container of this server's run is left (the program must kill what it
-   created), stops the server with SIGTERM (it must exit 0), and validates every recorded
-   exchange against the OpenAPI specs (openapi_check.py; no exchange recorded is a failure).
+   created), stops the server with SIGTERM (it must exit 0), checks that the API key is not in
+   the server's log, and validates every recorded exchange against the OpenAPI specs
+   (openapi_check.py; no exchange recorded is a failure).
 
 Exit status 0 only when all of that held. The server's log is printed when something failed.
 """
@@ -127,6 +128,9 @@ def main() -> int:
     status = server.wait()
     if status != 0:
         failures.append(f"sbx serve exited {status} after SIGTERM: {rest.strip()!r}")
+
+    if key and key in serve_log.read_text(errors="replace"):
+        failures.append("the API key appears in the server's log")
 
     records = openapi_check.load_records(record)
     problems = openapi_check.check(records)
