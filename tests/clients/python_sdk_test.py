@@ -212,7 +212,13 @@ async def one_gib_round_trip(state: State):
 async def renew(state: State):
     box = state.box()
     before = datetime.now(timezone.utc)
-    response = await box.renew(timedelta(minutes=45))
+    try:
+        response = await box.renew(timedelta(minutes=45))
+    except SandboxApiException as e:
+        # The issue asks for renew through the SDK on local_docker; the server answers 501 when
+        # the provider lacks sbx.renew/1, which is a failure here, said plainly.
+        raise AssertionError(f"renew refused ({e.status_code}): {e} (does the provider offer "
+                             "sbx.renew/1?)") from e
     want = before + timedelta(minutes=45)
     check(abs((response.expires_at - want).total_seconds()) < 120,
           f"renewed to {response.expires_at}, asked {want}")
