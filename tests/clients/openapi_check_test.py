@@ -5,6 +5,7 @@ test that reports "0 violations" means something).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -24,11 +25,13 @@ CREATE_REQ = {"image": {"uri": "sbx-busybox:latest"}, "entrypoint": ["tail", "-f
 
 
 def rec(method, target, status, body="", ctype="application/json", req=None, req_type=None,
-        complete=True):
+        complete=True, req_bytes=None):
     headers = {"content-type": req_type} if req_type else {}
+    if req_bytes is None and req is not None:
+        req_bytes = len(json.dumps(req))
     return {
         "request": {"method": method, "url": "http://127.0.0.1:18080" + target,
-                    "headers": headers, "json": req},
+                    "headers": headers, "json": req, "body_bytes": req_bytes},
         "response": {"status": status, "headers": {"content-type": ctype} if ctype else {},
                      "body": body, "complete": complete},
     }
@@ -124,6 +127,9 @@ BAD = {
     "logs without the cursor's parameter type": (
         rec("GET", f"{EXECD}/command/x/logs?cursor=abc", 200, "", ctype="text/plain"),
         "is not an integer"),
+    "a command without a body": (
+        rec("POST", f"{EXECD}/command", 400, '{"code":"INVALID_REQUEST_BODY","message":"x"}',
+            req_bytes=0), "no body but the spec requires one"),
     "a lifecycle 404 without code": (
         rec("GET", f"/v1/sandboxes/{SID}", 404, '{"message":"gone"}'), "'code' is a required"),
     "no response": ({"request": {"method": "GET", "url": f"http://h/v1/sandboxes/{SID}",

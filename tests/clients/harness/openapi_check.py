@@ -171,7 +171,7 @@ def check_record(record: dict) -> list[str]:
     if body is not None:
         body = spec.resolve(body)
         declared = body.get("content", {})
-        if req.get("json") is None and body.get("required") and req_media == "":
+        if body.get("required") and req.get("body_bytes") == 0:
             problems.append(f"{label}: request has no body but the spec requires one")
         if req_media and req_media not in declared:
             problems.append(f"{label}: request Content-Type {req_media} not in {list(declared)}")

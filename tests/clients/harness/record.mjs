@@ -45,6 +45,14 @@ async function requestRecord(input, init) {
   const method = (init?.method ?? request?.method ?? "GET").toUpperCase();
   const url = request ? request.url : String(input);
   const headers = headerObject(init?.headers ?? request?.headers);
+  const body = init?.body ?? request?.body ?? null;
+  // fetch sets a FormData body's Content-Type (with its boundary) itself.
+  if (!headers["content-type"] && body instanceof FormData) {
+    headers["content-type"] = "multipart/form-data";
+  }
+  let bodyBytes = null; // unknown (a stream, a form)
+  if (body === null) bodyBytes = 0;
+  else if (typeof body === "string") bodyBytes = Buffer.byteLength(body);
   let json = null;
   const type = headers["content-type"] ?? "";
   if (type.startsWith("application/json")) {
@@ -55,7 +63,7 @@ async function requestRecord(input, init) {
       json = { "<not json>": true };
     }
   }
-  return { method, url, headers, json, body_bytes: null };
+  return { method, url, headers, json, body_bytes: bodyBytes };
 }
 
 export function install() {
