@@ -41,9 +41,11 @@ _METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
 # Statuses the real server answers that the spec does not list (opensandbox-wire-transcript.md):
 # FastAPI's request validation answers 422 {"detail": [...]} on any lifecycle route with a body
-# or typed parameters; execd answers 401 on any route when its access token is wrong.
+# or typed parameters, and a runtime without a feature answers 501 SANDBOX::API_NOT_SUPPORTED
+# (as the real server's snapshot routes do; sbx serve does it for a provider without the
+# extension a route needs); execd answers 401 on any route when its access token is wrong.
 KNOWN_DEVIATIONS = {
-    ("lifecycle", "*"): {"422"},
+    ("lifecycle", "*"): {"422", "501"},
     ("execd", "*"): {"401"},
 }
 
