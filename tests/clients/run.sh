@@ -29,6 +29,7 @@ kind=$1
 shift
 
 "${here}/setup.sh" "${dir}"
+export PYTHONDONTWRITEBYTECODE=1 # nothing written into the source tree
 dir=$(cd "${dir}" && pwd)
 python=${dir}/venv/bin/python
 
