@@ -24,6 +24,7 @@ struct ServeFields {
   double grace_s = 10;
   double read_timeout_s = 30;
   int64_t threads = 2;
+  int64_t max_streams = 0;
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -69,6 +70,7 @@ int serve(ServeFields& f, const Global& g) {
   options.threads = static_cast<int>(f.threads);
   options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
   options.handle_signals = true;
+  options.max_streams = static_cast<int>(f.max_streams);
 
   sbx::Host::Options host_options;
   std::optional<std::string> config = g.config;
@@ -137,6 +139,16 @@ Command serve_command() {
                                            throw UsageError("--threads must be between 1 and 64");
                                          }
                                        }));
+  options.push_back(
+      value<ServeFields>("--max-streams", "N",
+                         "At most N command event streams open at once; more are refused\n"
+                         "with 503 (default 0: no cap)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.max_streams = a.whole_number();
+                           if (f.max_streams < 0 || f.max_streams > 1000000) {
+                             throw UsageError("--max-streams must be between 0 and 1000000");
+                           }
+                         }));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",

@@ -32,6 +32,12 @@ struct Options {
   std::chrono::milliseconds read_timeout{30000};  // a slow client's request; then the socket closes
   std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
   bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
+  int max_streams = 0;  // open command event streams at once (0: no cap); over it 503
+  // A command event stream or download whose client accepts no bytes for this long is cut (and its
+  // command cancelled).
+  std::chrono::milliseconds stream_stall_timeout{120000};
+  std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
+  std::string temp_root;                    // where the server's temp dir goes ("": the system's)
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one
