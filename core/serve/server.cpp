@@ -378,16 +378,25 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<Session> s_;
   };
 
+  // Any thread: what follows runs on the strand, before anything sent through the sink.
   std::shared_ptr<ChunkSink> open_stream(Response head, bool chunked) {
-    streaming_ = true;
-    chunked_ = chunked;
-    end_requested_ = ended_ = gone_ = finished_ = false;
-    on_gone_ = nullptr;
     {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = false;
       queued_ = 0;
     }
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), h = std::move(head), chunked]() mutable {
+                 self->begin_stream(std::move(h), chunked);
+               });
+    return std::make_shared<StreamSink>(shared_from_this());
+  }
+
+  void begin_stream(Response head, bool chunked) {
+    streaming_ = true;
+    chunked_ = chunked;
+    end_requested_ = ended_ = gone_ = finished_ = false;
+    on_gone_ = nullptr;
     head.set("x-request-id", request_id_);
     if (chunked || !keep_alive_ || stopping()) head.keep_alive(false);
     keep_alive_ = head.keep_alive();
@@ -407,7 +416,6 @@ class Session : public std::enable_shared_from_this<Session> {
           self->pump();
         });
     if (chunked) watch();
-    return std::make_shared<StreamSink>(shared_from_this());
   }
 
   // A read while a stream is open: the client's EOF or reset means it went away.

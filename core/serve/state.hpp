@@ -75,7 +75,8 @@ class ChunkSink {
 // Sends `head` (its body ignored) and returns the sink for the rest. `chunked`: Transfer-Encoding
 // chunked, and the client going away is watched for (a read on the socket), then the connection
 // closes at the end; otherwise `head` carries the Content-Length and the connection may be kept.
-// Call once, on the connection's strand (i.e. from the route handler itself).
+// Call once per request, from any thread (the head goes out on the connection's strand, before
+// anything sent through the sink), and then never reply().
 using OpenStream = std::function<std::shared_ptr<ChunkSink>(Response head, bool chunked)>;
 
 // A request body consumed as it arrives (POST /files/upload): write() gets the bytes in order, on

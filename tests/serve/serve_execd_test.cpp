@@ -9,12 +9,14 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <iterator>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 using namespace serve_test;
 namespace json = boost::json;
@@ -452,4 +454,211 @@ TEST_CASE("a stop cancels commands still running after --grace") {
   REQUIRE(!rest.empty());
   CHECK(rest.back().at("type") == "error");
   CHECK(fs::is_empty(f.root));
+}
+
+namespace {
+
+const std::string kBoundary = "sbx-test-boundary-7f3a";
+
+// A multipart/form-data body of (metadata JSON, file bytes) pairs, as the SDKs send it.
+std::string multipart(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::string body;
+  for (const auto& [meta, bytes] : pairs) {
+    body += "--" + kBoundary + "\r\n";
+    body += "Content-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n";
+    body += "Content-Type: application/json\r\n\r\n";
+    body += meta + "\r\n";
+    body += "--" + kBoundary + "\r\n";
+    body += "Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n";
+    body += "Content-Type: application/octet-stream\r\n\r\n";
+    body += bytes + "\r\n";
+  }
+  body += "--" + kBoundary + "--\r\n";
+  return body;
+}
+
+Response upload(Fixture& f, const std::string& body, bool proxied = false) {
+  return request(f.port(), "POST", proxied ? f.proxied("/files/upload") : f.direct("/files/upload"),
+                 body, {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Files left in the server's temp dirs under `dir` (uploads and downloads on their way).
+size_t temp_files(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("sbx-serve-", 0) != 0) continue;
+    for (const auto& f : fs::recursive_directory_iterator(e.path()))
+      n += f.is_regular_file() ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("upload: several pairs, a 20 MiB file, mode; temp files removed") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  std::string big(20 * 1024 * 1024, '\0');
+  for (size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<char>((i * 7919) % 251);
+  const auto r = upload(f, multipart({{R"({"path":"/up/hello.txt"})", "hello file\n"},
+                                      {R"({"path":"/up/run.sh","mode":755})", "#!/bin/sh\n"},
+                                      {R"({"path":"/up/big.bin","mode":600})", big}}));
+  CHECK(r.status == 200);
+  CHECK(r.body.empty());
+  const fs::path box = f.root / f.id;
+  CHECK(read_file(box / "up/hello.txt") == "hello file\n");
+  CHECK(read_file(box / "up/run.sh") == "#!/bin/sh\n");
+  CHECK(read_file(box / "up/big.bin") == big);
+  CHECK((fs::status(box / "up/hello.txt").permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+         fs::perms::others_read));
+  CHECK((fs::status(box / "up/run.sh").permissions() & fs::perms::all) ==
+        (fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+         fs::perms::others_read | fs::perms::others_exec));
+  CHECK((fs::status(box / "up/big.bin").permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write));
+  CHECK(temp_files(temps.path) == 0);
+
+  // Bad uploads: 400 with execd's codes, nothing written, no temp file left.
+  const auto not_multipart =
+      request(f.port(), "POST", f.direct("/files/upload"), std::string("{}"));
+  CHECK(not_multipart.status == 400);
+  CHECK(not_multipart.json().at("code") == "INVALID_FILE");
+  const auto bad_meta = upload(f, multipart({{R"({"nopath":1})", "x"}}));
+  CHECK(bad_meta.status == 400);
+  CHECK(bad_meta.json().at("code") == "INVALID_FILE_METADATA");
+  const auto bad_mode = upload(f, multipart({{R"({"path":"/up/m","mode":999})", "x"}}));
+  CHECK(bad_mode.status == 400);
+  CHECK(bad_mode.json().at("code") == "INVALID_FILE_METADATA");
+  std::string no_file = "--" + kBoundary +
+                        "\r\nContent-Disposition: form-data; name=\"metadata\"; "
+                        "filename=\"metadata\"\r\n\r\n{\"path\":\"/up/lonely\"}\r\n--" +
+                        kBoundary + "--\r\n";
+  const auto lonely = upload(f, no_file);
+  CHECK(lonely.status == 400);
+  CHECK(lonely.json().at("code") == "INVALID_FILE");
+  std::string cut = multipart({{R"({"path":"/up/cut.bin"})", std::string(100000, 'c')}});
+  cut.resize(cut.size() - 40);  // no closing boundary
+  const auto truncated = upload(f, cut);
+  CHECK(truncated.status == 400);
+  CHECK(truncated.json().at("code") == "INVALID_FILE_CONTENT");
+  CHECK(!fs::exists(box / "up/cut.bin"));
+  CHECK(!fs::exists(box / "up/lonely"));
+  CHECK(temp_files(temps.path) == 0);
+  // Unknown sandbox.
+  const auto unknown = request(f.port(), "POST", "/sandboxes/nope/proxy/44772/files/upload",
+                               multipart({{R"({"path":"/x"})", "x"}}),
+                               {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json().at("code") == "DOCKER::SANDBOX_NOT_FOUND");
+  CHECK(f.server->stop() == 0);
+  CHECK(fs::is_empty(temps.path));  // the server's temp dir went with it
+}
+
+TEST_CASE("download: whole file, Range 206 / 416, missing file 404, missing path 400") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  REQUIRE(upload(f, multipart({{R"({"path":"/up/hello.txt"})", "hello file\n"}}), true).status ==
+          200);
+  const auto whole = request(f.port(), "GET", f.direct("/files/download?path=/up/hello.txt"));
+  CHECK(whole.status == 200);
+  CHECK(whole.body == "hello file\n");
+  CHECK(whole.headers.at("accept-ranges") == "bytes");
+  CHECK(whole.headers.at("content-disposition") == "attachment; filename=\"hello.txt\"");
+  CHECK(whole.headers.at("content-length") == "11");
+  CHECK(whole.headers.at("content-type") == "application/octet-stream");
+
+  const std::vector<std::tuple<std::string, std::string, std::string>> ranges{
+      {"bytes=6-", "file\n", "bytes 6-10/11"},
+      {"bytes=0-4", "hello", "bytes 0-4/11"},
+      {"bytes=-5", "file\n", "bytes 6-10/11"},
+      {"bytes=6-100", "file\n", "bytes 6-10/11"}};
+  for (const auto& [range, body, content_range] : ranges) {
+    CAPTURE(range);
+    const auto r = request(f.port(), "GET", f.proxied("/files/download?path=%2Fup%2Fhello.txt"),
+                           std::nullopt, {{"Range", range}});
+    CHECK(r.status == 206);
+    CHECK(r.body == body);
+    CHECK(r.headers.at("content-range") == content_range);
+    CHECK(r.headers.at("content-length") == std::to_string(body.size()));
+  }
+  const auto unsatisfiable =
+      request(f.port(), "GET", f.direct("/files/download?path=/up/hello.txt"), std::nullopt,
+              {{"Range", "bytes=11-"}});
+  CHECK(unsatisfiable.status == 416);
+  CHECK(unsatisfiable.headers.at("content-range") == "bytes */11");
+
+  const auto missing = request(f.port(), "GET", f.direct("/files/download?path=/tmp/nope.txt"));
+  CHECK(missing.status == 404);
+  CHECK(
+      missing.body ==
+      R"({"code":"FILE_NOT_FOUND","message":"file not found. open /tmp/nope.txt: no such file or directory"})");
+  const auto no_path = request(f.port(), "GET", f.direct("/files/download"));
+  CHECK(no_path.status == 400);
+  CHECK(no_path.json().at("code") == "MISSING_QUERY");
+
+  // A 20 MiB file streams back whole; several requests on one connection keep working.
+  std::string big(20 * 1024 * 1024, 'b');
+  big[12345] = 'x';
+  REQUIRE(upload(f, multipart({{R"({"path":"/up/big.bin"})", big}})).status == 200);
+  const auto back = request(f.port(), "GET", f.direct("/files/download?path=/up/big.bin"));
+  CHECK(back.status == 200);
+  CHECK(back.body.size() == big.size());
+  CHECK(back.body == big);
+  CHECK(temp_files(temps.path) == 0);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a download whose client goes away leaves no temp file") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  std::string big(32 * 1024 * 1024, 'z');
+  REQUIRE(upload(f, multipart({{R"({"path":"/big.bin"})", big}})).status == 200);
+  {
+    StreamClient s(f.port(), "GET", f.direct("/files/download?path=/big.bin"));
+    CHECK(s.status() == 200);
+    s.disconnect();
+  }
+  for (int i = 0; i < 100 && temp_files(temps.path) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(temp_files(temps.path) == 0);
+  CHECK(request(f.port(), "GET", f.direct("/ping")).status == 200);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("GET /files/info: type, size, mode; a missing path is 404 for the call") {
+  Fixture f;
+  f.create();
+  REQUIRE(
+      upload(f, multipart({{R"({"path":"/info/hello.txt","mode":640})", "hello file\n"}})).status ==
+      200);
+  // test_processes runs `stat` on the host in the sandbox's directory: relative paths only.
+  const auto r = request(f.port(), "GET", f.direct("/files/info?path=info/hello.txt&path=info"));
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.at("content-type") == "application/json; charset=utf-8");
+  const auto file = r.json().at("info/hello.txt").as_object();
+  CHECK(keys(file) == std::vector<std::string>{"path", "type", "size", "modified_at", "created_at",
+                                               "owner", "group", "mode"});
+  CHECK(file.at("path") == "info/hello.txt");
+  CHECK(file.at("type") == "file");
+  CHECK(file.at("size") == 11);
+  CHECK(file.at("mode") == 640);
+  CHECK(file.at("owner") == json::value(std::to_string(::getuid())));
+  CHECK(std::regex_match(std::string(file.at("modified_at").as_string()),
+                         std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z)")));
+  CHECK(r.json().at("info").at("type") == "directory");
+  const auto missing = request(f.port(), "GET", f.direct("/files/info?path=info&path=nope.txt"));
+  CHECK(missing.status == 404);
+  CHECK(missing.json().at("code") == "FILE_NOT_FOUND");
+  CHECK(request(f.port(), "GET", f.direct("/files/info")).json().at("code") == "MISSING_QUERY");
+  CHECK(f.server->stop() == 0);
 }

@@ -151,6 +151,7 @@ Response read_response(asio::ip::tcp::socket& socket, bool head) {
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.skip(head);
+  parser.body_limit(boost::none);  // downloads may be large
   http::read(socket, buffer, parser);
   Response out;
   const auto& res = parser.get();
