@@ -319,6 +319,20 @@ class Session : public std::enable_shared_from_this<Session> {
     body_parser_.emplace(std::move(*header_parser_));
     header_parser_.reset();
     body_parser_->body_limit(boost::none);
+    const auto expect = head.find(http::field::expect);
+    if (expect != head.end() && beast::iequals(expect->value(), "100-continue")) {
+      // curl asks before sending a large body; answer at once rather than let it wait.
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(kContinue),
+                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                          if (ec) {
+                            self->on_upload_read(ec);
+                            return;
+                          }
+                          self->read_upload();
+                        });
+      return;
+    }
     read_upload();
   }
 

@@ -662,3 +662,55 @@ TEST_CASE("GET /files/info: type, size, mode; a missing path is 404 for the call
   CHECK(request(f.port(), "GET", f.direct("/files/info")).json().at("code") == "MISSING_QUERY");
   CHECK(f.server->stop() == 0);
 }
+
+namespace {
+
+// The server process's peak resident memory (VmHWM), in KiB.
+long peak_rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("memory stays bounded: a 256 MiB upload and download, a slow reader of a loud command") {
+  Fixture f;
+  f.create();
+  const long before = peak_rss_kib(f.server->pid());
+  REQUIRE(before > 0);
+  // The body is sent as it is built by the client: 256 MiB through the server.
+  std::string big(256 * 1024 * 1024, 'm');
+  REQUIRE(upload(f, multipart({{R"({"path":"/m/big.bin"})", big}})).status == 200);
+  CHECK(fs::file_size(f.root / f.id / "m/big.bin") == big.size());
+  const auto back = request(f.port(), "GET", f.direct("/files/download?path=/m/big.bin"));
+  CHECK(back.body.size() == big.size());
+  big.clear();
+  big.shrink_to_fit();
+  const long after_files = peak_rss_kib(f.server->pid());
+  CAPTURE(before);
+  CAPTURE(after_files);
+  CHECK(after_files - before < 24 * 1024);  // far below the 256 MiB that went through
+
+  // About 50 MB of events from a command whose client does not read for 3 s: the command waits
+  // (back-pressure) instead of the server buffering its output.
+  StreamClient s(f.port(), "POST", f.direct("/command"),
+                 command_body("head -c 30000000 /dev/zero | tr '\\0' 'a' | fold -w 100"));
+  REQUIRE(s.status() == 200);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const long during = peak_rss_kib(f.server->pid());
+  CAPTURE(during);
+  CHECK(during - before < 24 * 1024);
+  size_t lines = 0;
+  std::string last;
+  while (auto e = s.next_event()) {
+    if (e->at("type") == "stdout") ++lines;
+    last = std::string(e->at("type").as_string());
+  }
+  CHECK(lines == 300000);
+  CHECK(last == "execution_complete");
+  CHECK(f.server->stop() == 0);
+}

@@ -38,6 +38,7 @@ class ServeProcess {
   ServeProcess& operator=(const ServeProcess&) = delete;
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   // SIGTERM, then waits for it: its exit status (-1 when a signal killed it), and what it printed
   // on stdout after the port line.
   int stop();
