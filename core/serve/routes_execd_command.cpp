@@ -507,6 +507,8 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
   } catch (const std::exception& e) {
     spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->box->id(), e.what());
     const Outcome outcome{error_event(e.what(), e.what()), -1, std::string(e.what())};
+    release_stream(state);
+    finish_command(state, execd, command, outcome);
     if (cmd.background) {
       sink->send(complete_event(elapsed_ms()));
       std::lock_guard lock(command->log_mutex);
@@ -516,8 +518,6 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
       sink->send(outcome.event);
     }
     sink->end();
-    release_stream(state);
-    finish_command(state, execd, command, outcome);
     return;
   }
   {
@@ -528,9 +528,9 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
 
   if (cmd.background) {
     // The stream ends at once; the output goes to the log.
+    release_stream(state);
     sink->send(complete_event(elapsed_ms()));
     sink->end();
-    release_stream(state);
     op.then([state, execd, command, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
       const Outcome outcome = outcome_of(done, elapsed_ms());
       {
@@ -548,12 +548,14 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
   fg->start_pings();
   op.then([state, execd, command, fg, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
     const Outcome outcome = outcome_of(done, elapsed_ms());
+    // The record and the counters first: a client that reads the terminal event and asks at once
+    // (status, another stream) sees the command ended.
+    release_stream(state);
+    finish_command(state, execd, command, outcome);
     fg->stop_pings();
     fg->flush();  // stdout/stderr are drained before the terminal event
     fg->send(outcome.event);
     fg->sink->end();
-    release_stream(state);
-    finish_command(state, execd, command, outcome);
   });
 }
 
