@@ -57,6 +57,9 @@ struct Command {
   std::optional<std::string> error;
   std::optional<std::chrono::system_clock::time_point> finished_at;
   sbx::Operation<sbx::ExecResult> op;
+  // Set when the server cancels it (interrupt, client gone, sandbox closing): it ends as killed,
+  // whatever the provider reports of a process it killed first.
+  std::atomic<bool> killed{false};
   // A background command's combined output (guarded by log_mutex).
   std::mutex log_mutex;
   fs::path log_path;
@@ -83,8 +86,10 @@ void shutdown_execd(ExecdState& execd) {
   {
     std::lock_guard lock(execd.mutex);
     execd.closed = true;
-    for (auto& [id, command] : execd.commands)
+    for (auto& [id, command] : execd.commands) {
       if (command->running && command->op.valid()) to_cancel.push_back(command->op);
+      command->killed = true;
+    }
     execd.commands.clear();
     dir = std::move(execd.log_dir);
     execd.log_dir.clear();
@@ -256,10 +261,11 @@ struct Outcome {
   std::optional<std::string> error;
 };
 
-Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms) {
+Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, bool killed) {
   try {
     const sbx::ExecResult result = done.get();
-    if (result.timed_out()) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+    if (result.timed_out() || killed)
+      return {error_event("-1", "signal: killed"), -1, "signal: killed"};
     if (result.error_type) {  // the sandbox could not start the command
       const std::string what = "the sandbox could not start the command";
       return {error_event(std::to_string(result.return_code), what), result.return_code, what};
@@ -270,6 +276,7 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms) 
   } catch (const sbx::CancelledError&) {  // an interrupt, the client gone, the server stopping
     return {error_event("-1", "signal: killed"), -1, "signal: killed"};
   } catch (const std::exception& e) {
+    if (killed) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
     return {error_event(e.what(), e.what()), -1, std::string(e.what())};
   }
 }
@@ -532,7 +539,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     sink->send(complete_event(elapsed_ms()));
     sink->end();
     op.then([state, execd, command, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
-      const Outcome outcome = outcome_of(done, elapsed_ms());
+      const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
       {
         std::lock_guard lock(command->log_mutex);
         if (command->log_fd >= 0) ::close(command->log_fd);
@@ -544,10 +551,13 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
   }
 
   // Foreground: a client that goes away cancels the command.
-  sink->on_gone([op] { op.cancel(); });
+  sink->on_gone([op, command] {
+    command->killed = true;
+    op.cancel();
+  });
   fg->start_pings();
   op.then([state, execd, command, fg, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
-    const Outcome outcome = outcome_of(done, elapsed_ms());
+    const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
     // The record and the counters first: a client that reads the terminal event and asks at once
     // (status, another stream) sees the command ended.
     release_stream(state);
@@ -571,7 +581,10 @@ void interrupt(const std::shared_ptr<Entry>& entry, const Request& request, cons
   {
     std::lock_guard lock(entry->execd->mutex);
     const auto it = entry->execd->commands.find(id);
-    if (it != entry->execd->commands.end() && it->second->running) op = it->second->op;
+    if (it != entry->execd->commands.end() && it->second->running && it->second->op.valid()) {
+      op = it->second->op;
+      it->second->killed = true;
+    }
   }
   if (!op.valid()) {
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
