@@ -1,6 +1,6 @@
 // sbx serve: an OpenSandbox-compatible server over one provider (core/serve, docs/serve.md).
-// SIGINT/SIGTERM stop it gracefully: no new connection, the sandboxes it created closed within
-// --grace, exit 0.
+// SIGINT/SIGTERM stop it gracefully: no new connection, running commands given --grace to finish,
+// the sandboxes it created closed within --grace, exit 0.
 
 #include "commands.hpp"
 #include "shared.hpp"
@@ -24,7 +24,7 @@ struct ServeFields {
   double grace_s = 10;
   double read_timeout_s = 30;
   int64_t threads = 2;
-  int64_t max_streams = 0;
+  std::optional<int64_t> max_streams;  // default: Options' (no cap)
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -70,7 +70,7 @@ int serve(ServeFields& f, const Global& g) {
   options.threads = static_cast<int>(f.threads);
   options.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.read_timeout_s * 1000));
   options.handle_signals = true;
-  options.max_streams = static_cast<int>(f.max_streams);
+  if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
 
   sbx::Host::Options host_options;
   std::optional<std::string> config = g.config;
@@ -115,14 +115,14 @@ Command serve_command() {
                          "Require the API key held by environment variable VAR\n"
                          "in the OPEN-SANDBOX-API-KEY header",
                          [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
-  options.push_back(value<ServeFields>("--grace", "S",
-                                       "On SIGINT/SIGTERM, wait up to S seconds for the sandboxes\n"
-                                       "to close (default 10)",
-                                       [](ServeFields& f, const Arg& a) {
-                                         f.grace_s = a.number();
-                                         if (!(f.grace_s >= 0))
-                                           throw UsageError("--grace must be >= 0");
-                                       }));
+  options.push_back(
+      value<ServeFields>("--grace", "S",
+                         "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
+                         "then as long for the sandboxes to close (default 10)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.grace_s = a.number();
+                           if (!(f.grace_s >= 0)) throw UsageError("--grace must be >= 0");
+                         }));
   options.push_back(
       value<ServeFields>("--read-timeout", "S",
                          "Close a connection whose next request has not fully arrived\n"
@@ -145,7 +145,7 @@ Command serve_command() {
                          "with 503 (default 0: no cap)",
                          [](ServeFields& f, const Arg& a) {
                            f.max_streams = a.whole_number();
-                           if (f.max_streams < 0 || f.max_streams > 1000000) {
+                           if (*f.max_streams < 0 || *f.max_streams > 1000000) {
                              throw UsageError("--max-streams must be between 0 and 1000000");
                            }
                          }));
@@ -156,8 +156,10 @@ Command serve_command() {
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
           "This version serves GET /health and POST/GET/DELETE /sandboxes[/{id}], also under "
-          "/v1.\nSandboxes it creates carry the label sbx.serve=true. SIGINT or SIGTERM stops "
-          "it: it closes the\nsandboxes it created (within --grace) and exits 0.\n",
+          "/v1,\nand execd (commands, files) at /sandboxes/{id}/proxy/44772/... on the gateway.\n"
+          "Sandboxes it creates carry the label sbx.serve=true. SIGINT or SIGTERM stops "
+          "it: running commands\nget --grace to finish, then it closes the sandboxes it created "
+          "(within --grace) and exits 0.\n",
       .options = std::move(options),
       .check =
           [](ServeFields& f) {

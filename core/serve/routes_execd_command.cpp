@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <ctime>
@@ -199,7 +200,10 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   asio::steady_timer timer;
   bool timer_stopped = false;  // on `strand`
 
-  explicit Foreground(asio::io_context& ioc) : strand(asio::make_strand(ioc)), timer(strand) {}
+  int64_t ping_every_ms;  // Options::keepalive_ping
+
+  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every)
+      : strand(asio::make_strand(ioc)), timer(strand), ping_every_ms(ping_every.count()) {}
 
   void send(std::string e) {
     last_event_ms = unix_ms();
@@ -236,11 +240,10 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   }
   void arm() {
     if (timer_stopped) return;
-    timer.expires_after(std::chrono::milliseconds(500));
+    timer.expires_after(std::chrono::milliseconds(std::clamp<int64_t>(ping_every_ms / 6, 10, 500)));
     timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->timer_stopped) return;
-      if (unix_ms() - self->last_event_ms >=
-          std::chrono::duration_cast<std::chrono::milliseconds>(kPingEvery).count()) {
+      if (unix_ms() - self->last_event_ms >= self->ping_every_ms) {
         self->send(text_event("ping", "pong"));
       }
       self->arm();
@@ -422,7 +425,8 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
                         "the server is stopping"));
       return;
     }
-    if (state->options.max_streams > 0 && state->open_streams >= state->options.max_streams) {
+    if (state->options.max_streams > 0 &&
+        static_cast<std::size_t>(state->open_streams) >= state->options.max_streams) {
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "too many open command streams (at most " +
                             std::to_string(state->options.max_streams) + "); try again later"));
@@ -500,7 +504,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
       command->log_size += done;
     };
   } else {
-    fg = std::make_shared<Foreground>(state->ioc);
+    fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping);
     fg->sink = sink;
     fg->last_event_ms = unix_ms();
     options.on_output = [fg](OutputStream stream, std::string_view data) {

@@ -12,6 +12,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
 #include <array>
 #include <cerrno>
 #include <condition_variable>
@@ -387,6 +389,9 @@ class Session : public std::enable_shared_from_this<Session> {
     bool wait_room() override { return s_->wait_room(); }
     bool gone() const override { return s_->gone_flag(); }
     void on_gone(std::function<void()> fn) override { s_->post_on_gone(std::move(fn)); }
+    void cut_after(int pieces) override {
+      asio::post(s_->stream_.get_executor(), [s = s_, pieces] { s->cut_after_ = pieces; });
+    }
 
    private:
     std::shared_ptr<Session> s_;
@@ -411,6 +416,7 @@ class Session : public std::enable_shared_from_this<Session> {
     chunked_ = chunked;
     end_requested_ = ended_ = gone_ = finished_ = false;
     on_gone_ = nullptr;
+    cut_after_.reset();
     head.set("x-request-id", request_id_);
     if (chunked || !keep_alive_ || stopping()) head.keep_alive(false);
     keep_alive_ = head.keep_alive();
@@ -488,6 +494,15 @@ class Session : public std::enable_shared_from_this<Session> {
                         });
       return;
     }
+    if (cut_after_ && *cut_after_ <= 0) {  // an injected network cut
+      spdlog::info("sbx serve: cutting a stream (fault injection, request {})", request_id_);
+      cut_after_.reset();
+      ::linger l{1, 0};
+      ::setsockopt(stream_.socket().native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      mark_gone();
+      return;
+    }
+    if (cut_after_) --*cut_after_;
     writing_ = true;
     stream_.expires_after(state_->options.stream_stall_timeout);
     auto on_written = [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -576,6 +591,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;
   std::deque<std::pair<std::string, std::function<void()>>> out_;
   std::function<void()> on_gone_;
+  std::optional<int> cut_after_;  // pieces left before an injected cut
   std::array<char, 1024> watch_buffer_{};
   std::mutex room_mutex_;  // guards what follows
   std::condition_variable room_cv_;

@@ -32,7 +32,9 @@ struct Options {
   std::chrono::milliseconds read_timeout{30000};  // a slow client's request; then the socket closes
   std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
   bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
-  int max_streams = 0;  // open command event streams at once (0: no cap); over it 503
+  std::size_t max_streams = 0;                    // event streams open at once (0: unlimited)
+  // How often an event stream sends a ping while its command is silent.
+  std::chrono::milliseconds keepalive_ping{3000};
   // A command event stream or download whose client accepts no bytes for this long is cut (and its
   // command cancelled).
   std::chrono::milliseconds stream_stall_timeout{120000};

@@ -70,6 +70,10 @@ class ChunkSink {
   // `fn` runs once on the strand when the client goes away before end() (at once if it already
   // has). Set it once, before relying on it.
   virtual void on_gone(std::function<void()> fn) = 0;
+  // Fault injection (a plan's cut_after_events): after `pieces` more pieces are written, the
+  // connection is reset without the rest and without the chunked body's end, as a network cut
+  // looks to a client; the stream is then gone (on_gone runs). Call before sending.
+  virtual void cut_after(int pieces) = 0;
 };
 
 // Sends `head` (its body ignored) and returns the sink for the rest. `chunked`: Transfer-Encoding
