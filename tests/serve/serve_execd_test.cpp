@@ -7,6 +7,13 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <unistd.h>
@@ -712,5 +719,41 @@ TEST_CASE("memory stays bounded: a 256 MiB upload and download, a slow reader of
   }
   CHECK(lines == 300000);
   CHECK(last == "execution_complete");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("an upload with Expect: 100-continue, then downloads on the same keep-alive connection") {
+  Fixture f;
+  f.create();
+  namespace asio = boost::asio;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  const std::string body = multipart({{R"({"path":"/k/a.txt"})", "alpha\n"}});
+  const std::string head =
+      "POST " + f.direct("/files/upload") +
+      " HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=" + kBoundary +
+      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nExpect: 100-continue\r\n\r\n";
+  asio::write(socket, asio::buffer(head));
+  std::string interim(25, '\0');
+  asio::read(socket, asio::buffer(interim));
+  CHECK(interim == "HTTP/1.1 100 Continue\r\n\r\n");
+  asio::write(socket, asio::buffer(body));
+  boost::beast::flat_buffer buffer;
+  namespace http = boost::beast::http;
+  http::response<http::string_body> res;
+  http::read(socket, buffer, res);
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::empty_body> req{http::verb::get, f.direct("/files/download?path=/k/a.txt"),
+                                        11};
+    req.set(http::field::host, "x");
+    http::write(socket, req);
+    http::response<http::string_body> got;
+    http::read(socket, buffer, got);
+    CHECK(got.result_int() == 200);
+    CHECK(got.body() == "alpha\n");
+  }
   CHECK(f.server->stop() == 0);
 }
