@@ -473,6 +473,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void pump() {
     if (writing_ || gone_ || finished_) return;
+    if (cut_after_ && *cut_after_ <= 0) {  // an injected network cut, right after the Nth piece
+      spdlog::info("sbx serve: cutting a stream (fault injection, request {})", request_id_);
+      cut_after_.reset();
+      ::linger l{1, 0};
+      ::setsockopt(stream_.socket().native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      mark_gone();
+      return;
+    }
     if (out_.empty()) {
       if (!end_requested_ || ended_) return;
       ended_ = true;
@@ -492,14 +500,6 @@ class Session : public std::enable_shared_from_this<Session> {
                           }
                           self->finish_stream();
                         });
-      return;
-    }
-    if (cut_after_ && *cut_after_ <= 0) {  // an injected network cut
-      spdlog::info("sbx serve: cutting a stream (fault injection, request {})", request_id_);
-      cut_after_.reset();
-      ::linger l{1, 0};
-      ::setsockopt(stream_.socket().native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
-      mark_gone();
       return;
     }
     if (cut_after_) --*cut_after_;
