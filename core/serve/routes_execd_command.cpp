@@ -614,11 +614,11 @@ void status(const std::shared_ptr<Entry>& entry, const Request& request, const R
     body["id"] = c.id;
     body["content"] = c.content;
     body["running"] = c.running;
-    body["exit_code"] = c.exit_code ? json::value(*c.exit_code) : json::value(nullptr);
+    // Left out while it runs (as execd's omitempty does), not null: the spec's schema has no null.
+    if (c.exit_code) body["exit_code"] = *c.exit_code;
     if (c.error) body["error"] = *c.error;
     body["started_at"] = format_time_ns(c.started_at);
-    body["finished_at"] =
-        c.finished_at ? json::value(format_time_ns(*c.finished_at)) : json::value(nullptr);
+    if (c.finished_at) body["finished_at"] = format_time_ns(*c.finished_at);
   }
   Response r = json_response(request, http::status::ok, body);
   r.set(http::field::content_type, "application/json; charset=utf-8");
