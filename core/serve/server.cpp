@@ -347,6 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
       sink->finish();
       return;
     }
+    if (upload_buffer_.empty()) upload_buffer_.resize(64 * 1024);  // only connections that upload
     p.get().body().data = upload_buffer_.data();
     p.get().body().size = upload_buffer_.size();
     stream_.expires_after(state_->options.read_timeout);  // an idle client, not a slow one
@@ -577,7 +578,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::request_parser<http::buffer_body>> body_parser_;
   std::shared_ptr<BodySink> upload_;
-  std::array<char, 64 * 1024> upload_buffer_{};
+  std::vector<char> upload_buffer_;  // 64 KiB once the connection uploads
   std::string request_id_;
   bool keep_alive_ = true;
 
