@@ -1,6 +1,6 @@
 // sbx serve: an OpenSandbox-compatible server over one provider (core/serve, docs/serve.md).
-// SIGINT/SIGTERM stop it gracefully: no new connection, the sandboxes it created closed within
-// --grace, exit 0.
+// SIGINT/SIGTERM stop it gracefully: no new connection, running commands given --grace to finish,
+// the sandboxes it created closed within --grace, exit 0.
 
 #include "commands.hpp"
 #include "shared.hpp"
@@ -31,6 +31,7 @@ struct ServeFields {
   std::optional<int64_t> max_sandboxes;  // default: the config file's, else no cap
   std::optional<std::string> state_dir;
   bool keep_on_stop = false;
+  std::optional<int64_t> max_streams;  // default: the config file's, else no cap
 };
 
 // "HOST:PORT" or "[V6]:PORT".
@@ -115,6 +116,7 @@ int serve(ServeFields& f, const Global& g) {
   }
   options.handle_signals = true;
   if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
+  if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
 
@@ -162,14 +164,15 @@ Command serve_command() {
                          "Require the API key held by environment variable VAR\n"
                          "in the OPEN-SANDBOX-API-KEY header",
                          [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
-  options.push_back(value<ServeFields>("--grace", "S",
-                                       "On SIGINT/SIGTERM, wait up to S seconds for the sandboxes\n"
-                                       "to close (default: serve.grace_s, else 10)",
-                                       [](ServeFields& f, const Arg& a) {
-                                         f.grace_s = a.number();
-                                         if (!(*f.grace_s >= 0))
-                                           throw UsageError("--grace must be >= 0");
-                                       }));
+  options.push_back(
+      value<ServeFields>("--grace", "S",
+                         "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
+                         "then as long for the sandboxes to close\n"
+                         "(default: serve.grace_s, else 10)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.grace_s = a.number();
+                           if (!(*f.grace_s >= 0)) throw UsageError("--grace must be >= 0");
+                         }));
   options.push_back(
       value<ServeFields>("--read-timeout", "S",
                          "Close a connection whose next request has not fully arrived\n"
@@ -206,6 +209,16 @@ Command serve_command() {
                         "On SIGINT/SIGTERM leave the sandboxes running for the next server\n"
                         "instead of closing them (needs --state-dir)",
                         &ServeFields::keep_on_stop));
+  options.push_back(
+      value<ServeFields>("--max-streams", "N",
+                         "At most N command event streams open at once; more are refused\n"
+                         "with 503 (default: serve.max_streams, else 0: no cap)",
+                         [](ServeFields& f, const Arg& a) {
+                           f.max_streams = a.whole_number();
+                           if (*f.max_streams < 0 || *f.max_streams > 1000000) {
+                             throw UsageError("--max-streams must be between 0 and 1000000");
+                           }
+                         }));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",
@@ -213,9 +226,11 @@ Command serve_command() {
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
           "It serves GET /health and the lifecycle API (create, get, list, delete, pause,\n"
-          "resume, renew-expiration, endpoints), also under /v1. Sandboxes it creates carry\n"
-          "the label sbx.serve=true. SIGINT or SIGTERM stops it: it closes the sandboxes it\n"
-          "holds (within --grace; with --keep-on-stop it leaves them for the next server\n"
+          "resume, renew-expiration, endpoints), also under /v1, and execd (commands, files)\n"
+          "at /sandboxes/{id}/proxy/44772/... on the gateway. Sandboxes it creates carry\n"
+          "the label sbx.serve=true. SIGINT or SIGTERM stops it: running commands get --grace\n"
+          "to finish, then it closes the sandboxes it holds (within --grace; with --keep-on-stop "
+          "it leaves them for the next server\n"
           "started with the same --state-dir) and exits 0. Limits and fault injection come\n"
           "from the config file's \"serve\" section (docs/config.md); a flag wins over it.\n",
       .options = std::move(options),

@@ -9,6 +9,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <random>
@@ -266,6 +267,82 @@ std::string execd_access_token(const Options& options, const std::string& sandbo
     token += hex[digest[i] & 0xf];
   }
   return token;
+}
+
+std::optional<ExecdTarget> execd_target(const Request& request) {
+  const std::string_view target = request.target();
+  std::string_view path = target.substr(0, target.find('?'));
+  ExecdTarget out;
+  if (path.substr(0, 4) == "/v1/") {
+    out.server_proxy = true;
+    path = path.substr(3);
+  }
+  constexpr std::string_view prefix = "/sandboxes/";
+  if (path.substr(0, prefix.size()) != prefix) return std::nullopt;
+  path = path.substr(prefix.size());
+  const auto slash = path.find('/');
+  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
+  out.sandbox_id = std::string(path.substr(0, slash));
+  path = path.substr(slash);
+  constexpr std::string_view proxy = "/proxy/";
+  if (path.substr(0, proxy.size()) != proxy) return std::nullopt;
+  path = path.substr(proxy.size());
+  const auto end = path.find('/');
+  out.port = std::string(path.substr(0, end));
+  if (out.port.empty()) return std::nullopt;
+  out.rest = end == std::string_view::npos ? std::string("/") : std::string(path.substr(end));
+  return out;
+}
+
+namespace {
+
+std::string percent_decode(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '+') {
+      out += ' ';
+    } else if (c == '%' && i + 2 < in.size() + 0 &&
+               std::isxdigit(static_cast<unsigned char>(in[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(in[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> query_values(const Request& request, const std::string& name) {
+  std::vector<std::string> out;
+  const std::string_view target = request.target();
+  const auto q = target.find('?');
+  if (q == std::string_view::npos) return out;
+  std::string_view query = target.substr(q + 1);
+  while (true) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const auto eq = pair.find('=');
+    if (percent_decode(pair.substr(0, eq)) == name) {
+      out.push_back(eq == std::string_view::npos ? std::string()
+                                                 : percent_decode(pair.substr(eq + 1)));
+    }
+    if (amp == std::string_view::npos) break;
+    query = query.substr(amp + 1);
+  }
+  return out;
+}
+
+Response execd_error(const Request& request, http::status status, const std::string& code,
+                     const std::string& message) {
+  Response r =
+      json_response(request, status, boost::json::object{{"code", code}, {"message", message}});
+  r.set(http::field::content_type, "application/json; charset=utf-8");
+  return r;
 }
 
 }  // namespace sbx::serve

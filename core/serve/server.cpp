@@ -5,6 +5,7 @@
 #include "state.hpp"
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -12,6 +13,15 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
+#include <array>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
@@ -49,7 +59,10 @@ void Server::State::maybe_finish_locked() {
 
 namespace {
 
-// One connection: reads requests one after the other (keep-alive), answers each in order.
+// One connection: reads requests one after the other (keep-alive), answers each in order. A
+// request's head is read first: an upload's body is then consumed as it arrives (BodySink), any
+// other body is read whole within Options::body_limit. An answer is one Response (write()) or a
+// stream (open_stream(): a head, then pieces as the route produces them).
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(std::shared_ptr<Server::State> state, tcp::socket socket)
@@ -59,66 +72,150 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
   }
 
+  // The stream's side used by StreamSink (any thread).
+  void post_send(std::string data, std::function<void()> done) {
+    {
+      std::lock_guard lock(room_mutex_);
+      queued_ += data.size();
+    }
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), d = std::move(data), done = std::move(done)]() mutable {
+                 self->enqueue(std::move(d), std::move(done));
+               });
+  }
+  void post_end() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      self->end_requested_ = true;
+      self->pump();
+    });
+  }
+  bool wait_room() {
+    std::unique_lock lock(room_mutex_);
+    room_cv_.wait(lock, [&] { return gone_flag_ || queued_ <= state_->options.stream_buffer; });
+    return !gone_flag_;
+  }
+  bool gone_flag() {
+    std::lock_guard lock(room_mutex_);
+    return gone_flag_;
+  }
+  void post_on_gone(std::function<void()> fn) {
+    asio::post(stream_.get_executor(), [self = shared_from_this(), fn = std::move(fn)]() mutable {
+      if (self->gone_) {
+        fn();
+        return;
+      }
+      self->on_gone_ = std::move(fn);
+    });
+  }
+
  private:
   void read() {
-    parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(state_->options.header_limit));
-    parser_->body_limit(state_->options.body_limit);
+    header_parser_.emplace();
+    header_parser_->header_limit(static_cast<std::uint32_t>(state_->options.header_limit));
+    header_parser_->body_limit(boost::none);  // judged from the head (on_header)
     stream_.expires_after(state_->options.read_timeout);
+    http::async_read_header(
+        stream_, buffer_, *header_parser_,
+        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+  }
+
+  void count_answering() {
+    std::lock_guard lock(state_->mutex);
+    ++state_->answering;
+  }
+
+  // A request over a limit: the rest of it is not read; answer and close.
+  void refuse_limit(bool header) {
+    Request request;
+    request.version(11);
+    request_id_ = new_request_id();
+    Response r =
+        header
+            ? error_response(request, http::status::request_header_fields_too_large,
+                             "GENERAL::REQUEST_HEADER_TOO_LARGE",
+                             "Request headers exceed " +
+                                 std::to_string(state_->options.header_limit) + " bytes.")
+            : error_response(
+                  request, http::status::payload_too_large, "GENERAL::REQUEST_TOO_LARGE",
+                  "Request body exceeds " + std::to_string(state_->options.body_limit) + " bytes.");
+    r.keep_alive(false);
+    write(std::move(r));
+  }
+
+  void drop(beast::error_code ec) {
+    // End of stream, a reset, a slow client's timeout, a malformed request line.
+    if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
+        ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
+      spdlog::debug("sbx serve: dropping a connection: {}", ec.message());
+    }
+    close();
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec == http::error::header_limit) {  // a request to answer: a stop waits for the answer
+      count_answering();
+      refuse_limit(true);
+      return;
+    }
+    if (ec) {
+      drop(ec);
+      return;
+    }
+    Request head(header_parser_->get().base());
+    if (is_execd_upload(head)) {
+      count_answering();
+      start_upload(std::move(head));
+      return;
+    }
+    const auto length = header_parser_->content_length();
+    if (length && *length > state_->options.body_limit) {
+      count_answering();
+      refuse_limit(false);
+      return;
+    }
+    parser_.emplace(std::move(*header_parser_));
+    header_parser_.reset();
+    parser_->body_limit(state_->options.body_limit);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
-    const bool limit = ec == http::error::header_limit || ec == http::error::body_limit;
-    if (!ec || limit) {  // a request to answer: a stop waits for the answer (write() counts down)
-      std::lock_guard lock(state_->mutex);
-      ++state_->answering;
-    }
-    if (limit) {
-      // The rest of the request is not read: answer and close.
-      Request request;
-      request.version(11);
-      const bool header = ec == http::error::header_limit;
-      request_id_ = new_request_id();
-      Response r =
-          header ? error_response(request, http::status::request_header_fields_too_large,
-                                  "GENERAL::REQUEST_HEADER_TOO_LARGE",
-                                  "Request headers exceed " +
-                                      std::to_string(state_->options.header_limit) + " bytes.")
-                 : error_response(request, http::status::payload_too_large,
-                                  "GENERAL::REQUEST_TOO_LARGE",
-                                  "Request body exceeds " +
-                                      std::to_string(state_->options.body_limit) + " bytes.");
-      r.keep_alive(false);
-      write(std::move(r));
+    if (ec == http::error::body_limit) {  // a chunked body over the limit
+      count_answering();
+      refuse_limit(false);
       return;
     }
-    if (ec) {  // end of stream, a reset, a slow client's timeout, a malformed request line
-      if (ec != http::error::end_of_stream && ec != beast::error::timeout &&
-          ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
-        spdlog::debug("sbx serve: dropping a connection: {}", ec.message());
-      }
-      close();
+    if (ec) {
+      drop(ec);
       return;
     }
+    count_answering();
     stream_.expires_never();  // a provider call may take long; the read timeout is for clients
     handle(parser_->release());
   }
 
-  void handle(Request request) {
+  void begin_request(const Request& request) {
     const auto id = request.find("X-Request-ID");
     request_id_ = id != request.end() && !id->value().empty() && id->value().size() <= 256
                       ? std::string(id->value())
                       : new_request_id();
     keep_alive_ = request.keep_alive();
-    auto self = shared_from_this();
-    auto request_ptr = std::make_shared<const Request>(std::move(request));
+    streaming_ = false;
+  }
+
+  Reply make_reply() {
     // The strand is copied here, on it: the reply may come from a plugin thread.
-    Reply reply = [self, request_ptr, strand = stream_.get_executor()](Response response) {
+    return [self = shared_from_this(), strand = stream_.get_executor()](Response response) {
       asio::post(strand, [self, r = std::move(response)]() mutable { self->write(std::move(r)); });
     };
+  }
+
+  void handle(Request request) {
+    begin_request(request);
+    auto request_ptr = std::make_shared<const Request>(std::move(request));
+    Reply reply = make_reply();
     const Request& req = *request_ptr;
     spdlog::debug("sbx serve: {} {} (request {})", std::string(req.method_string()),
                   std::string(req.target()), request_id_);
@@ -134,6 +231,13 @@ class Session : public std::enable_shared_from_this<Session> {
       // Fault injection (faults.hpp), when the config file has a plan: may answer, reset or delay.
       if (faults && state_->options.faults && inject_fault(request_ptr, reply)) return;
       if (route_health(state_, req, reply)) return;
+      if (auto target = execd_target(req)) {
+        OpenStream open = [self = shared_from_this()](Response head, bool chunked) {
+          return self->open_stream(std::move(head), chunked);
+        };
+        route_execd(state_, *target, req, reply, open);
+        return;
+      }
       if (route_lifecycle(state_, req, reply)) return;
       if (route_sandbox_ops(state_, req, reply)) return;
       reply(json_response(req, http::status::not_found,
@@ -192,9 +296,24 @@ class Session : public std::enable_shared_from_this<Session> {
     state_->maybe_finish_locked();
   }
 
-  // OPEN-SANDBOX-API-KEY when a key is configured; /health is exempt, as on the real server.
+  // OPEN-SANDBOX-API-KEY when a key is configured; /health is exempt, as on the real server. A
+  // sandbox's direct execd paths take X-EXECD-ACCESS-TOKEN instead (the key never goes to a
+  // sandbox endpoint); its server-proxy paths take the key like every /v1 route.
   bool authorized(const Request& request, const Reply& reply) {
     if (!state_->options.api_key || route_path(request) == "/health") return true;
+    if (const auto target = execd_target(request); target && !target->server_proxy) {
+      const auto token = request.find("X-EXECD-ACCESS-TOKEN");
+      if (token != request.end() &&
+          constant_time_equal(std::string(token->value()),
+                              execd_access_token(state_->options, target->sandbox_id))) {
+        return true;
+      }
+      reply(json_response(
+          request, http::status::unauthorized,
+          boost::json::object{
+              {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}}));
+      return false;
+    }
     const auto key = request.find("OPEN-SANDBOX-API-KEY");
     if (key == request.end() || key->value().empty()) {
       reply(error_response(request, http::status::unauthorized, "MISSING_API_KEY",
@@ -211,15 +330,19 @@ class Session : public std::enable_shared_from_this<Session> {
     return true;
   }
 
+  bool stopping() {
+    std::lock_guard lock(state_->mutex);
+    return state_->stopping;
+  }
+
   void write(Response response) {
     response.set("x-request-id", request_id_);
-    bool stopping = false;
-    {
-      std::lock_guard lock(state_->mutex);
-      stopping = state_->stopping;
-    }
-    if (!keep_alive_ || stopping) response.keep_alive(false);
+    if (!keep_alive_ || stopping()) response.keep_alive(false);
     spdlog::debug("sbx serve: answered {} (request {})", response.result_int(), request_id_);
+    if (upload_) {  // answered before the upload's body was read to its end
+      upload_.reset();
+      response.keep_alive(false);
+    }
     auto held = std::make_shared<Response>(std::move(response));
     http::async_write(stream_, *held,
                       [self = shared_from_this(), held](beast::error_code ec, std::size_t) {
@@ -236,6 +359,306 @@ class Session : public std::enable_shared_from_this<Session> {
                       });
   }
 
+  // --- uploads: the body read as it arrives -------------------------------------------------
+
+  // `faults`: ask the fault plan first (false when a delay brings the upload back here).
+  void start_upload(Request head, bool faults = true) {
+    begin_request(head);
+    Reply reply = make_reply();
+    spdlog::debug("sbx serve: {} {} (request {}, streamed body)", std::string(head.method_string()),
+                  std::string(head.target()), request_id_);
+    keep_alive_ = false;  // an upload refused before its body is read leaves the body unread
+    if (!authorized(head, reply)) return;
+    if (faults && state_->options.faults) {
+      if (const auto key = route_key(std::string(head.method_string()), route_path(head))) {
+        std::optional<std::chrono::system_clock::time_point> created_at;
+        if (!key->sandbox_id.empty()) {
+          std::lock_guard lock(state_->mutex);
+          if (auto it = state_->sandboxes.find(key->sandbox_id); it != state_->sandboxes.end())
+            created_at = it->second->created_at;
+        }
+        if (const auto action = state_->options.faults->take(*key, created_at)) {
+          switch (action->kind) {
+            case FaultAction::Kind::status:
+              reply(error_response(head, static_cast<http::status>(action->status), action->code,
+                                   action->message));
+              return;
+            case FaultAction::Kind::reset:
+              reset();
+              return;
+            case FaultAction::Kind::delay: {
+              auto timer = std::make_shared<asio::steady_timer>(stream_.get_executor());
+              timer->expires_after(action->delay);
+              timer->async_wait(
+                  [self = shared_from_this(), timer, head](beast::error_code) mutable {
+                    self->start_upload(std::move(head), false);
+                  });
+              return;
+            }
+            case FaultAction::Kind::cut_after_events:
+            case FaultAction::Kind::pass:
+              break;
+          }
+        }
+      }
+    }
+    std::shared_ptr<BodySink> sink;
+    try {
+      sink = open_execd_upload(state_, head, reply);
+    } catch (const std::exception& e) {
+      reply(execd_error(head, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
+      return;
+    }
+    if (!sink) return;
+    keep_alive_ = head.keep_alive();
+    upload_ = sink;
+    body_parser_.emplace(std::move(*header_parser_));
+    header_parser_.reset();
+    body_parser_->body_limit(boost::none);
+    const auto expect = head.find(http::field::expect);
+    if (expect != head.end() && beast::iequals(expect->value(), "100-continue")) {
+      // curl asks before sending a large body; answer at once rather than let it wait.
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(kContinue),
+                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                          if (ec) {
+                            self->on_upload_read(ec);
+                            return;
+                          }
+                          self->read_upload();
+                        });
+      return;
+    }
+    read_upload();
+  }
+
+  void read_upload() {
+    auto& p = *body_parser_;
+    if (p.is_done()) {
+      stream_.expires_never();
+      auto sink = std::move(upload_);
+      upload_.reset();
+      sink->finish();
+      return;
+    }
+    if (upload_buffer_.empty()) upload_buffer_.resize(64 * 1024);  // only connections that upload
+    p.get().body().data = upload_buffer_.data();
+    p.get().body().size = upload_buffer_.size();
+    stream_.expires_after(state_->options.read_timeout);  // an idle client, not a slow one
+    http::async_read_some(stream_, buffer_, p,
+                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                            self->on_upload_read(ec);
+                          });
+  }
+
+  void on_upload_read(beast::error_code ec) {
+    if (ec == http::error::need_buffer) ec = {};
+    if (!upload_) return;  // answered already (write() dropped it)
+    if (ec) {
+      spdlog::debug("sbx serve: an upload's body was cut: {}", ec.message());
+      auto sink = std::move(upload_);
+      upload_.reset();
+      sink->abort();
+      Request shape;
+      shape.version(11);
+      keep_alive_ = false;
+      write(execd_error(shape, http::status::bad_request, "INVALID_FILE_CONTENT",
+                        "the request body ended early: " + ec.message()));
+      return;
+    }
+    const std::size_t n = upload_buffer_.size() - body_parser_->get().body().size;
+    auto sink = upload_;
+    if (n > 0 && !sink->write(std::string_view(upload_buffer_.data(), n))) return;
+    if (upload_) read_upload();
+  }
+
+  // --- streamed answers -----------------------------------------------------------------------
+
+  class StreamSink final : public ChunkSink {
+   public:
+    explicit StreamSink(std::shared_ptr<Session> s) : s_(std::move(s)) {}
+    void send(std::string data, std::function<void()> done) override {
+      s_->post_send(std::move(data), std::move(done));
+    }
+    void end() override { s_->post_end(); }
+    bool wait_room() override { return s_->wait_room(); }
+    bool gone() const override { return s_->gone_flag(); }
+    void on_gone(std::function<void()> fn) override { s_->post_on_gone(std::move(fn)); }
+    void cut_after(int pieces) override {
+      asio::post(s_->stream_.get_executor(), [s = s_, pieces] { s->cut_after_ = pieces; });
+    }
+
+   private:
+    std::shared_ptr<Session> s_;
+  };
+
+  // Any thread: what follows runs on the strand, before anything sent through the sink.
+  std::shared_ptr<ChunkSink> open_stream(Response head, bool chunked) {
+    {
+      std::lock_guard lock(room_mutex_);
+      gone_flag_ = false;
+      queued_ = 0;
+    }
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), h = std::move(head), chunked]() mutable {
+                 self->begin_stream(std::move(h), chunked);
+               });
+    return std::make_shared<StreamSink>(shared_from_this());
+  }
+
+  void begin_stream(Response head, bool chunked) {
+    streaming_ = true;
+    chunked_ = chunked;
+    end_requested_ = ended_ = gone_ = finished_ = false;
+    on_gone_ = nullptr;
+    cut_after_.reset();
+    head.set("x-request-id", request_id_);
+    if (chunked || !keep_alive_ || stopping()) head.keep_alive(false);
+    keep_alive_ = head.keep_alive();
+    auto res = std::make_shared<http::response<http::empty_body>>(std::move(head.base()));
+    if (chunked) res->chunked(true);
+    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
+    writing_ = true;
+    stream_.expires_after(state_->options.stream_stall_timeout);
+    http::async_write_header(
+        stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, std::size_t) {
+          self->writing_ = false;
+          self->stream_.expires_never();
+          if (ec) {
+            self->mark_gone();
+            return;
+          }
+          self->pump();
+        });
+    if (chunked) watch();
+  }
+
+  // A read while a stream is open: the client's EOF or reset means it went away.
+  void watch() {
+    stream_.socket().async_read_some(
+        asio::buffer(watch_buffer_),
+        asio::bind_executor(stream_.get_executor(),
+                            [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                              if (self->finished_) return;
+                              if (ec) {
+                                self->mark_gone();
+                                return;
+                              }
+                              self->watch();  // bytes after a stream's request are dropped
+                            }));
+  }
+
+  void enqueue(std::string data, std::function<void()> done) {
+    if (gone_ || ended_) {
+      release(data.size());
+      if (done) done();
+      return;
+    }
+    out_.emplace_back(std::move(data), std::move(done));
+    pump();
+  }
+
+  void release(std::size_t n) {
+    {
+      std::lock_guard lock(room_mutex_);
+      queued_ -= n;
+    }
+    room_cv_.notify_all();
+  }
+
+  void pump() {
+    if (writing_ || gone_ || finished_) return;
+    if (cut_after_ && *cut_after_ <= 0) {  // an injected network cut, right after the Nth piece
+      spdlog::info("sbx serve: cutting a stream (fault injection, request {})", request_id_);
+      cut_after_.reset();
+      ::linger l{1, 0};
+      ::setsockopt(stream_.socket().native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      mark_gone();
+      return;
+    }
+    if (out_.empty()) {
+      if (!end_requested_ || ended_) return;
+      ended_ = true;
+      if (!chunked_) {
+        finish_stream();
+        return;
+      }
+      writing_ = true;
+      stream_.expires_after(state_->options.stream_stall_timeout);
+      asio::async_write(stream_, http::make_chunk_last(),
+                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                          self->writing_ = false;
+                          self->stream_.expires_never();
+                          if (ec) {
+                            self->mark_gone();
+                            return;
+                          }
+                          self->finish_stream();
+                        });
+      return;
+    }
+    if (cut_after_) --*cut_after_;
+    writing_ = true;
+    stream_.expires_after(state_->options.stream_stall_timeout);
+    auto on_written = [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      self->stream_.expires_never();
+      auto item = std::move(self->out_.front());
+      self->out_.pop_front();
+      self->release(item.first.size());
+      if (item.second) item.second();
+      if (ec) {
+        self->mark_gone();
+        return;
+      }
+      self->pump();
+    };
+    const std::string& data = out_.front().first;
+    if (chunked_) {
+      asio::async_write(stream_, http::make_chunk(asio::buffer(data)), std::move(on_written));
+    } else {
+      asio::async_write(stream_, asio::buffer(data), std::move(on_written));
+    }
+  }
+
+  void mark_gone() {
+    if (gone_ || finished_) return;
+    gone_ = true;
+    {
+      std::lock_guard lock(room_mutex_);
+      gone_flag_ = true;
+    }
+    room_cv_.notify_all();
+    // What waits is dropped; an item being written stays until its write completes.
+    while (out_.size() > (writing_ ? 1u : 0u)) {
+      auto item = std::move(out_.back());
+      out_.pop_back();
+      release(item.first.size());
+      if (item.second) item.second();
+    }
+    if (auto fn = std::move(on_gone_)) {
+      on_gone_ = nullptr;
+      fn();
+    }
+    finish_stream();
+  }
+
+  void finish_stream() {
+    if (finished_) return;
+    finished_ = true;
+    {
+      std::lock_guard lock(state_->mutex);
+      --state_->answering;
+      state_->maybe_finish_locked();
+    }
+    if (gone_ || !keep_alive_) {
+      close();
+      return;
+    }
+    streaming_ = false;
+    read();
+  }
+
   void close() {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -245,9 +668,30 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Server::State> state_;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::empty_body>> header_parser_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::request_parser<http::buffer_body>> body_parser_;
+  std::shared_ptr<BodySink> upload_;
+  std::vector<char> upload_buffer_;  // 64 KiB once the connection uploads
   std::string request_id_;
   bool keep_alive_ = true;
+
+  // The stream being answered (strand only, but for what room_mutex_ guards).
+  bool streaming_ = false;
+  bool chunked_ = false;
+  bool writing_ = false;
+  bool end_requested_ = false;
+  bool ended_ = false;
+  bool gone_ = false;
+  bool finished_ = false;
+  std::deque<std::pair<std::string, std::function<void()>>> out_;
+  std::function<void()> on_gone_;
+  std::optional<int> cut_after_;  // pieces left before an injected cut
+  std::array<char, 1024> watch_buffer_{};
+  std::mutex room_mutex_;  // guards what follows
+  std::condition_variable room_cv_;
+  std::size_t queued_ = 0;
+  bool gone_flag_ = false;
 };
 
 void accept(const std::shared_ptr<Server::State>& state) {
@@ -308,6 +752,16 @@ Server::Server(sbx::Provider provider, Options options)
   state_->acceptor.bind(endpoint);
   state_->acceptor.listen(asio::socket_base::max_listen_connections);
   state_->port = state_->acceptor.local_endpoint().port();
+  // The private temp dir: command logs, uploads and downloads on their way.
+  std::string pattern = ((o.temp_root.empty() ? std::filesystem::temp_directory_path()
+                                              : std::filesystem::path(o.temp_root)) /
+                         "sbx-serve-XXXXXX")
+                            .string();
+  if (!::mkdtemp(pattern.data())) {
+    throw std::runtime_error("cannot make a temp dir like " + pattern + ": " +
+                             std::strerror(errno));
+  }
+  state_->temp_dir = pattern;
   // Only once the address is bound: a server that cannot start must not touch the sandboxes.
   if (o.state_dir) store_load(*state_);
 }
@@ -325,6 +779,8 @@ Server::~Server() {
   }
   if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
   state_->state_dir_lock = -1;
+  std::error_code ignored;
+  std::filesystem::remove_all(state_->temp_dir, ignored);
 }
 
 uint16_t Server::port() const {
@@ -356,6 +812,60 @@ bool Server::run() {
   return state->all_closed;
 }
 
+namespace {
+
+// The stop's first step (on the control strand): running commands get up to the grace period to
+// finish; then what still runs is cancelled and the sandboxes are closed, within another grace
+// period.
+void drain_then_close(const std::shared_ptr<Server::State>& state,
+                      std::vector<std::shared_ptr<Entry>> to_close,
+                      std::chrono::steady_clock::time_point deadline) {
+  int running = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    running = state->running_commands;
+  }
+  if (running > 0 && std::chrono::steady_clock::now() < deadline) {
+    auto timer = std::make_shared<asio::steady_timer>(state->control);
+    timer->expires_after(std::chrono::milliseconds(50));
+    timer->async_wait(
+        [state, timer, to_close = std::move(to_close), deadline](beast::error_code) mutable {
+          drain_then_close(state, std::move(to_close), deadline);
+        });
+    return;
+  }
+  if (running > 0) spdlog::warn("sbx serve: cancelling {} command(s) still running", running);
+  std::vector<std::shared_ptr<Entry>> kept;
+  {
+    std::lock_guard lock(state->mutex);
+    kept = state->kept;
+  }
+  for (auto& entry : kept)  // left running for the next server, without this one's commands
+    shutdown_execd(*entry->execd);
+  state->grace_timer.expires_after(state->options.grace);
+  state->grace_timer.async_wait([state](beast::error_code ec) {
+    if (ec) return;  // cancelled: everything closed in time
+    std::lock_guard lock(state->mutex);
+    if (state->finished) return;
+    state->finished = true;
+    state->all_closed = false;
+    spdlog::warn(
+        "sbx serve: the grace period passed with {} sandbox(es) still closing and {} "
+        "create(s) in flight",
+        state->closing, state->creating.size());
+    state->ioc.stop();
+  });
+  spdlog::info("sbx serve: closing {} sandbox(es)", to_close.size());
+  for (auto& entry : to_close) {
+    store_remove(*state, entry->id);
+    begin_close(state, entry, [](std::exception_ptr) {});
+  }
+  std::lock_guard lock(state->mutex);
+  state->maybe_finish_locked();
+}
+
+}  // namespace
+
 void Server::stop() {
   auto state = state_;
   std::vector<std::shared_ptr<Entry>> to_close;
@@ -380,37 +890,21 @@ void Server::stop() {
       if (op.valid()) to_cancel.push_back(op);
     state->closing += static_cast<int>(to_close.size());
   }
-  asio::post(state->control, [state] {
+  for (auto& op : to_cancel)
+    op.cancel();
+  spdlog::info("sbx serve: stopping: {} sandbox(es) to close, {} to keep", to_close.size(), kept);
+  asio::post(state->control, [state, to_close = std::move(to_close)]() mutable {
     beast::error_code ignored;
     state->acceptor.close(ignored);
     state->sweep_timer.cancel();
-    state->grace_timer.expires_after(state->options.grace);
-    state->grace_timer.async_wait([state](beast::error_code ec) {
-      if (ec) return;  // cancelled: everything closed in time
-      std::lock_guard lock(state->mutex);
-      if (state->finished) return;
-      state->finished = true;
-      state->all_closed = false;
-      spdlog::warn(
-          "sbx serve: the grace period passed with {} sandbox(es) still closing and {} "
-          "create(s) in flight",
-          state->closing, state->creating.size());
-      state->ioc.stop();
-    });
+    drain_then_close(state, std::move(to_close),
+                     std::chrono::steady_clock::now() + state->options.grace);
   });
-  spdlog::info("sbx serve: closing {} sandbox(es), keeping {}", to_close.size(), kept);
-  for (auto& op : to_cancel)
-    op.cancel();
-  for (auto& entry : to_close) {
-    store_remove(*state, entry->id);
-    begin_close(state, entry, [](std::exception_ptr) {});
-  }
-  std::lock_guard lock(state->mutex);
-  state->maybe_finish_locked();
 }
 
 void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
                  std::function<void(std::exception_ptr)> done) {
+  shutdown_execd(*entry->execd);  // its commands are cancelled, their records and logs freed
   sbx::Operation<void> op;
   try {
     op = entry->box->close_async();

@@ -37,7 +37,7 @@ struct Options {
   std::chrono::milliseconds grace{10000};         // how long a stop waits for sandboxes to close
   bool handle_signals = false;                    // SIGINT/SIGTERM start a graceful stop
   std::size_t max_sandboxes = 0;  // sandboxes held or being created at once; 0: no cap (429)
-  std::size_t max_streams = 0;                    // event streams open at once (0: unlimited)
+  std::size_t max_streams = 0;    // event streams open at once (0: unlimited)
   // How often an event stream sends a ping while its command is silent.
   std::chrono::milliseconds keepalive_ping{3000};
   // The fault-injection plan (faults.hpp), from the config file's serve.faults; null: no faults.
@@ -49,6 +49,11 @@ struct Options {
   // A graceful stop leaves the sandboxes running (detached, their descriptors kept in state_dir)
   // instead of closing them. Needs state_dir.
   bool keep_on_stop = false;
+  // A command event stream or download whose client accepts no bytes for this long is cut (and its
+  // command cancelled).
+  std::chrono::milliseconds stream_stall_timeout{120000};
+  std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
+  std::string temp_root;                    // where the server's temp dir goes ("": the system's)
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one

@@ -18,12 +18,14 @@
 #include <boost/json/value.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sbx::serve {
@@ -34,6 +36,65 @@ using Response = http::response<http::string_body>;
 
 // Answers a request; callable once, from any thread.
 using Reply = std::function<void(Response)>;
+
+// The execd state of one sandbox: its commands (running and finished) and their logs
+// (routes_execd_command.cpp). Thread-safe.
+struct ExecdState;
+std::shared_ptr<ExecdState> new_execd_state();
+// Cancels the sandbox's running commands and frees their records and logs; later commands are
+// refused. Idempotent, any thread, never blocks on the provider.
+void shutdown_execd(ExecdState& execd);
+// How many of the sandbox's commands still run.
+int running_commands(ExecdState& execd);
+
+// A response sent in pieces once its head is out: an event stream (chunked) or a download (with a
+// Content-Length). Made by the connection (OpenStream) for one request.
+//
+// THREADING: send() and end() may be called from any thread; they post to the connection's
+// strand and never block. Memory is bounded by the caller: `queued()` says how many bytes wait
+// to be written, and wait_room() (never on an io thread) blocks until they are below the stream's
+// bound or the client is gone. The `done` callbacks and the on_gone callback run on the strand.
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  // Queues `data` (a chunk of an event stream, raw bytes of a sized body); `done` runs once it is
+  // written (or dropped because the client is gone).
+  virtual void send(std::string data, std::function<void()> done = {}) = 0;
+  // Ends the response (the last chunk of a chunked one). Idempotent.
+  virtual void end() = 0;
+  // Blocks the calling (plugin) thread while more than the stream's bound is queued; false once the
+  // client is gone.
+  virtual bool wait_room() = 0;
+  // True once the client went away (reset, EOF, a write that failed or stalled).
+  virtual bool gone() const = 0;
+  // `fn` runs once on the strand when the client goes away before end() (at once if it already
+  // has). Set it once, before relying on it.
+  virtual void on_gone(std::function<void()> fn) = 0;
+  // Fault injection (a plan's cut_after_events): after `pieces` more pieces are written, the
+  // connection is reset without the rest and without the chunked body's end, as a network cut
+  // looks to a client; the stream is then gone (on_gone runs). Call before sending.
+  virtual void cut_after(int pieces) = 0;
+};
+
+// Sends `head` (its body ignored) and returns the sink for the rest. `chunked`: Transfer-Encoding
+// chunked, and the client going away is watched for (a read on the socket), then the connection
+// closes at the end; otherwise `head` carries the Content-Length and the connection may be kept.
+// Call once per request, from any thread (the head goes out on the connection's strand, before
+// anything sent through the sink), and then never reply().
+using OpenStream = std::function<std::shared_ptr<ChunkSink>(Response head, bool chunked)>;
+
+// A request body consumed as it arrives (POST /files/upload): write() gets the bytes in order, on
+// the connection's strand; finish() once the body is complete. Either may answer early through
+// the Reply they were made with; after an answer the connection reads nothing more and closes.
+class BodySink {
+ public:
+  virtual ~BodySink() = default;
+  // False: stop reading (an answer was given).
+  virtual bool write(std::string_view bytes) = 0;
+  virtual void finish() = 0;
+  // The client went away or the read failed: drop what was received (temp files).
+  virtual void abort() = 0;
+};
 
 // A sandbox the server created (or found again in its state directory), with what the lifecycle
 // API reports of it. Filled in before it enters the registry; after that only `expires_at`
@@ -47,6 +108,8 @@ struct Entry {
   std::chrono::system_clock::time_point created_at;
   std::optional<std::chrono::system_clock::time_point> expires_at;  // guarded by State::mutex
   std::string descriptor;  // sbx.connect/1 descriptor, when the server keeps a state directory
+  // Its commands (execd API); shut down by begin_close.
+  std::shared_ptr<ExecdState> execd = new_execd_state();
 };
 
 struct Server::State {
@@ -60,14 +123,19 @@ struct Server::State {
   boost::asio::steady_timer sweep_timer;  // closes sandboxes whose TTL passed (on `control`)
   uint16_t port = 0;
   int state_dir_lock = -1;  // flock'ed file descriptor of Options::state_dir/.lock, or -1
+  // A private directory for command logs and file transfers, made by the constructor and removed
+  // with everything in it by the destructor.
+  std::filesystem::path temp_dir;
 
   std::mutex mutex;  // guards what follows
   std::map<std::string, std::shared_ptr<Entry>> sandboxes;
   std::vector<std::shared_ptr<Entry>> kept;  // left running by a stop with keep_on_stop
   std::map<uint64_t, sbx::Operation<sbx::Sandbox>> creating;  // creates in flight, by ticket
   uint64_t next_ticket = 0;
-  int closing = 0;    // closes in flight (deletes and the stop's)
-  int answering = 0;  // requests read and not yet answered: a stop lets them finish
+  int closing = 0;           // closes in flight (deletes and the stop's)
+  int answering = 0;         // requests read and not yet answered: a stop lets them finish
+  int open_streams = 0;      // command event streams open (Options::max_streams)
+  int running_commands = 0;  // commands running in any sandbox: a stop lets them finish
   bool stopping = false;
   bool finished = false;
   bool all_closed = true;
@@ -122,6 +190,39 @@ bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request&
 bool route_sandbox_ops(const std::shared_ptr<Server::State>& state, const Request& request,
                        const Reply& reply);
 
+// An execd path on the gateway: /sandboxes/{id}/proxy/{port}/{rest} (direct) or the same under /v1
+// (server proxy). `rest` starts with '/'.
+struct ExecdTarget {
+  std::string sandbox_id;
+  std::string port;
+  std::string rest;
+  bool server_proxy = false;
+};
+std::optional<ExecdTarget> execd_target(const Request& request);
+// The execd API's routes for a target (routes_execd_*.cpp). route_execd answers every execd
+// target: an unknown sandbox, another port and an unknown route included.
+void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
+                 const Request& request, const Reply& reply, const OpenStream& open_stream);
+bool route_execd_command(const std::shared_ptr<Server::State>& state,
+                         const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
+                         const Request& request, const Reply& reply, const OpenStream& open_stream);
+bool route_execd_files(const std::shared_ptr<Server::State>& state,
+                       const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
+                       const Request& request, const Reply& reply, const OpenStream& open_stream);
+// POST .../files/upload: the body is read as it arrives. Returns the sink, or null when `reply` was
+// already given (unknown sandbox, not multipart...). `head` has no body.
+bool is_execd_upload(const Request& head);
+std::shared_ptr<BodySink> open_execd_upload(const std::shared_ptr<Server::State>& state,
+                                            const Request& head, const Reply& reply);
+// {"code","message"} as execd answers (Content-Type with charset, as the transcript).
+Response execd_error(const Request& request, http::status status, const std::string& code,
+                     const std::string& message);
+// The sandbox of an execd target, or null after answering 404 DOCKER::SANDBOX_NOT_FOUND (or the
+// port refusal).
+std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
+                                   const ExecdTarget& target, const Request& request,
+                                   const Reply& reply);
+
 // Helpers of the route files (http_util.cpp).
 Response json_response(const Request& request, http::status status, const boost::json::value& body);
 Response empty_response(const Request& request, http::status status);
@@ -142,6 +243,9 @@ bool constant_time_equal(const std::string& a, const std::string& b);
 // and it unlocks one sandbox only (the key itself is never handed to a sandbox endpoint). Empty
 // when the server has no key (execd paths are then open, as the real execd is).
 std::string execd_access_token(const Options& options, const std::string& sandbox_id);
+// The values of query parameter `name` in the request target, percent-decoded ('+' is a space),
+// in order.
+std::vector<std::string> query_values(const Request& request, const std::string& name);
 // The path of a request target without its query; "/v1" prefix removed (the routes are the same).
 std::string route_path(const Request& request);
 // The query of a request target as (name, value) pairs in order, form-decoded ('+' and %XX).

@@ -1,6 +1,7 @@
 // `sbx serve` over local_docker on the real daemon: a sandbox created through the server is a
 // container with the sbx.serve label (so `sbx reap` finds it), reported Running, and gone after
-// DELETE; one still held when the server gets SIGTERM is removed by the stop.
+// DELETE; one still held when the server gets SIGTERM is removed by the stop. The execd API on a
+// busybox sandbox: commands (exit code, uid, cwd, timeout), upload, download with Range, info.
 
 #include "support.hpp"
 
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 
 using namespace serve_test;
 namespace json = boost::json;
@@ -70,4 +72,83 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
   CHECK(contains(labelled_ids(config), second_id));
   CHECK(server.stop() == 0);
   CHECK(!contains(labelled_ids(config), second_id));
+}
+
+TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, info") {
+  TempDir dir;
+  const fs::path config = dir.path / "sbx.json";
+  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
+  ServeProcess server(config, "docker", dir.path / "serve.log");
+  const auto created =
+      request(server.port(), "POST", "/v1/sandboxes",
+              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+              R"("resourceLimits":{},"timeout":300})");
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  const std::string base = "/sandboxes/" + id + "/proxy/44772";
+
+  auto run = [&](const std::string& body) {
+    StreamClient s(server.port(), "POST", base + "/command", body);
+    REQUIRE(s.status() == 200);
+    return s.rest();
+  };
+  auto events = run(R"({"command":"echo out; echo err >&2; exit 3"})");
+  REQUIRE(events.size() == 5);
+  // stdout and stderr come through separate streams: their order between them is not kept.
+  std::set<std::pair<std::string, std::string>> lines;
+  for (int i : {2, 3})
+    lines.emplace(events[i].at("type").as_string(), events[i].at("text").as_string());
+  CHECK(lines ==
+        std::set<std::pair<std::string, std::string>>{{"stdout", "out"}, {"stderr", "err"}});
+  CHECK(events[4].at("error").at("evalue") == "3");
+  events = run(R"({"command":"id -u; pwd","cwd":"/tmp","uid":0})");
+  REQUIRE(events.size() == 5);
+  CHECK(events[2].at("text") == "0");
+  CHECK(events[3].at("text") == "/tmp");
+  events = run(R"({"command":"echo start; sleep 5; echo end","timeout":1000})");
+  REQUIRE(events.size() == 4);
+  CHECK(events[2].at("text") == "start");
+  CHECK(events[3].at("error").at("evalue") == "-1");
+
+  const std::string boundary = "b0undary";
+  std::string big(3 * 1024 * 1024 + 17, 'q');
+  big[100] = '\n';
+  std::string body;
+  for (const auto& [meta, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"path":"/tmp/up/hello.txt","mode":644})", "hello file\n"},
+           {R"({"path":"/tmp/up/big.bin","mode":600})", big}}) {
+    body += "--" + boundary +
+            "\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n\r\n" +
+            meta + "\r\n--" + boundary +
+            "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n" + bytes +
+            "\r\n";
+  }
+  body += "--" + boundary + "--\r\n";
+  const auto up = request(server.port(), "POST", base + "/files/upload", body,
+                          {{"Content-Type", "multipart/form-data; boundary=" + boundary}});
+  CHECK(up.status == 200);
+  const auto down = request(server.port(), "GET", base + "/files/download?path=/tmp/up/big.bin");
+  CHECK(down.status == 200);
+  CHECK(down.body == big);
+  const auto part = request(server.port(), "GET", base + "/files/download?path=/tmp/up/hello.txt",
+                            std::nullopt, {{"Range", "bytes=6-"}});
+  CHECK(part.status == 206);
+  CHECK(part.body == "file\n");
+  CHECK(part.headers.at("content-range") == "bytes 6-10/11");
+  const auto missing = request(server.port(), "GET", base + "/files/download?path=/tmp/nope.txt");
+  CHECK(missing.status == 404);
+  CHECK(missing.json().at("code") == "FILE_NOT_FOUND");
+
+  const auto info = request(server.port(), "GET",
+                            base + "/files/info?path=/tmp/up/hello.txt&path=/tmp/up/big.bin");
+  REQUIRE(info.status == 200);
+  const auto hello = info.json().at("/tmp/up/hello.txt");
+  CHECK(hello.at("type") == "file");
+  CHECK(hello.at("size") == 11);
+  CHECK(hello.at("mode") == 644);
+  CHECK(hello.at("owner") == "0");
+  CHECK(info.json().at("/tmp/up/big.bin").at("mode") == 600);
+  CHECK(info.json().at("/tmp/up/big.bin").at("size") == static_cast<int64_t>(big.size()));
+  CHECK(request(server.port(), "GET", base + "/files/info?path=/tmp/nope").status == 404);
+  CHECK(server.stop() == 0);
 }

@@ -117,12 +117,65 @@ TEST_CASE("the first N command submissions answer 502, direct and through the se
     CHECK(code_of(r) == "GENERAL::INJECTED_FAULT");
     CHECK(r.json().at("message") == "Injected fault (serve.faults): 502 on POST /command.");
   }
-  // Then normal service: whatever the command route answers (on this branch it is not served
-  // yet), no longer the injected 502.
-  const auto after = request(f.port(), "POST", targets[0], body);
-  CHECK(after.status != 502);
+  // Then normal service: the command runs.
+  StreamClient after(f.port(), "POST", targets[0], body);
+  CHECK(after.status() == 200);
+  const auto events = after.rest();
+  REQUIRE(events.size() == 4);
+  CHECK(events[2].at("text") == "hi");
   CHECK(f.log_text().find("fault injected on POST /command (sandbox " + id + "): status 502") !=
         std::string::npos);
+}
+
+TEST_CASE("a command stream is cut mid-way: a reset after N events, and its command cancelled") {
+  Fixture f(R"({"faults": [{"route": "POST /command", "actions": [{"cut_after_events": 3}]}]})");
+  const std::string id = f.create();
+  const fs::path marker = f.dir.path / "cut-marker";
+  const std::string target = "/sandboxes/" + id + "/proxy/44772/command";
+  StreamClient s(f.port(), "POST", target,
+                 json::serialize(json::object{
+                     {"command", "echo a; sleep 3; touch " + marker.string() + "; echo b"}}));
+  REQUIRE(s.status() == 200);
+  std::vector<std::string> types;
+  bool cut = false;
+  try {
+    while (auto e = s.next_event())
+      types.emplace_back(e->at("type").as_string());
+  } catch (const std::exception& e) {
+    cut = true;  // the connection was reset, or the chunked body ended without its last chunk
+    CAPTURE(e.what());
+  }
+  CHECK(cut);
+  CHECK(types == std::vector<std::string>{"init", "ping", "stdout"});
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  CHECK(!fs::exists(marker));  // the command was cancelled with its stream
+  CHECK(f.log_text().find("cut after 3 events") != std::string::npos);
+  // The cut was consumed: the next stream is whole.
+  StreamClient next(f.port(), "POST", target, std::string(R"({"command":"echo ok"})"));
+  const auto events = next.rest();
+  REQUIRE(!events.empty());
+  CHECK(events.back().at("type") == "execution_complete");
+}
+
+TEST_CASE("an upload answers an injected status before its body is read, then uploads") {
+  Fixture f(R"({"faults": [{"route": "POST /files/upload", "actions": [{"status": 503}]}]})");
+  const std::string id = f.create();
+  const std::string boundary = "bnd";
+  const std::string body =
+      "--bnd\r\nContent-Disposition: form-data; name=\"metadata\"; "
+      "filename=\"metadata\"\r\n\r\n{\"path\":\"/f.txt\"}\r\n--bnd\r\n"
+      "Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n"
+      "data\r\n--bnd--\r\n";
+  const std::map<std::string, std::string> headers{
+      {"Content-Type", "multipart/form-data; boundary=" + boundary}};
+  const std::string target = "/v1/sandboxes/" + id + "/proxy/44772/files/upload";
+  const auto first = request(f.port(), "POST", target, body, headers);
+  CHECK(first.status == 503);
+  CHECK(code_of(first) == "GENERAL::INJECTED_FAULT");
+  CHECK(!fs::exists(f.root / id / "f.txt"));
+  const auto second = request(f.port(), "POST", target, body, headers);
+  CHECK(second.status == 200);
+  CHECK(fs::exists(f.root / id / "f.txt"));
 }
 
 TEST_CASE("ping fails for S seconds counted from each sandbox's creation") {

@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <ctime>
 #include <regex>
 #include <stdexcept>
+#include <utility>
 
 extern char** environ;
 
@@ -148,6 +151,7 @@ Response read_response(asio::ip::tcp::socket& socket, bool head) {
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.skip(head);
+  parser.body_limit(boost::none);  // downloads may be large
   http::read(socket, buffer, parser);
   Response out;
   const auto& res = parser.get();
@@ -229,6 +233,106 @@ long long parse_time_us(const std::string& text) {
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
   return static_cast<long long>(::timegm(&tm)) * 1000000 + us;
+}
+
+struct StreamClient::Impl {
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket{ioc};
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  char chunk[16384];
+};
+
+StreamClient::StreamClient(int port, const std::string& method, const std::string& target,
+                           const std::optional<std::string>& body,
+                           const std::map<std::string, std::string>& headers, int read_timeout_s)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  timeval tv{read_timeout_s, 0};
+  ::setsockopt(impl_->socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "127.0.0.1:" + std::to_string(port));
+  if (body) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = *body;
+    req.prepare_payload();
+  }
+  for (const auto& [k, v] : headers)
+    req.set(k, v);
+  http::write(impl_->socket, req);
+  impl_->parser.body_limit(boost::none);
+  http::read_header(impl_->socket, impl_->buffer, impl_->parser);
+  const auto& res = impl_->parser.get();
+  status_ = static_cast<int>(res.result_int());
+  for (const auto& field : res) {
+    std::string name(field.name_string());
+    for (auto& ch : name)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    headers_[name] = std::string(field.value());
+  }
+}
+
+StreamClient::~StreamClient() {
+  beast::error_code ignored;
+  impl_->socket.close(ignored);
+}
+
+bool StreamClient::fill() {
+  if (done_ || impl_->parser.is_done()) {
+    done_ = true;
+    return false;
+  }
+  impl_->parser.get().body().data = impl_->chunk;
+  impl_->parser.get().body().size = sizeof impl_->chunk;
+  beast::error_code ec;
+  http::read_some(impl_->socket, impl_->buffer, impl_->parser, ec);
+  if (ec == http::error::need_buffer) ec = {};
+  if (ec == http::error::end_of_stream || ec == asio::error::eof) {
+    done_ = true;
+    return false;
+  }
+  if (ec) throw std::runtime_error("reading the stream: " + ec.message());
+  pending_.append(impl_->chunk, sizeof impl_->chunk - impl_->parser.get().body().size);
+  return true;
+}
+
+std::optional<boost::json::object> StreamClient::next_event() {
+  while (true) {
+    const auto end = pending_.find("\n\n");
+    if (end != std::string::npos) {
+      std::string text = pending_.substr(0, end);
+      pending_.erase(0, end + 2);
+      raw_.push_back(text);
+      return boost::json::parse(text).as_object();
+    }
+    if (!fill()) {
+      if (pending_.find_first_not_of("\n") != std::string::npos) {
+        throw std::runtime_error("the stream ended inside an event: '" + pending_ + "'");
+      }
+      return std::nullopt;
+    }
+  }
+}
+
+std::vector<boost::json::object> StreamClient::rest() {
+  std::vector<boost::json::object> out;
+  while (auto e = next_event())
+    out.push_back(std::move(*e));
+  return out;
+}
+
+std::string StreamClient::body() {
+  while (fill()) {
+  }
+  return std::exchange(pending_, std::string());
+}
+
+void StreamClient::disconnect() {
+  ::linger l{1, 0};
+  ::setsockopt(impl_->socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  beast::error_code ignored;
+  impl_->socket.close(ignored);
+  done_ = true;
 }
 
 }  // namespace serve_test

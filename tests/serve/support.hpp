@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ class ServeProcess {
   ServeProcess& operator=(const ServeProcess&) = delete;
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   // SIGTERM, then waits for it: its exit status (-1 when a signal killed it), and what it printed
   // on stdout after the port line.
   int stop();
@@ -64,6 +66,41 @@ Response request(int port, const std::string& method, const std::string& target,
 
 // Sends `text` as is on a new connection and reads one response.
 Response raw_request(int port, const std::string& text);
+
+// A request whose answer is read as it arrives (an execd event stream, chunked): the head at once,
+// then events one by one. Reads give up after `read_timeout_s` (SO_RCVTIMEO) with an exception.
+class StreamClient {
+ public:
+  StreamClient(int port, const std::string& method, const std::string& target,
+               const std::optional<std::string>& body = std::nullopt,
+               const std::map<std::string, std::string>& headers = {}, int read_timeout_s = 30);
+  ~StreamClient();
+  StreamClient(const StreamClient&) = delete;
+  StreamClient& operator=(const StreamClient&) = delete;
+
+  int status() const { return status_; }
+  const std::map<std::string, std::string>& headers() const { return headers_; }
+  // The next event (a JSON object; its text had no "data:" prefix and ended with a blank line),
+  // or nullopt once the response ended. Raw event texts are kept in raw_events().
+  std::optional<boost::json::object> next_event();
+  // Every event up to the end of the response.
+  std::vector<boost::json::object> rest();
+  // The whole body of an answer that is not a stream (read to its end).
+  std::string body();
+  const std::vector<std::string>& raw_events() const { return raw_; }
+  // Closes the connection (a reset: SO_LINGER 0) without reading further.
+  void disconnect();
+
+ private:
+  bool fill();  // reads more of the body into pending_; false at its end
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int status_ = 0;
+  std::map<std::string, std::string> headers_;
+  std::string pending_;
+  std::vector<std::string> raw_;
+  bool done_ = false;
+};
 
 // Runs `argv` to its end with stdout/stderr into `output`; its exit status.
 int run_to_exit(const std::vector<std::string>& argv, std::string& output);

@@ -1,0 +1,760 @@
+// The execd API on the gateway (docs/serve.md), for /sandboxes/{id}/proxy/44772/... and the same
+// under /v1: the dispatch of every execd path, GET /ping and the command routes:
+//   POST   /command                 an event stream: init, ping (and every 3 s of silence), one
+//                                   stdout/stderr event per line, then execution_complete or error
+//   DELETE /command?id=             interrupt (cancels the command's Operation)
+//   GET    /command/status/{id}     a command's status (foreground or background)
+//   GET    /command/{id}/logs?cursor=N   a background command's combined output from byte N
+//
+// THREADING: route handlers run on the connection's strand. A command's output arrives on a
+// plugin thread (ExecOptions::on_output): it is split into lines there and handed to the
+// connection's ChunkSink, which posts to the strand; when more than Options::stream_buffer bytes
+// wait for a slow client, the plugin thread waits (back-pressure on the command). Pings come from
+// a timer on a strand of its own. A command's record is guarded by its sandbox's ExecdState mutex.
+//
+// OWNERSHIP: each sandbox's ExecdState owns its command records and the background commands'
+// log files (in the server's temp dir); shutdown_execd (when the sandbox closes) cancels what
+// runs and frees both.
+
+#include "faults.hpp"
+#include "state.hpp"
+
+#include <sbx/core/errors.hpp>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/json.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+
+namespace sbx::serve {
+
+namespace json = boost::json;
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kMaxLine = 64 * 1024;           // a longer line is sent in pieces
+constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // bytes of log per GET .../logs
+constexpr auto kPingEvery = std::chrono::seconds(3);  // execd's keep-alive
+constexpr double kNoTimeoutS = 30.0 * 24 * 3600;      // "no limit": 30 days
+
+struct Command {
+  std::string id;
+  std::string content;
+  bool background = false;
+  std::chrono::system_clock::time_point started_at;
+  // Guarded by the ExecdState's mutex:
+  bool running = true;
+  std::optional<int> exit_code;
+  std::optional<std::string> error;
+  std::optional<std::chrono::system_clock::time_point> finished_at;
+  sbx::Operation<sbx::ExecResult> op;
+  // Set when the server cancels it (interrupt, client gone, sandbox closing): it ends as killed,
+  // whatever the provider reports of a process it killed first.
+  std::atomic<bool> killed{false};
+  // A background command's combined output (guarded by log_mutex).
+  std::mutex log_mutex;
+  fs::path log_path;
+  int log_fd = -1;
+  uint64_t log_size = 0;
+};
+
+}  // namespace
+
+struct ExecdState {
+  std::mutex mutex;  // guards what follows
+  std::map<std::string, std::shared_ptr<Command>> commands;
+  fs::path log_dir;  // made with the first background command
+  bool closed = false;
+};
+
+std::shared_ptr<ExecdState> new_execd_state() {
+  return std::make_shared<ExecdState>();
+}
+
+void shutdown_execd(ExecdState& execd) {
+  std::vector<sbx::Operation<sbx::ExecResult>> to_cancel;
+  fs::path dir;
+  {
+    std::lock_guard lock(execd.mutex);
+    execd.closed = true;
+    for (auto& [id, command] : execd.commands) {
+      if (command->running && command->op.valid()) to_cancel.push_back(command->op);
+      command->killed = true;
+    }
+    execd.commands.clear();
+    dir = std::move(execd.log_dir);
+    execd.log_dir.clear();
+  }
+  for (auto& op : to_cancel)
+    op.cancel();
+  // Open log files stay writable until their commands end (they are unlinked, not closed).
+  if (!dir.empty()) {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+  }
+}
+
+int running_commands(ExecdState& execd) {
+  std::lock_guard lock(execd.mutex);
+  int n = 0;
+  for (const auto& [id, command] : execd.commands)
+    n += command->running ? 1 : 0;
+  return n;
+}
+
+namespace {
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// RFC 3339 with nanoseconds, as execd (Go) prints.
+std::string format_time_ns(std::chrono::system_clock::time_point t) {
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ns / 1000000000);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(ns % 1000000000));
+  return buf;
+}
+
+// One event of the stream: the JSON object and a blank line.
+std::string event(json::object body) {
+  return json::serialize(body) + "\n\n";
+}
+
+std::string text_event(const char* type, std::string text) {
+  return event(json::object{{"type", type}, {"text", std::move(text)}, {"timestamp", unix_ms()}});
+}
+
+std::string error_event(const std::string& evalue, const std::string& traceback) {
+  return event(
+      json::object{{"type", "error"},
+                   {"timestamp", unix_ms()},
+                   {"error", json::object{{"ename", "CommandExecError"},
+                                          {"evalue", evalue},
+                                          {"traceback", json::array{json::string(traceback)}}}}});
+}
+
+std::string complete_event(int64_t execution_ms) {
+  return event(json::object{
+      {"type", "execution_complete"}, {"execution_time", execution_ms}, {"timestamp", unix_ms()}});
+}
+
+// Output split into lines: '\n', '\r' and "\r\n" end one; an empty line is "\n" (as execd sends
+// it); a line longer than kMaxLine is sent in pieces.
+class LineSplitter {
+ public:
+  void feed(std::string_view data, std::vector<std::string>& lines) {
+    for (const char c : data) {
+      if (after_cr_ && c == '\n') {
+        after_cr_ = false;
+        continue;
+      }
+      after_cr_ = c == '\r';
+      if (c == '\n' || c == '\r') {
+        lines.push_back(partial_.empty() ? std::string("\n") : std::move(partial_));
+        partial_.clear();
+        continue;
+      }
+      partial_ += c;
+      if (partial_.size() >= kMaxLine) {
+        lines.push_back(std::move(partial_));
+        partial_.clear();
+      }
+    }
+  }
+  void flush(std::vector<std::string>& lines) {
+    if (!partial_.empty()) lines.push_back(std::move(partial_));
+    partial_.clear();
+  }
+
+ private:
+  std::string partial_;
+  bool after_cr_ = false;
+};
+
+// A foreground command's stream: its sink, the line splitters and the keep-alive timer.
+struct Foreground : std::enable_shared_from_this<Foreground> {
+  std::shared_ptr<ChunkSink> sink;
+  std::mutex mutex;  // guards the splitters (output arrives on plugin threads)
+  LineSplitter out, err;
+  std::atomic<int64_t> last_event_ms{0};
+  asio::strand<asio::io_context::executor_type> strand;
+  asio::steady_timer timer;
+  bool timer_stopped = false;  // on `strand`
+
+  int64_t ping_every_ms;  // Options::keepalive_ping
+
+  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every)
+      : strand(asio::make_strand(ioc)), timer(strand), ping_every_ms(ping_every.count()) {}
+
+  void send(std::string e) {
+    last_event_ms = unix_ms();
+    sink->send(std::move(e));
+  }
+
+  void output(OutputStream stream, std::string_view data) {
+    std::vector<std::string> lines;
+    {
+      std::lock_guard lock(mutex);
+      (stream == OutputStream::err ? err : out).feed(data, lines);
+    }
+    const char* type = stream == OutputStream::err ? "stderr" : "stdout";
+    for (auto& line : lines)
+      send(text_event(type, std::move(line)));
+    if (!lines.empty()) sink->wait_room();  // back-pressure: the command waits for the client
+  }
+
+  void flush() {
+    std::vector<std::string> outs, errs;
+    {
+      std::lock_guard lock(mutex);
+      out.flush(outs);
+      err.flush(errs);
+    }
+    for (auto& line : outs)
+      send(text_event("stdout", std::move(line)));
+    for (auto& line : errs)
+      send(text_event("stderr", std::move(line)));
+  }
+
+  void start_pings() {
+    asio::post(strand, [self = shared_from_this()] { self->arm(); });
+  }
+  void arm() {
+    if (timer_stopped) return;
+    timer.expires_after(std::chrono::milliseconds(std::clamp<int64_t>(ping_every_ms / 6, 10, 500)));
+    timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->timer_stopped) return;
+      if (unix_ms() - self->last_event_ms >= self->ping_every_ms) {
+        self->send(text_event("ping", "pong"));
+      }
+      self->arm();
+    });
+  }
+  void stop_pings() {
+    asio::post(strand, [self = shared_from_this()] {
+      self->timer_stopped = true;
+      self->timer.cancel();
+    });
+  }
+};
+
+// The terminal event and the status fields for how an exec ended.
+struct Outcome {
+  std::string event;
+  int exit_code = 0;
+  std::optional<std::string> error;
+};
+
+Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, bool killed) {
+  try {
+    const sbx::ExecResult result = done.get();
+    if (result.timed_out() || killed)
+      return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+    if (result.error_type) {  // the sandbox could not start the command
+      const std::string what = "the sandbox could not start the command";
+      return {error_event(std::to_string(result.return_code), what), result.return_code, what};
+    }
+    if (result.return_code == 0) return {complete_event(execution_ms), 0, std::nullopt};
+    const std::string status = "exit status " + std::to_string(result.return_code);
+    return {error_event(std::to_string(result.return_code), status), result.return_code, status};
+  } catch (const sbx::CancelledError&) {  // an interrupt, the client gone, the server stopping
+    return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+  } catch (const std::exception& e) {
+    if (killed) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+    return {error_event(e.what(), e.what()), -1, std::string(e.what())};
+  }
+}
+
+// POST /command's body, read and checked (execd's 400 INVALID_REQUEST_BODY otherwise).
+struct CommandRequest {
+  std::string command;
+  std::optional<std::string> cwd;
+  bool background = false;
+  std::optional<int64_t> timeout_ms;
+  StringMap envs;
+  std::optional<uint32_t> uid, gid;
+};
+
+std::optional<int64_t> integer_of(const json::value& v) {
+  if (v.is_int64()) return v.as_int64();
+  if (v.is_uint64() && v.as_uint64() <= static_cast<uint64_t>(INT64_MAX)) {
+    return static_cast<int64_t>(v.as_uint64());
+  }
+  return std::nullopt;
+}
+
+std::optional<CommandRequest> read_command(const Request& request, std::string& why) {
+  boost::system::error_code ec;
+  const json::value value = json::parse(request.body(), ec);
+  if (ec) {
+    why = "invalid request body: " + ec.message();
+    return std::nullopt;
+  }
+  if (!value.is_object()) {
+    why = "invalid request body: the body must be a JSON object";
+    return std::nullopt;
+  }
+  const json::object& body = value.as_object();
+  CommandRequest out;
+  const auto* command = body.if_contains("command");
+  if (!command || !command->is_string() || command->as_string().empty()) {
+    why = "invalid request body: command is required (a non-empty string)";
+    return std::nullopt;
+  }
+  out.command = std::string(command->as_string());
+  if (const auto* cwd = body.if_contains("cwd"); cwd && !cwd->is_null()) {
+    if (!cwd->is_string()) {
+      why = "invalid request body: cwd must be a string";
+      return std::nullopt;
+    }
+    if (!cwd->as_string().empty()) out.cwd = std::string(cwd->as_string());
+  }
+  if (const auto* bg = body.if_contains("background"); bg && !bg->is_null()) {
+    if (!bg->is_bool()) {
+      why = "invalid request body: background must be a boolean";
+      return std::nullopt;
+    }
+    out.background = bg->as_bool();
+  }
+  if (const auto* t = body.if_contains("timeout"); t && !t->is_null()) {
+    const auto ms = integer_of(*t);
+    if (!ms || *ms < 0) {
+      why = "invalid request body: timeout must be a non-negative integer (milliseconds)";
+      return std::nullopt;
+    }
+    if (*ms > 0) out.timeout_ms = ms;
+  }
+  if (const auto* envs = body.if_contains("envs"); envs && !envs->is_null()) {
+    if (!envs->is_object()) {
+      why = "invalid request body: envs must be an object of strings";
+      return std::nullopt;
+    }
+    for (const auto& [k, v] : envs->as_object()) {
+      if (!v.is_string()) {
+        why = "invalid request body: envs." + std::string(k) + " must be a string";
+        return std::nullopt;
+      }
+      out.envs[std::string(k)] = std::string(v.as_string());
+    }
+  }
+  for (const char* name : {"uid", "gid"}) {
+    const auto* v = body.if_contains(name);
+    if (!v || v->is_null()) continue;
+    const auto n = integer_of(*v);
+    if (!n || *n < 0 || *n > UINT32_MAX) {
+      why = std::string("invalid request body: ") + name + " must be a non-negative integer";
+      return std::nullopt;
+    }
+    (std::string(name) == "uid" ? out.uid : out.gid) = static_cast<uint32_t>(*n);
+  }
+  if (out.gid && !out.uid) {
+    why = "invalid request body: gid requires uid";
+    return std::nullopt;
+  }
+  return out;
+}
+
+std::shared_ptr<Command> find_command(ExecdState& execd, const std::string& id) {
+  std::lock_guard lock(execd.mutex);
+  const auto it = execd.commands.find(id);
+  return it == execd.commands.end() ? nullptr : it->second;
+}
+
+Response stream_head(const Request& request) {
+  Response head{http::status::ok, request.version()};
+  head.set(http::field::cache_control, "no-cache");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set("X-Accel-Buffering", "no");
+  return head;
+}
+
+// Records the end of a command and lets the counters go.
+void finish_command(const std::shared_ptr<Server::State>& state,
+                    const std::shared_ptr<ExecdState>& execd,
+                    const std::shared_ptr<Command>& command, const Outcome& outcome) {
+  {
+    std::lock_guard lock(execd->mutex);
+    command->running = false;
+    command->exit_code = outcome.exit_code;
+    command->error = outcome.error;
+    command->finished_at = std::chrono::system_clock::now();
+    command->op = {};
+  }
+  std::lock_guard lock(state->mutex);
+  --state->running_commands;
+  state->maybe_finish_locked();
+}
+
+void release_stream(const std::shared_ptr<Server::State>& state) {
+  std::lock_guard lock(state->mutex);
+  --state->open_streams;
+}
+
+void run_command(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
+                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
+  std::string why;
+  auto parsed = read_command(request, why);
+  if (!parsed) {
+    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY", why));
+    return;
+  }
+  CommandRequest cmd = std::move(*parsed);
+  {
+    std::lock_guard lock(state->mutex);
+    if (state->stopping) {
+      reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
+                        "the server is stopping"));
+      return;
+    }
+    if (state->options.max_streams > 0 &&
+        static_cast<std::size_t>(state->open_streams) >= state->options.max_streams) {
+      reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
+                        "too many open command streams (at most " +
+                            std::to_string(state->options.max_streams) + "); try again later"));
+      return;
+    }
+    ++state->open_streams;
+    ++state->running_commands;
+  }
+  auto command = std::make_shared<Command>();
+  command->id = new_request_id();
+  command->content = cmd.command;
+  command->background = cmd.background;
+  command->started_at = std::chrono::system_clock::now();
+  const auto execd = entry->execd;
+  int log_fd = -1;
+  {
+    std::lock_guard lock(execd->mutex);
+    if (!execd->closed && cmd.background) {
+      std::error_code ec;
+      if (execd->log_dir.empty()) {
+        execd->log_dir = state->temp_dir / ("logs-" + new_request_id());
+        fs::create_directories(execd->log_dir, ec);
+      }
+      command->log_path = execd->log_dir / command->id;
+      log_fd = ::open(command->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      command->log_fd = log_fd;
+    }
+    if (!execd->closed && (!cmd.background || log_fd >= 0)) execd->commands[command->id] = command;
+  }
+  if (!find_command(*execd, command->id)) {
+    {
+      std::lock_guard lock(state->mutex);
+      --state->open_streams;
+      --state->running_commands;
+    }
+    if (log_fd >= 0) ::close(log_fd);
+    reply(cmd.background && log_fd < 0 && !entry->box->closed()
+              ? execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
+                            "cannot open a log for the command")
+              : error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
+                               "Sandbox " + entry->id + " not found."));
+    return;
+  }
+
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed_ms = [started] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 started)
+        .count();
+  };
+  auto sink = open_stream(stream_head(request), true);
+  if (state->options.faults) {  // the fault plan's cut_after_events (faults.hpp)
+    if (const auto n = state->options.faults->stream_cut("POST /command", entry->id)) {
+      sink->cut_after(*n);
+    }
+  }
+  sink->send(text_event("init", command->id));
+  sink->send(text_event("ping", "pong"));
+
+  sbx::ExecOptions options;
+  options.cwd = cmd.cwd;
+  options.env = cmd.envs;
+  options.timeout_s = cmd.timeout_ms ? static_cast<double>(*cmd.timeout_ms) / 1000.0 : kNoTimeoutS;
+  if (cmd.uid) {
+    options.user = std::to_string(*cmd.uid) + (cmd.gid ? ":" + std::to_string(*cmd.gid) : "");
+  }
+
+  std::shared_ptr<Foreground> fg;
+  if (cmd.background) {
+    options.on_output = [command](OutputStream, std::string_view data) {
+      std::lock_guard lock(command->log_mutex);
+      if (command->log_fd < 0) return;
+      std::size_t done = 0;
+      while (done < data.size()) {
+        const ssize_t n = ::write(command->log_fd, data.data() + done, data.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // a full disk: the log misses the rest
+        done += static_cast<std::size_t>(n);
+      }
+      command->log_size += done;
+    };
+  } else {
+    fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping);
+    fg->sink = sink;
+    fg->last_event_ms = unix_ms();
+    options.on_output = [fg](OutputStream stream, std::string_view data) {
+      fg->output(stream, data);
+    };
+  }
+
+  sbx::Operation<sbx::ExecResult> op;
+  try {
+    op = entry->box->exec_async(cmd.command, std::move(options));
+  } catch (const std::exception& e) {
+    spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
+    const Outcome outcome{error_event(e.what(), e.what()), -1, std::string(e.what())};
+    release_stream(state);
+    finish_command(state, execd, command, outcome);
+    if (cmd.background) {
+      sink->send(complete_event(elapsed_ms()));
+      std::lock_guard lock(command->log_mutex);
+      if (command->log_fd >= 0) ::close(command->log_fd);
+      command->log_fd = -1;
+    } else {
+      sink->send(outcome.event);
+    }
+    sink->end();
+    return;
+  }
+  {
+    std::lock_guard lock(execd->mutex);
+    if (command->running) command->op = op;
+    if (execd->closed) op.cancel();  // the sandbox closed meanwhile
+  }
+
+  if (cmd.background) {
+    // The stream ends at once; the output goes to the log.
+    release_stream(state);
+    sink->send(complete_event(elapsed_ms()));
+    sink->end();
+    op.then([state, execd, command, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
+      const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
+      {
+        std::lock_guard lock(command->log_mutex);
+        if (command->log_fd >= 0) ::close(command->log_fd);
+        command->log_fd = -1;
+      }
+      finish_command(state, execd, command, outcome);
+    });
+    return;
+  }
+
+  // Foreground: a client that goes away cancels the command.
+  sink->on_gone([op, command] {
+    command->killed = true;
+    op.cancel();
+  });
+  fg->start_pings();
+  op.then([state, execd, command, fg, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
+    const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
+    // The record and the counters first: a client that reads the terminal event and asks at once
+    // (status, another stream) sees the command ended.
+    release_stream(state);
+    finish_command(state, execd, command, outcome);
+    fg->stop_pings();
+    fg->flush();  // stdout/stderr are drained before the terminal event
+    fg->send(outcome.event);
+    fg->sink->end();
+  });
+}
+
+void interrupt(const std::shared_ptr<Entry>& entry, const Request& request, const Reply& reply) {
+  const auto ids = query_values(request, "id");
+  const std::string id = ids.empty() ? std::string() : ids.front();
+  if (id.empty()) {
+    reply(execd_error(request, http::status::bad_request, "MISSING_QUERY",
+                      "missing query parameter 'id'"));
+    return;
+  }
+  sbx::Operation<sbx::ExecResult> op;
+  {
+    std::lock_guard lock(entry->execd->mutex);
+    const auto it = entry->execd->commands.find(id);
+    if (it != entry->execd->commands.end() && it->second->running && it->second->op.valid()) {
+      op = it->second->op;
+      it->second->killed = true;
+    }
+  }
+  if (!op.valid()) {
+    reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
+                      "command not found or not running: " + id));
+    return;
+  }
+  op.cancel();
+  reply(empty_response(request, http::status::ok));
+}
+
+void status(const std::shared_ptr<Entry>& entry, const Request& request, const Reply& reply,
+            const std::string& id) {
+  json::object body;
+  {
+    std::lock_guard lock(entry->execd->mutex);
+    const auto it = entry->execd->commands.find(id);
+    if (it == entry->execd->commands.end()) {
+      reply(execd_error(request, http::status::not_found, "INVALID_REQUEST_BODY",
+                        "command not found: " + id));
+      return;
+    }
+    const Command& c = *it->second;
+    body["id"] = c.id;
+    body["content"] = c.content;
+    body["running"] = c.running;
+    // Left out while it runs (as execd's omitempty does), not null: the spec's schema has no null.
+    if (c.exit_code) body["exit_code"] = *c.exit_code;
+    if (c.error) body["error"] = *c.error;
+    body["started_at"] = format_time_ns(c.started_at);
+    if (c.finished_at) body["finished_at"] = format_time_ns(*c.finished_at);
+  }
+  Response r = json_response(request, http::status::ok, body);
+  r.set(http::field::content_type, "application/json; charset=utf-8");
+  reply(std::move(r));
+}
+
+void logs(const std::shared_ptr<Entry>& entry, const Request& request, const Reply& reply,
+          const std::string& id) {
+  auto command = find_command(*entry->execd, id);
+  if (!command) {
+    reply(execd_error(request, http::status::not_found, "INVALID_REQUEST_BODY",
+                      "command not found: " + id));
+    return;
+  }
+  if (!command->background) {
+    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY",
+                      "command " + id + " is not a background command"));
+    return;
+  }
+  uint64_t cursor = 0;
+  const auto cursors = query_values(request, "cursor");
+  if (!cursors.empty() && !cursors.front().empty()) {
+    const std::string& text = cursors.front();
+    if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 18) {
+      reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY",
+                        "invalid cursor: " + text));
+      return;
+    }
+    cursor = std::stoull(text);
+  }
+  uint64_t size = 0;
+  {
+    std::lock_guard lock(command->log_mutex);
+    size = command->log_size;
+  }
+  std::string body;
+  if (cursor < size) {
+    const uint64_t want = std::min<uint64_t>(size - cursor, kMaxLogRead);
+    const int fd = ::open(command->log_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {  // the sandbox closed meanwhile
+      reply(execd_error(request, http::status::not_found, "INVALID_REQUEST_BODY",
+                        "command not found: " + id));
+      return;
+    }
+    body.resize(want);
+    std::size_t got = 0;
+    while (got < want) {
+      const ssize_t n =
+          ::pread(fd, body.data() + got, want - got, static_cast<off_t>(cursor + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    body.resize(got);
+  }
+  Response r{http::status::ok, request.version()};
+  r.set(http::field::content_type, "text/plain; charset=utf-8");
+  r.set("Execd-Commands-Tail-Cursor", std::to_string(cursor + body.size()));
+  r.body() = std::move(body);
+  r.prepare_payload();
+  reply(std::move(r));
+}
+
+}  // namespace
+
+bool route_execd_command(const std::shared_ptr<Server::State>& state,
+                         const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
+                         const Request& request, const Reply& reply,
+                         const OpenStream& open_stream) {
+  const std::string& rest = target.rest;
+  const auto method = request.method();
+  if (rest == "/command") {
+    if (method == http::verb::post) {
+      run_command(state, entry, request, reply, open_stream);
+    } else if (method == http::verb::delete_) {
+      interrupt(entry, request, reply);
+    } else {
+      return false;
+    }
+    return true;
+  }
+  const std::string status_prefix = "/command/status/";
+  if (rest.rfind(status_prefix, 0) == 0 && method == http::verb::get) {
+    status(entry, request, reply, rest.substr(status_prefix.size()));
+    return true;
+  }
+  const std::string prefix = "/command/";
+  const std::string suffix = "/logs";
+  if (rest.rfind(prefix, 0) == 0 && rest.size() > prefix.size() + suffix.size() &&
+      rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+      method == http::verb::get) {
+    logs(entry, request, reply,
+         rest.substr(prefix.size(), rest.size() - prefix.size() - suffix.size()));
+    return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
+                                   const ExecdTarget& target, const Request& request,
+                                   const Reply& reply) {
+  const auto entry = find_live(state, target.sandbox_id);  // an expired one is unknown
+  if (!entry) {
+    reply(error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
+                         "Sandbox " + target.sandbox_id + " not found."));
+    return nullptr;
+  }
+  if (target.port != "44772") {
+    reply(
+        execd_error(request, http::status::bad_gateway, "NOT_SUPPORTED",
+                    "sbx serve serves execd (port 44772) on its gateway, not port " + target.port));
+    return nullptr;
+  }
+  return entry;
+}
+
+void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
+                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
+  auto entry = execd_entry(state, target, request, reply);
+  if (!entry) return;
+  if (target.rest == "/ping" && request.method() == http::verb::get) {
+    reply(empty_response(request, http::status::ok));
+    return;
+  }
+  if (route_execd_command(state, entry, target, request, reply, open_stream)) return;
+  if (route_execd_files(state, entry, target, request, reply, open_stream)) return;
+  reply(execd_error(request, http::status::not_found, "NOT_SUPPORTED",
+                    "sbx serve does not serve execd's " + std::string(request.method_string()) +
+                        " " + target.rest));
+}
+
+}  // namespace sbx::serve

@@ -1,0 +1,759 @@
+// The execd API served by `sbx serve`'s gateway, over the test_processes plugin (commands are host
+// processes in the sandbox's directory: NOTHING destructive runs through it). The event streams
+// of the wire transcript, interrupts, background commands with status and logs, a client going
+// away, keep-alive pings, the stream cap, auth on both path kinds, and the graceful stop.
+
+#include "support.hpp"
+
+#include <doctest/doctest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <thread>
+#include <tuple>
+
+using namespace serve_test;
+namespace json = boost::json;
+
+namespace {
+
+struct Fixture {
+  TempDir dir;
+  fs::path root = dir.path / "root";
+  fs::path config = dir.path / "sbx.json";
+  fs::path log = dir.path / "serve.log";
+  std::optional<ServeProcess> server;
+  std::string id;  // a sandbox made by the fixture
+
+  explicit Fixture(std::vector<std::string> extra = {},
+                   std::map<std::string, std::string> env = {}) {
+    fs::create_directories(root);
+    std::ofstream(config) << json::serialize(json::object{
+        {"providers",
+         json::object{{"p", json::object{{"plugin", "test_processes"},
+                                         {"config", json::object{{"root", root.string()}}}}}}}});
+    server.emplace(config, "p", log, std::move(extra), std::move(env));
+  }
+  int port() const { return server->port(); }
+
+  std::string create(const std::map<std::string, std::string>& headers = {}) {
+    const auto r =
+        request(port(), "POST", "/v1/sandboxes",
+                R"({"image":{"uri":"x"},"entrypoint":["sh"],"resourceLimits":{}})", headers);
+    REQUIRE(r.status == 202);
+    id = std::string(r.json().at("id").as_string());
+    return id;
+  }
+  std::string direct(const std::string& rest) const {
+    return "/sandboxes/" + id + "/proxy/44772" + rest;
+  }
+  std::string proxied(const std::string& rest) const {
+    return "/v1/sandboxes/" + id + "/proxy/44772" + rest;
+  }
+};
+
+std::string command_body(const std::string& command) {
+  return json::serialize(json::object{{"command", command}});
+}
+
+bool is_hex32(const json::value& v) {
+  return v.is_string() && std::regex_match(std::string(v.as_string()), std::regex("[0-9a-f]{32}"));
+}
+
+std::vector<std::string> types(const std::vector<json::object>& events) {
+  std::vector<std::string> out;
+  for (const auto& e : events)
+    out.emplace_back(e.at("type").as_string());
+  return out;
+}
+
+// Every event has a Unix-ms timestamp near now.
+void check_timestamps(const std::vector<json::object>& events) {
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  for (const auto& e : events) {
+    REQUIRE(e.at("timestamp").is_int64());
+    CHECK(std::abs(e.at("timestamp").as_int64() - now) < 120000);
+  }
+}
+
+std::vector<std::string> keys(const json::object& o) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : o)
+    out.emplace_back(k);
+  return out;
+}
+
+// Runs a command to its end: the stream's events.
+std::vector<json::object> run(Fixture& f, const std::string& body,
+                              const std::map<std::string, std::string>& headers = {},
+                              bool proxied = false) {
+  StreamClient s(f.port(), "POST", proxied ? f.proxied("/command") : f.direct("/command"), body,
+                 headers);
+  REQUIRE(s.status() == 200);
+  CHECK(s.headers().at("content-type") == "text/event-stream");
+  CHECK(s.headers().at("cache-control") == "no-cache");
+  CHECK(s.headers().at("x-accel-buffering") == "no");
+  CHECK(s.headers().at("transfer-encoding") == "chunked");
+  auto events = s.rest();
+  check_timestamps(events);
+  return events;
+}
+
+std::string hmac_hex(const std::string& key, const std::string& data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest, &size);
+  std::string out;
+  static constexpr char hex[] = "0123456789abcdef";
+  for (unsigned int i = 0; i < size; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 0xf];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GET /ping, an unknown sandbox, another port, an unknown execd route") {
+  Fixture f;
+  f.create();
+  for (const auto& path : {f.direct("/ping"), f.proxied("/ping")}) {
+    CAPTURE(path);
+    const auto r = request(f.port(), "GET", path);
+    CHECK(r.status == 200);
+    CHECK(r.body.empty());
+    CHECK(r.headers.at("content-length") == "0");
+  }
+  for (const std::string prefix : {"", "/v1"}) {
+    const auto r = request(f.port(), "GET", prefix + "/sandboxes/nope/proxy/44772/ping");
+    CHECK(r.status == 404);
+    CHECK(r.body == R"({"code":"DOCKER::SANDBOX_NOT_FOUND","message":"Sandbox nope not found."})");
+  }
+  const auto port = request(f.port(), "GET", "/sandboxes/" + f.id + "/proxy/8080/ping");
+  CHECK(port.status == 502);
+  CHECK(port.json().at("code") == "NOT_SUPPORTED");
+  const auto route = request(f.port(), "GET", f.direct("/metrics"));
+  CHECK(route.status == 404);
+  CHECK(route.json().at("code") == "NOT_SUPPORTED");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("POST /command: exit 3 with stderr, as the transcript") {
+  Fixture f;
+  f.create();
+  const auto events = run(f, R"({"command":"echo out; echo err >&2; exit 3"})");
+  REQUIRE(types(events) == std::vector<std::string>{"init", "ping", "stdout", "stderr", "error"});
+  CHECK(keys(events[0]) == std::vector<std::string>{"type", "text", "timestamp"});
+  CHECK(is_hex32(events[0].at("text")));
+  CHECK(events[1].at("text") == "pong");
+  CHECK(events[2].at("text") == "out");
+  CHECK(events[3].at("text") == "err");
+  CHECK(keys(events[4]) == std::vector<std::string>{"type", "timestamp", "error"});
+  CHECK(events[4].at("error") == json::object{{"ename", "CommandExecError"},
+                                              {"evalue", "3"},
+                                              {"traceback", json::array{"exit status 3"}}});
+  // Its status, as a foreground command.
+  const auto st =
+      request(f.port(), "GET",
+              f.direct("/command/status/" + std::string(events[0].at("text").as_string())));
+  REQUIRE(st.status == 200);
+  CHECK(st.headers.at("content-type") == "application/json; charset=utf-8");
+  CHECK(st.json().at("running") == false);
+  CHECK(st.json().at("exit_code") == 3);
+  CHECK(st.json().at("content") == "echo out; echo err >&2; exit 3");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("POST /command: two lines, env and a partial line, blank lines and \\r, via the proxy") {
+  Fixture f;
+  f.create();
+  auto events = run(f, R"({"command":"echo a; echo b"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "stdout", "execution_complete"});
+  CHECK(events[2].at("text") == "a");
+  CHECK(events[3].at("text") == "b");
+  CHECK(keys(events[4]) == std::vector<std::string>{"type", "execution_time", "timestamp"});
+  CHECK(events[4].at("execution_time").is_int64());
+  CHECK(events[4].at("execution_time").as_int64() >= 0);
+
+  events = run(f, R"({"command":"printf \"x=$X\"","envs":{"X":"42"}})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "execution_complete"});
+  CHECK(events[2].at("text") == "x=42");
+
+  events = run(f, R"({"command":"printf 'a\n\nb\rc\r\nd'"})", {}, true);
+  REQUIRE(types(events) == std::vector<std::string>{"init", "ping", "stdout", "stdout", "stdout",
+                                                    "stdout", "stdout", "execution_complete"});
+  CHECK(events[2].at("text") == "a");
+  CHECK(events[3].at("text") == "\n");  // a blank line
+  CHECK(events[4].at("text") == "b");
+  CHECK(events[5].at("text") == "c");
+  CHECK(events[6].at("text") == "d");
+
+  // cwd is relative to the sandbox; a bad body is 400 before any stream.
+  fs::create_directories(f.root / f.id / "work");
+  events = run(f, R"({"command":"pwd","cwd":"/work"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "execution_complete"});
+  CHECK(std::string(events[2].at("text").as_string()).ends_with("/work"));
+  for (const char* bad :
+       {"{", "[]", R"({"cwd":"/"})", R"({"command":""})", R"({"command":"true","timeout":"1"})",
+        R"({"command":"true","gid":0})", R"({"command":"true","envs":{"A":1}})"}) {
+    CAPTURE(bad);
+    const auto r = request(f.port(), "POST", f.direct("/command"), std::string(bad));
+    CHECK(r.status == 400);
+    CHECK(r.headers.at("content-type") == "application/json; charset=utf-8");
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  }
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("POST /command: a timeout of 1000 ms kills sleep 5 (error -1, signal: killed)") {
+  Fixture f;
+  f.create();
+  const auto events = run(f, R"({"command":"echo start; sleep 5; echo end","timeout":1000})");
+  REQUIRE(types(events) == std::vector<std::string>{"init", "ping", "stdout", "error"});
+  CHECK(events[2].at("text") == "start");
+  CHECK(events[3].at("error") == json::object{{"ename", "CommandExecError"},
+                                              {"evalue", "-1"},
+                                              {"traceback", json::array{"signal: killed"}}});
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("background: init, ping, execution_complete at once; status and logs with a cursor") {
+  Fixture f;
+  f.create();
+  StreamClient s(f.port(), "POST", f.direct("/command"),
+                 std::string(R"({"command":"echo bg; sleep 1; echo done","background":true})"));
+  REQUIRE(s.status() == 200);
+  const auto events = s.rest();  // at once: the command still runs
+  REQUIRE(types(events) == std::vector<std::string>{"init", "ping", "execution_complete"});
+  const std::string cid(events[0].at("text").as_string());
+  auto st = request(f.port(), "GET", f.direct("/command/status/" + cid));
+  REQUIRE(st.status == 200);
+  CHECK(st.json().at("running") == true);
+  CHECK(!st.json().as_object().contains("exit_code"));  // left out while it runs
+  CHECK(!st.json().as_object().contains("finished_at"));
+  for (int i = 0; i < 100; ++i) {
+    st = request(f.port(), "GET", f.direct("/command/status/" + cid));
+    if (st.json().at("running") == false) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto body = st.json().as_object();
+  CHECK(keys(body) == std::vector<std::string>{"id", "content", "running", "exit_code",
+                                               "started_at", "finished_at"});
+  CHECK(body.at("id") == json::value(cid));
+  CHECK(body.at("content") == "echo bg; sleep 1; echo done");
+  CHECK(body.at("running") == false);
+  CHECK(body.at("exit_code") == 0);
+  const std::regex ns_time(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z)");
+  CHECK(std::regex_match(std::string(body.at("started_at").as_string()), ns_time));
+  CHECK(std::regex_match(std::string(body.at("finished_at").as_string()), ns_time));
+
+  const auto logs = request(f.port(), "GET", f.direct("/command/" + cid + "/logs?cursor=0"));
+  CHECK(logs.status == 200);
+  CHECK(logs.headers.at("content-type") == "text/plain; charset=utf-8");
+  CHECK(logs.body == "bg\ndone\n");
+  CHECK(logs.headers.at("execd-commands-tail-cursor") == "8");
+  const auto tail = request(f.port(), "GET", f.proxied("/command/" + cid + "/logs?cursor=3"));
+  CHECK(tail.body == "done\n");
+  CHECK(tail.headers.at("execd-commands-tail-cursor") == "8");
+  const auto end = request(f.port(), "GET", f.direct("/command/" + cid + "/logs?cursor=8"));
+  CHECK(end.body.empty());
+  CHECK(end.headers.at("execd-commands-tail-cursor") == "8");
+  const auto all = request(f.port(), "GET", f.direct("/command/" + cid + "/logs"));
+  CHECK(all.body == "bg\ndone\n");
+
+  const auto unknown = request(f.port(), "GET", f.direct("/command/status/nope"));
+  CHECK(unknown.status == 404);
+  CHECK(unknown.body == R"({"code":"INVALID_REQUEST_BODY","message":"command not found: nope"})");
+  CHECK(request(f.port(), "GET", f.direct("/command/nope/logs")).status == 404);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("DELETE /command?id= interrupts: the stream ends with error -1; then 500 RUNTIME_ERROR") {
+  Fixture f;
+  f.create();
+  const fs::path marker = f.dir.path / "interrupted-marker";
+  StreamClient s(f.port(), "POST", f.direct("/command"),
+                 command_body("sleep 5; touch " + marker.string()));
+  REQUIRE(s.status() == 200);
+  const auto init = s.next_event();
+  REQUIRE(init);
+  const std::string cid(init->at("text").as_string());
+  const auto del = request(f.port(), "DELETE", f.direct("/command?id=" + cid));
+  CHECK(del.status == 200);
+  CHECK(del.body.empty());
+  auto rest = s.rest();
+  REQUIRE(!rest.empty());
+  CHECK(rest.back().at("type") == "error");
+  CHECK(rest.back().at("error").at("evalue") == "-1");
+  CHECK(rest.back().at("error").at("traceback") == json::array{"signal: killed"});
+  const auto again = request(f.port(), "DELETE", f.direct("/command?id=" + cid));
+  CHECK(again.status == 500);
+  CHECK(again.json().at("code") == "RUNTIME_ERROR");
+  CHECK(request(f.port(), "DELETE", f.direct("/command?id=nope")).status == 500);
+  const auto st = request(f.port(), "GET", f.direct("/command/status/" + cid));
+  CHECK(st.json().at("running") == false);
+  CHECK(st.json().at("exit_code") == -1);
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  CHECK(!fs::exists(marker));  // the command was killed, not left running
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a client that disconnects mid-stream cancels its command") {
+  Fixture f;
+  f.create();
+  const fs::path marker = f.dir.path / "disconnected-marker";
+  std::string cid;
+  {
+    StreamClient s(f.port(), "POST", f.direct("/command"),
+                   command_body("sleep 3; touch " + marker.string()));
+    REQUIRE(s.status() == 200);
+    const auto init = s.next_event();
+    REQUIRE(init);
+    cid = std::string(init->at("text").as_string());
+    s.disconnect();
+  }
+  json::value st;
+  for (int i = 0; i < 50; ++i) {
+    st = request(f.port(), "GET", f.direct("/command/status/" + cid)).json();
+    if (st.at("running") == false) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(st.at("running") == false);
+  CHECK(st.at("error") == "signal: killed");
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  CHECK(!fs::exists(marker));
+  // The server still serves.
+  CHECK(types(run(f, R"({"command":"true"})")).back() == "execution_complete");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a silent command gets ping keep-alives every 3 s") {
+  Fixture f;
+  f.create();
+  const auto events = run(f, R"({"command":"sleep 7; echo x"})");
+  REQUIRE(events.size() >= 5);
+  CHECK(events.front().at("type") == "init");
+  CHECK(events.back().at("type") == "execution_complete");
+  int pings = 0;
+  for (const auto& e : events)
+    pings += e.at("type") == "ping" ? 1 : 0;
+  CHECK(pings >= 3);  // the first at once, then at least two during the silence
+  CHECK(events[events.size() - 2].at("text") == "x");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("--max-streams: a stream over the cap is refused with 503 before it starts") {
+  Fixture f({"--max-streams", "1"});
+  f.create();
+  {
+    StreamClient first(f.port(), "POST", f.direct("/command"),
+                       std::string(R"({"command":"sleep 2"})"));
+    REQUIRE(first.status() == 200);
+    REQUIRE(first.next_event());
+    const auto refused =
+        request(f.port(), "POST", f.direct("/command"), std::string(R"({"command":"true"})"));
+    CHECK(refused.status == 503);
+    CHECK(refused.json().at("code") == "RUNTIME_ERROR");
+    CHECK(types(first.rest()).back() == "execution_complete");
+  }
+  CHECK(types(run(f, R"({"command":"true"})")).back() == "execution_complete");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("auth: direct execd paths take X-EXECD-ACCESS-TOKEN, server-proxy paths the API key") {
+  Fixture f({"--api-key-env", "EXECD_TEST_KEY"}, {{"EXECD_TEST_KEY", "k3y"}});
+  f.create({{"OPEN-SANDBOX-API-KEY", "k3y"}});
+  const std::string token = hmac_hex("k3y", f.id);
+  const auto no_token = request(f.port(), "GET", f.direct("/ping"));
+  CHECK(no_token.status == 401);
+  CHECK(no_token.body ==
+        R"({"error":"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"})");
+  // The key itself does not open a direct path, nor another sandbox's token.
+  CHECK(request(f.port(), "GET", f.direct("/ping"), std::nullopt, {{"OPEN-SANDBOX-API-KEY", "k3y"}})
+            .status == 401);
+  CHECK(request(f.port(), "GET", f.direct("/ping"), std::nullopt,
+                {{"X-EXECD-ACCESS-TOKEN", hmac_hex("k3y", "other")}})
+            .status == 401);
+  CHECK(request(f.port(), "GET", f.direct("/ping"), std::nullopt, {{"X-EXECD-ACCESS-TOKEN", token}})
+            .status == 200);
+  const auto events = run(f, R"({"command":"echo via-token"})", {{"X-EXECD-ACCESS-TOKEN", token}});
+  CHECK(events[2].at("text") == "via-token");
+
+  const auto missing = request(f.port(), "GET", f.proxied("/ping"));
+  CHECK(missing.status == 401);
+  CHECK(missing.json().at("code") == "MISSING_API_KEY");
+  CHECK(
+      request(f.port(), "GET", f.proxied("/ping"), std::nullopt, {{"X-EXECD-ACCESS-TOKEN", token}})
+          .status == 401);
+  CHECK(request(f.port(), "GET", f.proxied("/ping"), std::nullopt, {{"OPEN-SANDBOX-API-KEY", "x"}})
+            .json()
+            .at("code") == "INVALID_API_KEY");
+  const auto proxied =
+      run(f, R"({"command":"echo via-proxy"})", {{"OPEN-SANDBOX-API-KEY", "k3y"}}, true);
+  CHECK(proxied[2].at("text") == "via-proxy");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("deleting a sandbox cancels its running commands and forgets them") {
+  Fixture f;
+  f.create();
+  StreamClient s(f.port(), "POST", f.direct("/command"), std::string(R"({"command":"sleep 30"})"));
+  REQUIRE(s.status() == 200);
+  const auto init = s.next_event();
+  REQUIRE(init);
+  const std::string cid(init->at("text").as_string());
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + f.id).status == 204);
+  const auto rest = s.rest();
+  REQUIRE(!rest.empty());
+  CHECK(rest.back().at("type") == "error");
+  CHECK(rest.back().at("error").at("evalue") == "-1");
+  CHECK(request(f.port(), "GET", f.direct("/command/status/" + cid)).status == 404);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a graceful stop lets a running command finish, then exits 0") {
+  Fixture f;
+  f.create();
+  StreamClient s(f.port(), "POST", f.direct("/command"),
+                 std::string(R"({"command":"sleep 2; echo finished"})"));
+  REQUIRE(s.status() == 200);
+  REQUIRE(s.next_event());
+  int status = -9;
+  std::thread stopper([&] { status = f.server->stop(); });
+  const auto rest = s.rest();
+  stopper.join();
+  CHECK(status == 0);
+  REQUIRE(rest.size() >= 2);
+  CHECK(rest[rest.size() - 2].at("text") == "finished");
+  CHECK(rest.back().at("type") == "execution_complete");
+  CHECK(fs::is_empty(f.root));
+}
+
+TEST_CASE("a stop cancels commands still running after --grace") {
+  Fixture f({"--grace", "1"});
+  f.create();
+  StreamClient s(f.port(), "POST", f.direct("/command"), std::string(R"({"command":"sleep 30"})"));
+  REQUIRE(s.status() == 200);
+  REQUIRE(s.next_event());
+  const auto started = std::chrono::steady_clock::now();
+  CHECK(f.server->stop() == 0);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
+  const auto rest = s.rest();
+  REQUIRE(!rest.empty());
+  CHECK(rest.back().at("type") == "error");
+  CHECK(fs::is_empty(f.root));
+}
+
+namespace {
+
+const std::string kBoundary = "sbx-test-boundary-7f3a";
+
+// A multipart/form-data body of (metadata JSON, file bytes) pairs, as the SDKs send it.
+std::string multipart(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::string body;
+  for (const auto& [meta, bytes] : pairs) {
+    body += "--" + kBoundary + "\r\n";
+    body += "Content-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n";
+    body += "Content-Type: application/json\r\n\r\n";
+    body += meta + "\r\n";
+    body += "--" + kBoundary + "\r\n";
+    body += "Content-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n";
+    body += "Content-Type: application/octet-stream\r\n\r\n";
+    body += bytes + "\r\n";
+  }
+  body += "--" + kBoundary + "--\r\n";
+  return body;
+}
+
+Response upload(Fixture& f, const std::string& body, bool proxied = false) {
+  return request(f.port(), "POST", proxied ? f.proxied("/files/upload") : f.direct("/files/upload"),
+                 body, {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Files left in the server's temp dirs under `dir` (uploads and downloads on their way).
+size_t temp_files(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("sbx-serve-", 0) != 0) continue;
+    for (const auto& f : fs::recursive_directory_iterator(e.path()))
+      n += f.is_regular_file() ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("upload: several pairs, a 20 MiB file, mode; temp files removed") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  std::string big(20 * 1024 * 1024, '\0');
+  for (size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<char>((i * 7919) % 251);
+  const auto r = upload(f, multipart({{R"({"path":"/up/hello.txt"})", "hello file\n"},
+                                      {R"({"path":"/up/run.sh","mode":755})", "#!/bin/sh\n"},
+                                      {R"({"path":"/up/big.bin","mode":600})", big}}));
+  CHECK(r.status == 200);
+  CHECK(r.body.empty());
+  const fs::path box = f.root / f.id;
+  CHECK(read_file(box / "up/hello.txt") == "hello file\n");
+  CHECK(read_file(box / "up/run.sh") == "#!/bin/sh\n");
+  CHECK(read_file(box / "up/big.bin") == big);
+  CHECK((fs::status(box / "up/hello.txt").permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+         fs::perms::others_read));
+  CHECK((fs::status(box / "up/run.sh").permissions() & fs::perms::all) ==
+        (fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+         fs::perms::others_read | fs::perms::others_exec));
+  CHECK((fs::status(box / "up/big.bin").permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write));
+  CHECK(temp_files(temps.path) == 0);
+
+  // Bad uploads: 400 with execd's codes, nothing written, no temp file left.
+  const auto not_multipart =
+      request(f.port(), "POST", f.direct("/files/upload"), std::string("{}"));
+  CHECK(not_multipart.status == 400);
+  CHECK(not_multipart.json().at("code") == "INVALID_FILE");
+  const auto bad_meta = upload(f, multipart({{R"({"nopath":1})", "x"}}));
+  CHECK(bad_meta.status == 400);
+  CHECK(bad_meta.json().at("code") == "INVALID_FILE_METADATA");
+  const auto bad_mode = upload(f, multipart({{R"({"path":"/up/m","mode":999})", "x"}}));
+  CHECK(bad_mode.status == 400);
+  CHECK(bad_mode.json().at("code") == "INVALID_FILE_METADATA");
+  std::string no_file = "--" + kBoundary +
+                        "\r\nContent-Disposition: form-data; name=\"metadata\"; "
+                        "filename=\"metadata\"\r\n\r\n{\"path\":\"/up/lonely\"}\r\n--" +
+                        kBoundary + "--\r\n";
+  const auto lonely = upload(f, no_file);
+  CHECK(lonely.status == 400);
+  CHECK(lonely.json().at("code") == "INVALID_FILE");
+  std::string cut = multipart({{R"({"path":"/up/cut.bin"})", std::string(100000, 'c')}});
+  cut.resize(cut.size() - 40);  // no closing boundary
+  const auto truncated = upload(f, cut);
+  CHECK(truncated.status == 400);
+  CHECK(truncated.json().at("code") == "INVALID_FILE_CONTENT");
+  CHECK(!fs::exists(box / "up/cut.bin"));
+  CHECK(!fs::exists(box / "up/lonely"));
+  CHECK(temp_files(temps.path) == 0);
+  // Unknown sandbox.
+  const auto unknown = request(f.port(), "POST", "/sandboxes/nope/proxy/44772/files/upload",
+                               multipart({{R"({"path":"/x"})", "x"}}),
+                               {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json().at("code") == "DOCKER::SANDBOX_NOT_FOUND");
+  CHECK(f.server->stop() == 0);
+  CHECK(fs::is_empty(temps.path));  // the server's temp dir went with it
+}
+
+TEST_CASE("download: whole file, Range 206 / 416, missing file 404, missing path 400") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  REQUIRE(upload(f, multipart({{R"({"path":"/up/hello.txt"})", "hello file\n"}}), true).status ==
+          200);
+  const auto whole = request(f.port(), "GET", f.direct("/files/download?path=/up/hello.txt"));
+  CHECK(whole.status == 200);
+  CHECK(whole.body == "hello file\n");
+  CHECK(whole.headers.at("accept-ranges") == "bytes");
+  CHECK(whole.headers.at("content-disposition") == "attachment; filename=\"hello.txt\"");
+  CHECK(whole.headers.at("content-length") == "11");
+  CHECK(whole.headers.at("content-type") == "application/octet-stream");
+
+  const std::vector<std::tuple<std::string, std::string, std::string>> ranges{
+      {"bytes=6-", "file\n", "bytes 6-10/11"},
+      {"bytes=0-4", "hello", "bytes 0-4/11"},
+      {"bytes=-5", "file\n", "bytes 6-10/11"},
+      {"bytes=6-100", "file\n", "bytes 6-10/11"}};
+  for (const auto& [range, body, content_range] : ranges) {
+    CAPTURE(range);
+    const auto r = request(f.port(), "GET", f.proxied("/files/download?path=%2Fup%2Fhello.txt"),
+                           std::nullopt, {{"Range", range}});
+    CHECK(r.status == 206);
+    CHECK(r.body == body);
+    CHECK(r.headers.at("content-range") == content_range);
+    CHECK(r.headers.at("content-length") == std::to_string(body.size()));
+  }
+  const auto unsatisfiable =
+      request(f.port(), "GET", f.direct("/files/download?path=/up/hello.txt"), std::nullopt,
+              {{"Range", "bytes=11-"}});
+  CHECK(unsatisfiable.status == 416);
+  CHECK(unsatisfiable.headers.at("content-range") == "bytes */11");
+
+  const auto missing = request(f.port(), "GET", f.direct("/files/download?path=/tmp/nope.txt"));
+  CHECK(missing.status == 404);
+  CHECK(
+      missing.body ==
+      R"({"code":"FILE_NOT_FOUND","message":"file not found. open /tmp/nope.txt: no such file or directory"})");
+  const auto no_path = request(f.port(), "GET", f.direct("/files/download"));
+  CHECK(no_path.status == 400);
+  CHECK(no_path.json().at("code") == "MISSING_QUERY");
+
+  // A 20 MiB file streams back whole; several requests on one connection keep working.
+  std::string big(20 * 1024 * 1024, 'b');
+  big[12345] = 'x';
+  REQUIRE(upload(f, multipart({{R"({"path":"/up/big.bin"})", big}})).status == 200);
+  const auto back = request(f.port(), "GET", f.direct("/files/download?path=/up/big.bin"));
+  CHECK(back.status == 200);
+  CHECK(back.body.size() == big.size());
+  CHECK(back.body == big);
+  CHECK(temp_files(temps.path) == 0);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a download whose client goes away leaves no temp file") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  std::string big(32 * 1024 * 1024, 'z');
+  REQUIRE(upload(f, multipart({{R"({"path":"/big.bin"})", big}})).status == 200);
+  {
+    StreamClient s(f.port(), "GET", f.direct("/files/download?path=/big.bin"));
+    CHECK(s.status() == 200);
+    s.disconnect();
+  }
+  for (int i = 0; i < 100 && temp_files(temps.path) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(temp_files(temps.path) == 0);
+  CHECK(request(f.port(), "GET", f.direct("/ping")).status == 200);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("GET /files/info: type, size, mode; a missing path is 404 for the call") {
+  Fixture f;
+  f.create();
+  REQUIRE(
+      upload(f, multipart({{R"({"path":"/info/hello.txt","mode":640})", "hello file\n"}})).status ==
+      200);
+  // test_processes runs `stat` on the host in the sandbox's directory: relative paths only.
+  const auto r = request(f.port(), "GET", f.direct("/files/info?path=info/hello.txt&path=info"));
+  REQUIRE(r.status == 200);
+  CHECK(r.headers.at("content-type") == "application/json; charset=utf-8");
+  const auto file = r.json().at("info/hello.txt").as_object();
+  CHECK(keys(file) == std::vector<std::string>{"path", "type", "size", "modified_at", "created_at",
+                                               "owner", "group", "mode"});
+  CHECK(file.at("path") == "info/hello.txt");
+  CHECK(file.at("type") == "file");
+  CHECK(file.at("size") == 11);
+  CHECK(file.at("mode") == 640);
+  CHECK(file.at("owner") == json::value(std::to_string(::getuid())));
+  CHECK(std::regex_match(std::string(file.at("modified_at").as_string()),
+                         std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z)")));
+  CHECK(r.json().at("info").at("type") == "directory");
+  const auto missing = request(f.port(), "GET", f.direct("/files/info?path=info&path=nope.txt"));
+  CHECK(missing.status == 404);
+  CHECK(missing.json().at("code") == "FILE_NOT_FOUND");
+  CHECK(request(f.port(), "GET", f.direct("/files/info")).json().at("code") == "MISSING_QUERY");
+  CHECK(f.server->stop() == 0);
+}
+
+namespace {
+
+// The server process's peak resident memory (VmHWM), in KiB.
+long peak_rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("memory stays bounded: a 256 MiB upload and download, a slow reader of a loud command") {
+  Fixture f;
+  f.create();
+  const long before = peak_rss_kib(f.server->pid());
+  REQUIRE(before > 0);
+  // The body is sent as it is built by the client: 256 MiB through the server.
+  std::string big(256 * 1024 * 1024, 'm');
+  REQUIRE(upload(f, multipart({{R"({"path":"/m/big.bin"})", big}})).status == 200);
+  CHECK(fs::file_size(f.root / f.id / "m/big.bin") == big.size());
+  const auto back = request(f.port(), "GET", f.direct("/files/download?path=/m/big.bin"));
+  CHECK(back.body.size() == big.size());
+  big.clear();
+  big.shrink_to_fit();
+  const long after_files = peak_rss_kib(f.server->pid());
+  CAPTURE(before);
+  CAPTURE(after_files);
+  CHECK(after_files - before < 24 * 1024);  // far below the 256 MiB that went through
+
+  // About 50 MB of events from a command whose client does not read for 3 s: the command waits
+  // (back-pressure) instead of the server buffering its output.
+  StreamClient s(f.port(), "POST", f.direct("/command"),
+                 command_body("head -c 30000000 /dev/zero | tr '\\0' 'a' | fold -w 100"));
+  REQUIRE(s.status() == 200);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const long during = peak_rss_kib(f.server->pid());
+  CAPTURE(during);
+  CHECK(during - before < 24 * 1024);
+  size_t lines = 0;
+  std::string last;
+  while (auto e = s.next_event()) {
+    if (e->at("type") == "stdout") ++lines;
+    last = std::string(e->at("type").as_string());
+  }
+  CHECK(lines == 300000);
+  CHECK(last == "execution_complete");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("an upload with Expect: 100-continue, then downloads on the same keep-alive connection") {
+  Fixture f;
+  f.create();
+  namespace asio = boost::asio;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  const std::string body = multipart({{R"({"path":"/k/a.txt"})", "alpha\n"}});
+  const std::string head =
+      "POST " + f.direct("/files/upload") +
+      " HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=" + kBoundary +
+      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nExpect: 100-continue\r\n\r\n";
+  asio::write(socket, asio::buffer(head));
+  std::string interim(25, '\0');
+  asio::read(socket, asio::buffer(interim));
+  CHECK(interim == "HTTP/1.1 100 Continue\r\n\r\n");
+  asio::write(socket, asio::buffer(body));
+  boost::beast::flat_buffer buffer;
+  namespace http = boost::beast::http;
+  http::response<http::string_body> res;
+  http::read(socket, buffer, res);
+  CHECK(res.result_int() == 200);
+  CHECK(res.keep_alive());
+  for (int i = 0; i < 3; ++i) {
+    http::request<http::empty_body> req{http::verb::get, f.direct("/files/download?path=/k/a.txt"),
+                                        11};
+    req.set(http::field::host, "x");
+    http::write(socket, req);
+    http::response<http::string_body> got;
+    http::read(socket, buffer, got);
+    CHECK(got.result_int() == 200);
+    CHECK(got.body() == "alpha\n");
+  }
+  CHECK(f.server->stop() == 0);
+}
