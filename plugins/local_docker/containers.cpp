@@ -23,8 +23,8 @@ constexpr int64_t kMaxSleepSeconds = 2147483647;
 // `w EXPIRES_AT FILE` returns once the expiry has passed. The expiry in force is FILE's (Unix
 // seconds, rewritten by sbx.renew/1), else the argument (no FILE: a read-only root file system).
 // It reads FILE with the shell's builtin `read`, compares with `date +%s` and sleeps the time left,
-// at most 30 s, so a renew is seen within 30 s and an idle sandbox runs two short processes
-// (date, sleep) every 30 s. A FILE that cannot be read once the expiry passed (a renew rewriting
+// at most 20 s, so a renew is seen within 20 s and an idle sandbox runs two short processes
+// (date, sleep) every 20 s. A FILE that cannot be read once the expiry passed (a renew rewriting
 // it: the daemon deletes the old file first) is read again 1 s later, twice, before the last
 // expiry seen counts. Without a working `date` it only sleeps, and the reaper ends the sandbox.
 constexpr std::string_view kExpiryClock =
@@ -36,8 +36,8 @@ constexpr std::string_view kExpiryClock =
     "    else m=$((m + 1)); fi 2>/dev/null\n"
     "    n=$(date +%s 2>/dev/null)\n"
     "    case $n in\n"
-    "    ''|*[!0-9]*) s=30 ;;\n"
-    "    *) if [ \"$n\" -lt \"$e\" ]; then s=$((e - n)); if [ $s -gt 30 ]; then s=30; fi\n"
+    "    ''|*[!0-9]*) s=20 ;;\n"
+    "    *) if [ \"$n\" -lt \"$e\" ]; then s=$((e - n)); if [ $s -gt 20 ]; then s=20; fi\n"
     "       elif [ $m -eq 0 ] || [ $m -gt 2 ]; then return 0\n"
     "       else s=1; fi ;;\n"
     "    esac\n"

@@ -89,6 +89,17 @@ TEST_CASE("renew moves the TTL past the original one; the sandbox then ends by i
   CHECK(docker().wait_gone(id, 20s));
 }
 
+TEST_CASE("an earlier expiry ends a running sandbox within the loop's longest sleep (20 s)") {
+  sbx::Sandbox box = provider().create(ldtest::spec());  // TTL 15 min
+  const std::string id = box.id();
+  const auto got = box.renew_async(Wall::now() + 3s).get();
+  box.detach();
+  sleep_until(got - 1s);
+  CHECK(state(id) == "running");  // not before the new expiry
+  CHECK(docker().wait_gone(id, 30s));
+  CHECK(Wall::now() < got + 24s);  // 20 s of sleep at most, then the removal
+}
+
 TEST_CASE("renew while paused: the reaper reads the expiry file, then removes it at the new time") {
   auto spec = ldtest::spec();
   spec.ttl_s = 3;
