@@ -1,7 +1,8 @@
 // ABI 1.1 lifecycle of a local_docker sandbox beyond create and close: pause and resume (the Engine
 // API's pause/unpause: the cgroup freezer), and descriptors for sbx.connect/1 (a sandbox found
 // again by its container name, with what a later process needs read from the labels stamped at
-// create).
+// create), and the expiry file that sbx.renew/1 rewrites (reaper/expiry_file.hpp). THREADING: any
+// thread; each call is a request or two on `api`.
 #pragma once
 
 #include "docker_api.hpp"
