@@ -16,18 +16,48 @@ namespace json = boost::json;
 
 constexpr int64_t kMiB = 1024 * 1024;
 
-// The longest sleep busybox and coreutils accept without complaint (about 68 years).
+// The longest TTL taken (about 68 years; once the longest sleep busybox and coreutils accept).
 constexpr int64_t kMaxSleepSeconds = 2147483647;
+
+// The TTL's clock, a shell function shared by the keep-alive and the entrypoint watchdog:
+// `w EXPIRES_AT FILE` returns once the expiry has passed. The expiry in force is FILE's (Unix
+// seconds, rewritten by sbx.renew/1), else the argument (no FILE: a read-only root file system).
+// It reads FILE with the shell's builtin `read`, compares with `date +%s` and sleeps the time left,
+// at most 20 s, so a renew is seen within 20 s and an idle sandbox runs two short processes
+// (date, sleep) every 20 s. A FILE that cannot be read once the expiry passed (a renew rewriting
+// it: the daemon deletes the old file first) is read again 1 s later, twice, before the last
+// expiry seen counts. Without a working `date` it only sleeps, and the reaper ends the sandbox.
+constexpr std::string_view kExpiryClock =
+    "w() {\n"
+    "  e=$1 f=$2 m=0\n"
+    "  while :; do\n"
+    "    if [ -z \"$f\" ]; then m=0\n"
+    "    elif read -r v <\"$f\" && [ \"$v\" -gt 0 ]; then e=$v m=0\n"
+    "    else m=$((m + 1)); fi 2>/dev/null\n"
+    "    n=$(date +%s 2>/dev/null)\n"
+    "    case $n in\n"
+    "    ''|*[!0-9]*) s=20 ;;\n"
+    "    *) if [ \"$n\" -lt \"$e\" ]; then s=$((e - n)); if [ $s -gt 20 ]; then s=20; fi\n"
+    "       elif [ $m -eq 0 ] || [ $m -gt 2 ]; then return 0\n"
+    "       else s=1; fi ;;\n"
+    "    esac\n"
+    "    sleep $s\n"
+    "  done\n"
+    "}\n";
+
+// The keep-alive of a sandbox with a TTL and no entrypoint: the main process ends (status 0) at
+// the expiry. Arguments: $1 = expiry (Unix seconds), $2 = the expiry file or "".
+constexpr std::string_view kTtlKeepalive = "w \"$1\" \"$2\"\nexit 0\n";
 
 // Runs the spec's entrypoint under the TTL: when it expires the entrypoint gets SIGTERM, then
 // SIGKILL 10 s later, and the shell (the container's main process) exits, which ends the container
 // and lets AutoRemove delete it. Signals sent to the container are passed on to the entrypoint.
-// Arguments: $1 = TTL in seconds, then the entrypoint's argv.
+// Arguments: $1 = expiry (Unix seconds), $2 = the expiry file or "", then the entrypoint's argv.
 constexpr std::string_view kTtlWatchdog =
-    "ttl=$1; shift\n"
+    "e=$1 f=$2; shift 2\n"
     "\"$@\" & p=$!\n"
     "trap 'kill -TERM $p 2>/dev/null' TERM INT HUP\n"
-    "(sleep \"$ttl\"; kill -TERM $p 2>/dev/null; sleep 10; kill -KILL $p 2>/dev/null) "
+    "(w \"$e\" \"$f\"; kill -TERM $p 2>/dev/null; sleep 10; kill -KILL $p 2>/dev/null) "
     ">/dev/null 2>&1 </dev/null &\n"
     "wait $p; r=$?\n"
     "while kill -0 $p 2>/dev/null; do wait $p; r=$?; done\n"
@@ -50,7 +80,8 @@ json::array string_array(const std::vector<std::string>& items) {
   return out;
 }
 
-json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at) {
+json::object labels_of(const CreateConfig& create, const sdk::Spec& spec,
+                       std::optional<int64_t> expires_at) {
   json::object labels;
   // Metadata first: the host's labels (used to find and reap sandboxes) win over a metadata key
   // of the same name, and the sandbox marker wins over both.
@@ -60,6 +91,7 @@ json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at)
     labels[key] = value;
   labels[kSandboxLabel] = "1";
   if (expires_at) labels[kExpiresAtLabel] = std::to_string(*expires_at);
+  if (expires_at && has_expiry_file(create, spec)) labels[expiry::kFileLabel] = expiry::kPath;
   if (spec.workdir) labels[kWorkdirLabel] = *spec.workdir;
   if (!spec.ports.empty()) {
     std::string ports;
@@ -118,18 +150,22 @@ json::array env_of(const sdk::KeyValues& env) {
 
 // Entrypoint and Cmd: the keep-alive process, the spec's entrypoint, or either under the TTL.
 void set_process(json::object& body, json::object& host, const CreateConfig& create,
-                 const sdk::Spec& spec) {
+                 const sdk::Spec& spec, std::optional<int64_t> expires_at) {
   const std::string& shell = create.keepalive_shell;
   if (spec.ttl) {
     // The container must end by itself even if the host process dies: AutoRemove deletes it when
     // its main process exits, and the main process exits when the TTL expires.
     host["AutoRemove"] = true;
-    const std::string ttl = std::to_string(ttl_seconds(*spec.ttl));
+    const std::string expiry = std::to_string(expires_at.value_or(0));
+    const std::string file = has_expiry_file(create, spec) ? std::string(expiry::kPath) : "";
+    const std::string clock(kExpiryClock);
     if (spec.entrypoint) {
-      body["Entrypoint"] = json::array{shell, "-c", kTtlWatchdog, "sbx-ttl-watchdog", ttl};
+      body["Entrypoint"] = json::array{
+          shell, "-c", clock + std::string(kTtlWatchdog), "sbx-ttl-watchdog", expiry, file};
       body["Cmd"] = string_array(*spec.entrypoint);
     } else {
-      body["Entrypoint"] = json::array{shell, "-c", "exec sleep " + ttl};
+      body["Entrypoint"] =
+          json::array{shell, "-c", clock + std::string(kTtlKeepalive), "sbx-ttl", expiry, file};
     }
   } else if (spec.entrypoint) {
     body["Entrypoint"] = string_array(*spec.entrypoint);
@@ -273,6 +309,14 @@ std::string bracket_ipv6(const std::string& host) {
 
 }  // namespace
 
+bool has_expiry_file(const CreateConfig& create, const sdk::Spec& spec) {
+  return spec.ttl.has_value() && !create.read_only;
+}
+
+std::string expiry_file_text(int64_t expires_at) {
+  return std::to_string(expires_at) + "\n";
+}
+
 std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
   if (!spec.ttl) return std::nullopt;
   const auto now = std::chrono::system_clock::now().time_since_epoch();
@@ -287,7 +331,7 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   json::object body;
   json::object host;
   body["Image"] = image.name;
-  body["Labels"] = labels_of(spec, expires_at);
+  body["Labels"] = labels_of(create, spec, expires_at);
   check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;
@@ -296,7 +340,7 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   body["AttachStderr"] = false;
   body["Tty"] = false;
   body["OpenStdin"] = false;
-  set_process(body, host, create, spec);
+  set_process(body, host, create, spec, expires_at);
   set_resources(host, create, spec.resources, with_disk_limit);
   set_ports(body, host, create, spec.ports);
   set_volumes(host, options);

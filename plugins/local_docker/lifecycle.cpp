@@ -1,5 +1,6 @@
 #include "lifecycle.hpp"
 
+#include "archive.hpp"
 #include "containers.hpp"
 
 #include <sbx/abi/ext/connect.h>
@@ -65,8 +66,7 @@ std::vector<uint16_t> ports_of(const std::string& text) {
 
 }  // namespace
 
-void pause_container(DockerApi& api, const std::string& container,
-                     const sdk::CancelToken& cancel) {
+void pause_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel) {
   change_state(api, container, "pause", "already paused", "pausing", cancel);
 }
 
@@ -88,9 +88,28 @@ void require_not_paused(DockerApi& api, const std::string& container,
   }
   const json::object inspect = parse_body(response.body, "inspecting container " + container);
   if (string_at(object_at(inspect, "State"), "Status") == "paused") {
-    throw sdk::Error::failed_precondition("sandbox " + container +
-                                          " is paused; resume it first");
+    throw sdk::Error::failed_precondition("sandbox " + container + " is paused; resume it first");
   }
+}
+
+std::optional<int64_t> read_expiry_file(DockerApi& api, const std::string& container,
+                                        const sdk::CancelToken& cancel) {
+  http::Request request;
+  request.target =
+      "/containers/" + container + "/archive?path=" + http::url_encode(std::string(expiry::kPath));
+  const http::Response response = api.send(std::move(request), cancel);
+  if (response.status == 404) return std::nullopt;
+  if (response.status != 200) {
+    throw api_error(response.status, response.body,
+                    "reading the expiry file of sandbox " + container);
+  }
+  return expiry::parse_archive(response.body);
+}
+
+void write_expiry_file(DockerApi& api, const std::string& container, int64_t expires_at,
+                       const sdk::CancelToken& cancel) {
+  upload_files(api, container, {{std::string(expiry::kPath), expiry_file_text(expires_at)}},
+               cancel);
 }
 
 std::string make_descriptor(const std::string& name, const std::string& container_id) {
@@ -120,9 +139,8 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
   found.name = string_at(&d, "sandbox_id");
   const std::string expected_id = string_at(&d, "container_id");
   // A name is what create made: the prefix and hex digits, nothing that could escape a URL path.
-  if (found.name.empty() ||
-      found.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_.-") !=
-          std::string::npos) {
+  if (found.name.empty() || found.name.find_first_not_of(
+                                "abcdefghijklmnopqrstuvwxyz0123456789_.-") != std::string::npos) {
     throw sdk::Error::invalid_argument("the descriptor's sandbox_id '" + found.name +
                                        "' is not a local_docker sandbox name");
   }
@@ -161,6 +179,11 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
     int64_t value = 0;
     const auto [ptr, err] = std::from_chars(expiry.data(), expiry.data() + expiry.size(), value);
     if (err == std::errc() && ptr == expiry.data() + expiry.size()) found.expires_at = value;
+  }
+  // A renew may have moved the expiry past the label: the file holds the one in force.
+  if (found.expires_at && string_at(labels, expiry::kFileLabel) == expiry::kPath) {
+    found.has_expiry_file = true;
+    if (const auto in_file = read_expiry_file(api, found.name, cancel)) found.expires_at = in_file;
   }
   return found;
 }

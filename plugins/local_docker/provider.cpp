@@ -21,6 +21,8 @@ using std::chrono::milliseconds;
 // After a command died past its sandbox's expiry: how long the container may take to stop for the
 // death to count as the TTL's.
 constexpr milliseconds kTtlStopWait = 2s;
+// The farthest renew takes: the longest TTL a create takes (2^31 - 1 s, about 68 years).
+constexpr int64_t kMaxRenewAheadMs = int64_t{2147483647} * 1000;
 // Bound on the `command -v bash` exec that picks a sandbox's shell.
 constexpr milliseconds kShellProbeTimeout = 10s;
 // Room in the pool for everything that is not an exec: execs beyond exec.concurrency wait on the
@@ -215,6 +217,9 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   for (const auto& file : spec.files) {
     files.emplace_back(container_path(file.path, spec.workdir), file.contents);
   }
+  // Last, so that it wins over a startup file of the same path.
+  const bool expiry_file = expires_at && has_expiry_file(config_.create, spec);
+  if (expiry_file) files.emplace_back(expiry::kPath, expiry_file_text(*expires_at));
 
   const Semaphore::Slot slot(create_slots_, cancel);
 
@@ -244,7 +249,7 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
                ms.count(), " ms");
     return std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
-                                           spec.workdir, spec.ports, expires_at);
+                                           spec.workdir, spec.ports, expires_at, expiry_file);
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
@@ -481,8 +486,57 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
   // The shell is found at the first exec (the sandbox may be paused now) unless configured.
   connected.sandbox = std::make_unique<DockerSandbox>(
       std::move(found.name), std::move(found.container_id), config_.exec.shell.value_or(""),
-      std::move(found.workdir), std::move(found.ports), found.expires_at);
+      std::move(found.workdir), std::move(found.ports), found.expires_at, found.has_expiry_file);
   return connected;
+}
+
+int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                                   const sdk::CancelToken& cancel) {
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const int64_t now_ms = std::chrono::duration_cast<milliseconds>(now).count();
+  if (expires_at_unix_ms <= now_ms) {
+    throw sdk::Error::invalid_argument("the new expiry (" + std::to_string(expires_at_unix_ms) +
+                                       " ms since the epoch) is not in the future");
+  }
+  if (expires_at_unix_ms - now_ms > kMaxRenewAheadMs) {
+    throw sdk::Error::invalid_argument("the new expiry is more than 68 years away");
+  }
+  if (!box.expires_at()) {
+    throw sdk::Error::failed_precondition(
+        "sandbox " + box.container() + " was created without a TTL: its main process runs until " +
+        "it is closed and cannot take an expiry later; create it with a TTL to renew it");
+  }
+  if (!box.has_expiry_file()) {
+    throw sdk::Error::failed_precondition(
+        "sandbox " + box.container() + " has no expiry file (a read-only root file system, or " +
+        "created by an older local_docker), so its expiry cannot move");
+  }
+  // Seconds, rounded up: the resolution of the expiry file, the label and `date +%s`.
+  const int64_t expires_at = expires_at_unix_ms / 1000 + (expires_at_unix_ms % 1000 > 0 ? 1 : 0);
+  const boost::json::object inspect = inspect_container(api_, box.container(), cancel);
+  const auto* state = inspect.if_contains("State");
+  const auto* status =
+      state && state->is_object() ? state->get_object().if_contains("Status") : nullptr;
+  const std::string_view running = status && status->is_string() ? status->get_string() : "";
+  if (running != "running" && running != "paused") {
+    throw sdk::Error::not_found(
+        "sandbox " + box.container() + " has ended (its container is " +
+        (running.empty() ? std::string("in no known state") : std::string(running)) + ")");
+  }
+  // The expiry in force may come from another handle's renew: the file, else what we know.
+  const int64_t current =
+      read_expiry_file(api_, box.container(), cancel).value_or(*box.expires_at());
+  if (current * 1000 <= now_ms) {
+    throw sdk::Error::not_found("sandbox " + box.container() +
+                                " has reached its TTL (sbx.expires_at=" + std::to_string(current) +
+                                ") and is being removed");
+  }
+  write_expiry_file(api_, box.container(), expires_at, cancel);
+  box.set_expires_at(expires_at);
+  log_.debug("sandbox ", box.container(), " renewed: expires at ", expires_at, " (was ", current,
+             ")");
+  return expires_at * 1000;
 }
 
 void LocalDockerProvider::write_startup_files(sdk::Sandbox&, const std::vector<sdk::StartupFile>&,

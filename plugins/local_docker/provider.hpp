@@ -10,6 +10,7 @@
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/plugin.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,13 +27,14 @@ class DockerSandbox final : public sdk::Sandbox {
  public:
   DockerSandbox(std::string name, std::string container_id, std::string shell,
                 std::optional<std::string> workdir, std::vector<uint16_t> ports,
-                std::optional<int64_t> expires_at)
+                std::optional<int64_t> expires_at, bool has_expiry_file)
       : sdk::Sandbox(std::move(name)),
         container_id_(std::move(container_id)),
         shell_(std::move(shell)),
         workdir_(std::move(workdir)),
         ports_(std::move(ports)),
-        expires_at_(expires_at) {}
+        expires_at_(expires_at.value_or(kNoExpiry)),
+        has_expiry_file_(has_expiry_file) {}
 
   const std::string& container() const noexcept { return id(); }
   const std::string& container_id() const noexcept { return container_id_; }
@@ -48,7 +50,15 @@ class DockerSandbox final : public sdk::Sandbox {
   }
   const std::optional<std::string>& workdir() const noexcept { return workdir_; }
   const std::vector<uint16_t>& ports() const noexcept { return ports_; }
-  const std::optional<int64_t>& expires_at() const noexcept { return expires_at_; }
+  // The expiry in force as this handle knows it (Unix seconds): set at create or connect, moved by
+  // renew. Nothing without a TTL. THREADING: thread-safe.
+  std::optional<int64_t> expires_at() const noexcept {
+    const int64_t value = expires_at_.load();
+    return value == kNoExpiry ? std::nullopt : std::optional<int64_t>(value);
+  }
+  void set_expires_at(int64_t value) noexcept { expires_at_.store(value); }
+  // Whether the container keeps its expiry in the expiry file (expiry::kPath), i.e. can be renewed.
+  bool has_expiry_file() const noexcept { return has_expiry_file_; }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -56,7 +66,9 @@ class DockerSandbox final : public sdk::Sandbox {
   std::string shell_;
   std::optional<std::string> workdir_;
   std::vector<uint16_t> ports_;
-  std::optional<int64_t> expires_at_;  // unix seconds of the TTL's end (the sbx.expires_at label)
+  static constexpr int64_t kNoExpiry = -1;
+  std::atomic<int64_t> expires_at_;  // unix seconds of the TTL's end, or kNoExpiry
+  bool has_expiry_file_;
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -91,7 +103,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingEndpoint,
                                   public sdk::BlockingListReap,
                                   public sdk::BlockingPause,
-                                  public sdk::BlockingConnect {
+                                  public sdk::BlockingConnect,
+                                  public sdk::BlockingRenew {
  public:
   static constexpr const char* kId = "local_docker";
   static constexpr const char* kDescription =
@@ -132,6 +145,13 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // sbx.connect/1: a container name (and Id) is enough; the rest is on its labels.
   std::string serialize(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   sdk::Connected connect(const std::string& descriptor, const sdk::CancelToken& cancel) override;
+  // sbx.renew/1: rewrites the sandbox's expiry file (archive API, so also while paused), which the
+  // keep-alive or watchdog inside and the reaper read. Refused (FAILED_PRECONDITION) for a sandbox
+  // without a TTL or without an expiry file (read-only root file system); a past expiry is
+  // INVALID_ARGUMENT; a sandbox that has ended or reached its expiry NOT_FOUND. Rounds up to whole
+  // seconds.
+  int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                const sdk::CancelToken& cancel) override;
 
  private:
   using Clock = std::chrono::steady_clock;

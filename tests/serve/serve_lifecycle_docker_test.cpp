@@ -1,8 +1,8 @@
 // `sbx serve` lifecycle routes over local_docker on the real daemon: pause and resume freeze the
-// container (docker reports it paused), renew is refused (local_docker has no sbx.renew/1), list
-// shows the sandbox, and with
-// --state-dir --keep-on-stop a restarted server serves the same id (get, pause, delete), which
-// the daemon confirms.
+// container (docker reports it paused), renew moves the expiry (in the answer, in GET and in the
+// container's expiry file that local_docker's keep-alive and reaper read), list shows the
+// sandbox, and with --state-dir --keep-on-stop a restarted server serves the same id (get, pause,
+// delete), which the daemon confirms.
 
 #include "support.hpp"
 
@@ -40,7 +40,7 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
 
 }  // namespace
 
-TEST_CASE("local_docker: pause, list, renew refused, and a restarted server serving the same id") {
+TEST_CASE("local_docker: pause, renew, list, and a restarted server serving the same id") {
   TempDir dir;
   const fs::path config = dir.path / "sbx.json";
   const std::string state = (dir.path / "state").string();
@@ -66,17 +66,21 @@ TEST_CASE("local_docker: pause, list, renew refused, and a restarted server serv
   REQUIRE(request(server->port(), "POST", "/v1/sandboxes/" + id + "/resume").status == 202);
   CHECK(docker_state(id) == "running");
 
-  // local_docker does not offer sbx.renew/1 (its README, decision 56): a clear 501, the expiry
-  // unchanged.
-  const std::string later = rfc3339(std::chrono::system_clock::now() + std::chrono::minutes(30));
+  // local_docker offers sbx.renew/1 (decisions 126-129): whole seconds, in the container's file.
+  const auto later = std::chrono::system_clock::now() + std::chrono::minutes(30);
+  const auto later_s = std::chrono::duration_cast<std::chrono::seconds>(later.time_since_epoch());
   const auto renewed = request(server->port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
-                               R"({"expiresAt":")" + later + R"("})");
-  CHECK(renewed.status == 501);
-  CHECK(renewed.json().at("code") == "SANDBOX::API_NOT_SUPPORTED");
-  CHECK(std::string(renewed.json().at("message").as_string()).find("sbx.renew/1") !=
-        std::string::npos);
+                               R"({"expiresAt":")" + rfc3339(later) + R"("})");
+  REQUIRE_MESSAGE(renewed.status == 200, renewed.body);
+  const json::value new_expiry = renewed.json().at("expiresAt");
+  CHECK(new_expiry == json::value(rfc3339(later)));
+  CHECK(new_expiry != created.json().at("expiresAt"));
   CHECK(request(server->port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") ==
-        created.json().at("expiresAt"));
+        new_expiry);
+  std::string file;
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "cat", "/.sbx/expires_at"}, file) ==
+          0);
+  CHECK(std::stoll(file) == later_s.count());
 
   const auto listed =
       request(server->port(), "GET", "/v1/sandboxes?metadata=test%3Dserve_lifecycle_docker_test");

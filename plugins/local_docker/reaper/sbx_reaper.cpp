@@ -5,12 +5,21 @@
 // container created but never started (its host died during create) never runs the watchdog, and
 // AutoRemove never fires for it.
 //
+// sbx.renew/1 can move a sandbox's expiry past its label (labels cannot change): a container
+// labelled sbx.expiry_file has its expiry in force in that file (expiry_file.hpp), and once its
+// label has passed the reaper reads the file (GET /containers/{id}/archive, a small tar) and
+// leaves the container alone while the file says later. A file that cannot be read is looked at
+// once more half a second later (a renew rewrites it, and the daemon deletes the old file first),
+// then the label decides.
+//
 // Built static (no libc, libstdc++ or sanitizer runtime needed in its image, which holds only this
 // file) and embedded in local_docker.so. It speaks HTTP/1.0 to the daemon over the bind-mounted
 // unix socket with plain POSIX calls: one request per connection, the answer ends with the
 // connection. Single-threaded; SIGTERM or SIGINT end it between two requests.
 //
 // Usage: sbx-reaper [--socket PATH] [--interval SECONDS] [--once]
+
+#include "expiry_file.hpp"
 
 #include <boost/json/src.hpp>
 
@@ -28,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -160,16 +170,46 @@ std::string url_encode(std::string_view text) {
   return out;
 }
 
+namespace expiry = sbx::local_docker::expiry;
+
 // A label value of unix seconds; nothing unless it is all digits.
 bool parse_seconds(std::string_view text, long long& out) {
-  if (text.empty() || text.size() > 18) return false;
-  long long value = 0;
-  for (const char c : text) {
-    if (c < '0' || c > '9') return false;
-    value = value * 10 + (c - '0');
-  }
-  out = value;
+  const auto value = expiry::parse_seconds(text);
+  if (!value) return false;
+  out = *value;
   return true;
+}
+
+void sleep_for(double seconds);
+
+// The expiry in the container's expiry file at `path`; nothing when it cannot be read or parsed.
+std::optional<long long> read_expiry_file(const std::string& socket_path,
+                                          const std::string& container_id,
+                                          const std::string& path) {
+  try {
+    const Response file = request(
+        socket_path, "GET", "/containers/" + container_id + "/archive?path=" + url_encode(path));
+    if (file.status != 200) return std::nullopt;
+    const auto value = expiry::parse_archive(file.body);
+    if (!value) return std::nullopt;
+    return static_cast<long long>(*value);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The expiry in force of a container whose label expiry has passed: its expiry file's when it
+// has one (read twice, 0.5 s apart, before giving up on it), else the label's.
+long long expiry_in_force(const std::string& socket_path, const std::string& container_id,
+                          const json::object& labels, long long label_expiry) {
+  const auto* file = labels.if_contains(expiry::kFileLabel);
+  if (!file || !file->is_string() || !file->get_string().starts_with("/")) return label_expiry;
+  const std::string path(file->get_string());
+  for (int attempt = 0; attempt < 2 && !g_stop; ++attempt) {
+    if (attempt > 0) sleep_for(0.5);
+    if (const auto value = read_expiry_file(socket_path, container_id, path)) return *value;
+  }
+  return label_expiry;
 }
 
 std::string message_of(const Response& response) {
@@ -213,6 +253,8 @@ int sweep(const std::string& socket_path) {
     }
     if (expires_at > now) continue;
     const std::string container_id(id->get_string());
+    expires_at = expiry_in_force(socket_path, container_id, labels->get_object(), expires_at);
+    if (expires_at > now) continue;  // renewed
     std::string name = container_id.substr(0, 12);
     if (const auto* names = container.if_contains("Names"); names && names->is_array() &&
                                                             !names->get_array().empty() &&
