@@ -548,9 +548,19 @@ Error curl_error(const Transfer& t, CURLcode code, const ClientOptions& options)
                                       : " on a reused connection"));
       }
       break;
-    case CURLE_GOT_NOTHING:
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:
+      // TLS 1.3 servers refuse a client certificate (or its absence) after the handshake, with an
+      // alert the first read meets: the request never reached the application.
+      if (t.block_status == 0 && !t.headers_done && message.find("SSL") != std::string::npos &&
+          message.find(" alert ") != std::string::npos) {
+        return Error::unavailable("TLS: " + t.endpoint + " refused this client: " + message +
+                                      " (does it require a client certificate? set client_cert "
+                                      "and client_key)",
+                                  false);
+      }
+      [[fallthrough]];
+    case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
     case CURLE_SEND_FAIL_REWIND:
       // The peer dropped the connection mid-request: transient from the client's point of view,
