@@ -72,7 +72,10 @@ uint64_t fnv1a(std::string_view bytes, uint64_t hash = kFnvOffset) {
 class TestServer {
  public:
   // TCP on 127.0.0.1 with an ephemeral port, or a unix socket at `unix_path`.
-  explicit TestServer(std::string unix_path = "") : unix_path_(std::move(unix_path)) {
+  // With `idle_close_ms`, a connection idle that long between requests is closed by the server,
+  // as uvicorn does after about 5 s.
+  explicit TestServer(std::string unix_path = "", int idle_close_ms = 0)
+      : unix_path_(std::move(unix_path)), idle_close_ms_(idle_close_ms) {
     if (unix_path_.empty()) {
       fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       sockaddr_in addr{};
@@ -123,6 +126,7 @@ class TestServer {
   int accepted() const { return accepted_; }
   int requests() const { return requests_; }
   int dropped() const { return dropped_; }
+  int idle_closed() const { return idle_closed_; }
 
  private:
   struct Request {
@@ -197,7 +201,14 @@ class TestServer {
 
   void serve(Connection connection) {
     Request request;
-    while (!stopping_ && read_request(connection, request)) {
+    auto idle_closed = [&] {
+      if (idle_close_ms_ <= 0 || !connection.buffer.empty()) return false;
+      pollfd p{connection.fd, POLLIN, 0};
+      if (poll(&p, 1, idle_close_ms_) != 0) return false;
+      ++idle_closed_;
+      return true;
+    };
+    while (!stopping_ && !idle_closed() && read_request(connection, request)) {
       ++requests_;
       ++connection.served;
       if (!respond(connection, request)) break;
@@ -419,6 +430,8 @@ class TestServer {
   std::atomic<int> accepted_{0};
   std::atomic<int> requests_{0};
   std::atomic<int> dropped_{0};
+  std::atomic<int> idle_closed_{0};
+  int idle_close_ms_ = 0;
   std::thread acceptor_;
   std::mutex mutex_;
   std::set<int> open_;
@@ -955,6 +968,20 @@ TEST_CASE("keep-alive expiry: a connection idle past keepalive_expiry is not reu
   CHECK(fresh.accepted() == 3);
 }
 
+TEST_CASE("a server that closes idle connections after 1.5 s: no request fails") {
+  TestServer server("", 1500);
+  http::ClientOptions options = server.options();
+  options.keepalive_expiry = 1s;
+  http::Client client(options);
+  for (auto gap : {0ms, 200ms, 1100ms, 300ms, 1800ms, 100ms}) {
+    std::this_thread::sleep_for(gap);
+    CHECK(client.send(post("/echo", "x")).status == 200);  // a POST: never resent
+  }
+  CHECK(server.requests() == 6);
+  CHECK(server.accepted() == 3);  // new connections after the 1.1 s and the 1.8 s gaps
+  CHECK(server.dropped() == 0);
+}
+
 TEST_CASE("a stale reused connection: an idempotent request is sent once more, a POST is not") {
   TestServer server;
   http::Client client(server.options());
@@ -1364,10 +1391,9 @@ class TlsServer {
     if (pid_ == 0) {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
-      setenv("OPENSSL_CONF", "/dev/null", 1);
-      const std::string line = "exec openssl s_server -accept 127.0.0.1:0 -www -cert '" +
-                               cert.string() + "' -key '" + key.string() + "' " + extra +
-                               " 2>/dev/null";
+      const std::string line =
+          "OPENSSL_CONF=/dev/null exec openssl s_server -accept 127.0.0.1:0 -www -cert '" +
+          cert.string() + "' -key '" + key.string() + "' " + extra + " 2>/dev/null";
       execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
