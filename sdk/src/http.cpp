@@ -126,7 +126,6 @@ struct Transfer {
   bool retry_refused = false;  // libcurl wanted to resend it and we said no
   bool recv_paused = false;    // paused by us: the pulled body waits for its reader
   bool send_paused = false;    // paused by us: the pushed body waits for its writer
-  bool idle_expired = false;   // aborted by Request::idle_timeout
   Clock::time_point last_activity;
 
   ~Transfer() {
