@@ -27,6 +27,8 @@ packages=(
   libssl-dev
   # runtime / test tools
   docker.io busybox-static docker-registry iproute2 curl python3 clang-format
+  # the SDK HTTP client's TLS tests run `openssl req` and `openssl s_server`
+  openssl
   # used by scripts/docker-up.sh (cgroup setup on bare machines, pgrep, tar)
   cgroupfs-mount iptables procps tar
 )

@@ -9,9 +9,11 @@
 #include <cctype>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -85,6 +87,15 @@ struct CallState {
   bool paused = false;  // the transfer waits for read_body to make room
   std::optional<Response> response;
   std::optional<Error> error;
+  // Pushed request body (Request::push_body): bytes from push_at on wait for the read callback.
+  std::string push_buffer;
+  size_t push_at = 0;
+  size_t push_limit = 0;
+  bool push_finished = false;
+  std::optional<Error> push_error;
+  bool push_paused = false;  // the transfer waits for write_body to bring bytes
+
+  size_t push_queued() const { return push_buffer.size() - push_at; }
 
   void wait() {
     std::unique_lock lock(mutex);
@@ -110,6 +121,13 @@ struct Transfer {
   bool headers_done = false;
   std::exception_ptr callback_error;  // what a request callback threw; it ends the request
 
+  bool idempotent = false;
+  int attempts = 0;            // times the request was about to go out (prereq callback)
+  bool retry_refused = false;  // libcurl wanted to resend it and we said no
+  bool recv_paused = false;    // paused by us: the pulled body waits for its reader
+  bool send_paused = false;    // paused by us: the pushed body waits for its writer
+  Clock::time_point last_activity;
+
   ~Transfer() {
     if (easy) curl_easy_cleanup(easy);
     curl_slist_free_all(header_list);
@@ -125,7 +143,7 @@ struct Shared {
   bool closed = false;    // the loop has taken its last requests; later ones fail at once
   std::vector<std::unique_ptr<Transfer>> incoming;
   std::vector<std::shared_ptr<CallState>> cancels;
-  std::vector<std::shared_ptr<CallState>> resumes;  // paused transfers whose reader made room
+  std::vector<std::shared_ptr<CallState>> resumes;  // paused transfers whose reader/writer acted
 };
 
 }  // namespace detail
@@ -155,22 +173,86 @@ void complete(Transfer& transfer, const Error* error) {
   state.finished.notify_all();
 }
 
+std::string describe(const Transfer& t);
+
+std::optional<uint64_t> parse_number(std::string_view text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
+std::string range_text(const ByteRange& range) {
+  return "bytes=" + std::to_string(range.start) + "-" +
+         (range.end ? std::to_string(*range.end) : std::string());
+}
+
+// Checks a 2xx answer to a Request::range before its body is delivered.
+void check_range(const Transfer& t) {
+  const ByteRange& range = *t.request.range;
+  const long status = t.response.status;
+  if (status < 200 || status > 299) return;
+  const std::string asked = describe(t) + " (Range: " + range_text(range) + ")";
+  if (status != 206) {
+    throw Error::internal(asked + ": the server ignored the range and answered " +
+                          std::to_string(status) + " with the whole resource, not 206");
+  }
+  const std::string header = t.response.header("Content-Range");
+  auto bad = [&](const std::string& why) {
+    return Error::internal(asked + ": 206 with Content-Range '" + header + "': " + why);
+  };
+  // "bytes first-last/total", total may be "*".
+  std::string_view text = trim(header);
+  if (!text.starts_with("bytes ")) throw bad("not a byte range");
+  text.remove_prefix(6);
+  const size_t dash = text.find('-');
+  const size_t slash = text.find('/');
+  if (dash == std::string_view::npos || slash == std::string_view::npos || slash < dash) {
+    throw bad("not of the form 'bytes first-last/total'");
+  }
+  const auto first = parse_number(text.substr(0, dash));
+  const auto last = parse_number(text.substr(dash + 1, slash - dash - 1));
+  const std::string_view total_text = text.substr(slash + 1);
+  const bool total_known = total_text != "*";
+  const uint64_t total = total_known ? parse_number(total_text).value_or(0) : 0;
+  if (!first || !last || *last < *first || (total_known && !parse_number(total_text))) {
+    throw bad("not of the form 'bytes first-last/total'");
+  }
+  if (*first != range.start) {
+    throw bad("it starts at " + std::to_string(*first) + ", not at " + std::to_string(range.start));
+  }
+  if (range.end && *last > *range.end) {
+    throw bad("it ends at " + std::to_string(*last) + ", after " + std::to_string(*range.end));
+  }
+  if (range.end && *last < *range.end && !(total_known && *last + 1 == total)) {
+    throw bad("it ends at " + std::to_string(*last) + ", before " + std::to_string(*range.end) +
+              " and before the end of the resource");
+  }
+  if (range.total && total_known && total != *range.total) {
+    throw bad("the resource is " + std::to_string(total) + " bytes, not " +
+              std::to_string(*range.total));
+  }
+}
+
 void deliver_headers(Transfer& transfer) {
   transfer.headers_done = true;
   transfer.response.status = transfer.block_status;
   transfer.response.headers = std::move(transfer.block_headers);
+  if (transfer.request.range) check_range(transfer);
   if (transfer.request.on_headers) {
     transfer.request.on_headers(transfer.response.status, transfer.response.headers);
   }
 }
-
-std::string describe(const Transfer& t);
 
 // ---- libcurl callbacks: each catches what user code throws and makes libcurl abort ----------
 
 size_t on_header_line(char* data, size_t size, size_t count, void* user) {
   auto& transfer = *static_cast<Transfer*>(user);
   const size_t bytes = size * count;
+  transfer.last_activity = Clock::now();
   if (transfer.headers_done) return bytes;  // trailers of a chunked response
   try {
     std::string_view line = trim({data, bytes});
@@ -209,11 +291,14 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
       std::lock_guard lock(state.mutex);
       if (!state.body.empty() && state.body.size() + bytes > transfer.request.pull_body_limit) {
         state.paused = true;  // libcurl hands the same bytes again after the resume
+        transfer.recv_paused = true;
         return CURL_WRITEFUNC_PAUSE;
       }
+      transfer.last_activity = Clock::now();
       state.body.append(data, bytes);
       state.finished.notify_all();
     } else if (transfer.request.on_body) {
+      transfer.last_activity = Clock::now();
       transfer.request.on_body({data, bytes});
     } else {
       const size_t limit = transfer.request.max_body_bytes;
@@ -222,6 +307,7 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
                     describe(transfer) + ": the response body is larger than " +
                         std::to_string(limit) + " bytes (Request::max_body_bytes)");
       }
+      transfer.last_activity = Clock::now();
       transfer.response.body.append(data, bytes);
     }
     return bytes;
@@ -237,11 +323,56 @@ size_t on_body_source(char* buffer, size_t size, size_t count, void* user) {
   try {
     size_t filled = transfer.request.body_source(buffer, capacity);
     if (filled > capacity) throw Error::internal("http: body_source overfilled its buffer");
+    if (filled > 0) transfer.last_activity = Clock::now();
     return filled;
   } catch (...) {
     transfer.callback_error = std::current_exception();
     return CURL_READFUNC_ABORT;
   }
+}
+
+// The read callback of a pushed body: hands out what write_body queued, pauses when nothing is.
+size_t on_push_source(char* buffer, size_t size, size_t count, void* user) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  const size_t capacity = size * count;
+  CallState& state = *transfer.state;
+  std::lock_guard lock(state.mutex);
+  if (state.push_error) {
+    transfer.callback_error = std::make_exception_ptr(*state.push_error);
+    return CURL_READFUNC_ABORT;
+  }
+  if (const size_t queued = state.push_queued(); queued > 0) {
+    const size_t n = std::min(capacity, queued);
+    std::memcpy(buffer, state.push_buffer.data() + state.push_at, n);
+    state.push_at += n;
+    if (state.push_at == state.push_buffer.size()) {
+      state.push_buffer.clear();
+      state.push_at = 0;
+    } else if (state.push_at > state.push_buffer.size() / 2) {
+      state.push_buffer.erase(0, state.push_at);
+      state.push_at = 0;
+    }
+    state.finished.notify_all();  // a writer may wait for room
+    transfer.last_activity = Clock::now();
+    return n;
+  }
+  if (state.push_finished) return 0;
+  state.push_paused = true;
+  transfer.send_paused = true;
+  return CURL_READFUNC_PAUSE;
+}
+
+// Runs each time the request is about to go out on a connection, new or reused. A second time
+// means libcurl is resending it after a reused connection died before any answer: allowed once
+// for an idempotent request, never for another (it may have run).
+int on_prereq(void* user, char*, char*, int, int) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  transfer.last_activity = Clock::now();
+  if (++transfer.attempts > (transfer.idempotent ? 2 : 1)) {
+    transfer.retry_refused = true;
+    return CURL_PREREQFUNC_ABORT;
+  }
+  return CURL_PREREQFUNC_OK;
 }
 
 // ---- Request setup ----------------------------------------------------------------------------
@@ -254,11 +385,16 @@ void add_header(Transfer& t, const std::string& line) {
 
 void set_body(Transfer& t) {
   const Request& request = t.request;
-  if (request.body_source) {
+  if (request.body_source || request.push_body) {
     // An "upload" streams through the read callback; CUSTOMREQUEST below keeps the method
-    // (libcurl would say PUT). Without a size the body goes chunked.
+    // (libcurl would say PUT). Without a size the body goes chunked. No seek function: libcurl
+    // cannot rewind such a body, so it never resends one whose bytes went out.
     set(t.easy, CURLOPT_UPLOAD, 1L);
-    set(t.easy, CURLOPT_READFUNCTION, &on_body_source);
+    if (request.push_body) {
+      set(t.easy, CURLOPT_READFUNCTION, &on_push_source);
+    } else {
+      set(t.easy, CURLOPT_READFUNCTION, &on_body_source);
+    }
     set(t.easy, CURLOPT_READDATA, &t);
     if (request.body_size >= 0) {
       set(t.easy, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body_size));
@@ -275,11 +411,21 @@ void set_body(Transfer& t) {
   set(t.easy, CURLOPT_CUSTOMREQUEST, request.method.c_str());
 }
 
-void set_headers(Transfer& t) {
-  for (const auto& [name, value] : t.request.headers) {
+void set_headers(Transfer& t, const ClientOptions& options) {
+  auto send_header = [&t](const std::string& name, const std::string& value) {
     // "Name;" is libcurl's way to send a header with an empty value.
     add_header(t, value.empty() ? name + ";" : name + ": " + value);
+  };
+  auto requested = [&t](std::string_view name) {
+    return std::any_of(t.request.headers.begin(), t.request.headers.end(),
+                       [&](const auto& header) { return iequals(header.first, name); });
+  };
+  for (const auto& [name, value] : options.default_headers) {
+    if (!requested(name)) send_header(name, value);
   }
+  for (const auto& [name, value] : t.request.headers)
+    send_header(name, value);
+  if (t.request.range && !requested("Range")) send_header("Range", range_text(*t.request.range));
   // libcurl would otherwise wait for a "100 Continue" before sending larger bodies.
   add_header(t, "Expect:");
   set(t.easy, CURLOPT_HTTPHEADER, t.header_list);
@@ -297,6 +443,29 @@ void set_up(Transfer& t, const ClientOptions& options) {
   set(t.easy, CURLOPT_ERRORBUFFER, t.error_buffer);
   set(t.easy, CURLOPT_USERAGENT, options.user_agent.c_str());
   set(t.easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout.count()));
+  // Idle connections: libcurl drops a pooled one idle for more than MAXAGE whole seconds
+  // (it compares integer seconds), so MAXAGE = N - 1 reuses only those idle for less than N s.
+  if (options.keepalive_expiry.count() <= 0) {
+    set(t.easy, CURLOPT_FORBID_REUSE, 1L);
+  } else {
+    const auto whole = std::chrono::floor<std::chrono::seconds>(options.keepalive_expiry).count();
+    set(t.easy, CURLOPT_MAXAGE_CONN, static_cast<long>(std::max<int64_t>(whole, 1) - 1));
+  }
+  set(t.easy, CURLOPT_PREREQFUNCTION, &on_prereq);
+  set(t.easy, CURLOPT_PREREQDATA, static_cast<void*>(&t));
+  // Proxy policy (ClientOptions::proxy): "" disables every proxy, the environment's included.
+  if (!options.unix_socket.empty() || (options.proxy.empty() && !options.use_env_proxy)) {
+    set(t.easy, CURLOPT_PROXY, "");
+  } else if (!options.proxy.empty()) {
+    set(t.easy, CURLOPT_PROXY, options.proxy.c_str());
+    set(t.easy, CURLOPT_NOPROXY, "");
+  }
+  // TLS: verification is libcurl's default too; set explicitly so nothing else can turn it off.
+  set(t.easy, CURLOPT_SSL_VERIFYPEER, options.insecure_skip_verify ? 0L : 1L);
+  set(t.easy, CURLOPT_SSL_VERIFYHOST, options.insecure_skip_verify ? 0L : 2L);
+  if (!options.ca_bundle.empty()) set(t.easy, CURLOPT_CAINFO, options.ca_bundle.c_str());
+  if (!options.client_cert.empty()) set(t.easy, CURLOPT_SSLCERT, options.client_cert.c_str());
+  if (!options.client_key.empty()) set(t.easy, CURLOPT_SSLKEY, options.client_key.c_str());
   if (!options.unix_socket.empty()) {
     set(t.easy, CURLOPT_UNIX_SOCKET_PATH, options.unix_socket.c_str());
   } else {
@@ -315,14 +484,31 @@ void set_up(Transfer& t, const ClientOptions& options) {
   set(t.easy, CURLOPT_WRITEFUNCTION, &on_body_bytes);
   set(t.easy, CURLOPT_WRITEDATA, &t);
   set_body(t);
-  set_headers(t);
+  set_headers(t, options);
 }
 
 std::string describe(const Transfer& t) {
   return t.request.method + " " + t.url;
 }
 
-Error curl_error(const Transfer& t, CURLcode code) {
+// What a failure after the request went out is, by idempotency: a retryable loss, or for a
+// request that must not run twice, "may have run" (never retryable).
+Error lost(const Transfer& t, sbx_status status, const std::string& message) {
+  if (t.idempotent || t.attempts == 0) {
+    return Error(status, message, ErrorDetails{.retryable = status != SBX_STATUS_INTERNAL});
+  }
+  return Error(status,
+               message + "; " + t.request.method +
+                   " is not idempotent and the request may have run, so it is not retryable",
+               ErrorDetails{.retryable = false, .may_have_run = true});
+}
+
+std::string tls_hint(const ClientOptions& options) {
+  return options.ca_bundle.empty() ? " (set ca_bundle to the server's CA certificate)"
+                                   : " (against ca_bundle " + options.ca_bundle + ")";
+}
+
+Error curl_error(const Transfer& t, CURLcode code, const ClientOptions& options) {
   std::string message = t.error_buffer[0] ? t.error_buffer : curl_easy_strerror(code);
   switch (code) {
     case CURLE_COULDNT_CONNECT:
@@ -332,7 +518,7 @@ Error curl_error(const Transfer& t, CURLcode code) {
       // what matters there (no such file, permission denied, refused).
       long os_errno = 0;
       curl_easy_getinfo(t.easy, CURLINFO_OS_ERRNO, &os_errno);
-      std::string reason = curl_easy_strerror(code);
+      std::string reason = code == CURLE_COULDNT_RESOLVE_PROXY ? message : curl_easy_strerror(code);
       if (os_errno != 0) {
         reason += " (" + std::generic_category().message(static_cast<int>(os_errno)) + ")";
       }
@@ -344,24 +530,66 @@ Error curl_error(const Transfer& t, CURLcode code) {
       // request timer a little before our deadline, hence the margin.
       curl_off_t connect_us = 0;
       curl_easy_getinfo(t.easy, CURLINFO_CONNECT_TIME_T, &connect_us);
-      const bool connected = connect_us > 0;
-      if (t.deadline && (connected || Clock::now() + std::chrono::milliseconds(20) >= *t.deadline)) {
-        return Error::timeout(describe(t) + ": deadline of " +
-                              std::to_string(t.request.timeout.count()) + " ms exceeded (" +
-                              message + ")");
+      const bool connected = connect_us > 0 || t.attempts > 0;
+      if (t.deadline &&
+          (connected || Clock::now() + std::chrono::milliseconds(20) >= *t.deadline)) {
+        return lost(t, SBX_STATUS_TIMEOUT,
+                    describe(t) + ": deadline of " + std::to_string(t.request.timeout.count()) +
+                        " ms exceeded (" + message + ")");
       }
       return Error::unavailable("cannot connect to " + t.endpoint + ": " + message);
     }
-    case CURLE_GOT_NOTHING:
+    case CURLE_ABORTED_BY_CALLBACK:
+      if (t.retry_refused) {
+        return lost(t, SBX_STATUS_UNAVAILABLE,
+                    describe(t) + ": connection lost before any answer" +
+                        (t.idempotent ? ", also when sent again on a new connection"
+                                      : " on a reused connection"));
+      }
+      break;
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:
+      // TLS 1.3 servers refuse a client certificate (or its absence) after the handshake, with an
+      // alert the first read meets: the request never reached the application.
+      if (t.block_status == 0 && !t.headers_done && message.find("SSL") != std::string::npos &&
+          message.find(" alert ") != std::string::npos) {
+        return Error::unavailable("TLS: " + t.endpoint + " refused this client: " + message +
+                                      " (does it require a client certificate? set client_cert "
+                                      "and client_key)",
+                                  false);
+      }
+      [[fallthrough]];
+    case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
-      // The peer dropped the connection mid-request: transient from the client's point of view.
-      return Error::unavailable(describe(t) + ": connection lost (" + message + ")");
+    case CURLE_SEND_FAIL_REWIND:
+      // The peer dropped the connection mid-request: transient from the client's point of view,
+      // unless the request must not run twice.
+      return lost(t, SBX_STATUS_UNAVAILABLE, describe(t) + ": connection lost (" + message + ")");
+    case CURLE_PEER_FAILED_VERIFICATION:
+      return Error::unavailable("TLS: the certificate of " + t.endpoint + " did not verify" +
+                                    tls_hint(options) + ": " + message,
+                                false);
+    case CURLE_SSL_CONNECT_ERROR:
+      return Error::unavailable(
+          "TLS handshake with " + t.endpoint + " failed (does it speak TLS?): " + message, false);
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CRL_BADFILE:
+      return Error::invalid_argument("TLS: a certificate or key file cannot be used for " +
+                                     t.endpoint + ": " + message);
     default:
-      return Error::internal(describe(t) + ": " + message + " (curl error " +
-                             std::to_string(static_cast<int>(code)) + ")");
+      break;
   }
+  return lost(t, SBX_STATUS_INTERNAL,
+              describe(t) + ": " + message + " (curl error " +
+                  std::to_string(static_cast<int>(code)) + ")");
+}
+
+bool idempotent_method(std::string_view method) {
+  for (std::string_view m : {"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"}) {
+    if (iequals(method, m)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -394,7 +622,9 @@ struct Client::Loop {
                                    std::function<void(Response*, const Error*)> on_complete) {
     auto state = std::make_shared<CallState>();
     state->shared = shared;
+    state->push_limit = std::max<size_t>(request.push_buffer_limit, 1);
     auto transfer = std::make_unique<Transfer>();
+    transfer->idempotent = request.idempotent.value_or(idempotent_method(request.method));
     if (request.timeout.count() > 0) transfer->deadline = deadline_after(request.timeout);
     transfer->url = options.base_url + request.target;
     transfer->endpoint = options.unix_socket.empty() ? transfer->url : options.unix_socket;
@@ -420,7 +650,8 @@ struct Client::Loop {
       int running = 0;
       curl_multi_perform(shared->multi, &running);
       collect_finished();
-      curl_multi_poll(shared->multi, nullptr, 0, kMaxPollMs, nullptr);
+      const int wait_ms = expire_idle();
+      curl_multi_poll(shared->multi, nullptr, 0, wait_ms, nullptr);
     }
     shut_down();
   }
@@ -442,12 +673,46 @@ struct Client::Loop {
     for (auto& state : cancels)
       abort(state.get());
     for (auto& state : resumes) {
-      // May call on_body_bytes at once, with the bytes it held back.
+      // May call on_body_bytes at once, with the bytes it held back, or the read callback.
       if (auto it = active.find(state.get()); it != active.end()) {
-        curl_easy_pause(it->second->easy, CURLPAUSE_CONT);
+        Transfer& transfer = *it->second;
+        transfer.recv_paused = transfer.send_paused = false;
+        transfer.last_activity = Clock::now();  // paused time is not idle time
+        curl_easy_pause(transfer.easy, CURLPAUSE_CONT);
       }
     }
     return true;
+  }
+
+  // Fails the transfers whose Request::idle_timeout passed; returns how long the loop may wait
+  // before the next one could.
+  int expire_idle() {
+    const auto now = Clock::now();
+    auto wait = std::chrono::milliseconds(kMaxPollMs);
+    std::vector<CallState*> expired;
+    for (const auto& [key, transfer] : active) {
+      const auto limit = transfer->request.idle_timeout;
+      if (limit.count() <= 0 || transfer->attempts == 0 || transfer->recv_paused ||
+          transfer->send_paused) {
+        continue;
+      }
+      const auto left = transfer->last_activity + limit - now;
+      if (left <= Clock::duration::zero()) {
+        expired.push_back(key);
+      } else {
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(left));
+      }
+    }
+    for (CallState* key : expired) {
+      if (auto transfer = release(key)) {
+        const Error error = lost(*transfer, SBX_STATUS_TIMEOUT,
+                                 describe(*transfer) + ": nothing received or sent for " +
+                                     std::to_string(transfer->request.idle_timeout.count()) +
+                                     " ms (Request::idle_timeout)");
+        complete(*transfer, &error);
+      }
+    }
+    return static_cast<int>(wait.count());
   }
 
   void add(std::unique_ptr<Transfer> transfer) {
@@ -501,7 +766,7 @@ struct Client::Loop {
     if (transfer.callback_error) {
       error = to_error(transfer.callback_error);
     } else if (code != CURLE_OK) {
-      error = curl_error(transfer, code);
+      error = curl_error(transfer, code, options);
     } else if (!transfer.headers_done) {
       try {  // a response that ended without a blank line after its headers
         curl_easy_getinfo(transfer.easy, CURLINFO_RESPONSE_CODE, &transfer.block_status);
@@ -575,6 +840,68 @@ bool Call::wait_until(std::chrono::steady_clock::time_point deadline) const {
   return state_->finished.wait_until(lock, deadline, [&] { return state_->done; });
 }
 
+namespace {
+void queue_resume(const std::shared_ptr<CallState>& state) {
+  Shared& shared = *state->shared;
+  std::lock_guard lock(shared.mutex);
+  if (!shared.closed) {
+    shared.resumes.push_back(state);
+    curl_multi_wakeup(shared.multi);
+  }
+}
+}  // namespace
+
+size_t Call::write_body(std::string_view bytes,
+                        std::chrono::steady_clock::time_point deadline) const {
+  if (!state_) return 0;
+  size_t written = 0;
+  while (written < bytes.size()) {
+    bool resume = false;
+    {
+      std::unique_lock lock(state_->mutex);
+      state_->finished.wait_until(lock, deadline, [&] {
+        return state_->done || state_->push_finished || state_->push_error ||
+               state_->push_queued() < state_->push_limit;
+      });
+      if (state_->done || state_->push_finished || state_->push_error ||
+          state_->push_queued() >= state_->push_limit) {
+        return written;  // ended, or the deadline passed with the buffer still full
+      }
+      const size_t n = std::min(bytes.size() - written, state_->push_limit - state_->push_queued());
+      state_->push_buffer.append(bytes.data() + written, n);
+      written += n;
+      resume = std::exchange(state_->push_paused, false);
+    }
+    if (resume) queue_resume(state_);
+  }
+  return written;
+}
+
+void Call::finish_body() const {
+  if (!state_) return;
+  bool resume;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->done) return;
+    state_->push_finished = true;
+    resume = std::exchange(state_->push_paused, false);
+  }
+  if (resume) queue_resume(state_);
+}
+
+void Call::fail_body(Error error) const {
+  if (!state_) return;
+  bool resume;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->done || state_->push_error) return;
+    state_->push_error = std::move(error);
+    state_->finished.notify_all();
+    resume = std::exchange(state_->push_paused, false);
+  }
+  if (resume) queue_resume(state_);
+}
+
 bool Call::read_body(std::string& out, std::chrono::steady_clock::time_point deadline) const {
   out.clear();
   if (!state_) return true;
@@ -587,14 +914,7 @@ bool Call::read_body(std::string& out, std::chrono::steady_clock::time_point dea
     done = state_->done;
     resume = std::exchange(state_->paused, false);
   }
-  if (resume) {
-    Shared& shared = *state_->shared;
-    std::lock_guard lock(shared.mutex);
-    if (!shared.closed) {
-      shared.resumes.push_back(state_);
-      curl_multi_wakeup(shared.multi);
-    }
-  }
+  if (resume) queue_resume(state_);
   return done;
 }
 
@@ -621,6 +941,9 @@ Response Client::send(Request request, const CancelToken& cancel) {
     throw Error::internal("http: Client::send() from a request callback would deadlock");
   }
   throw_if_cancelled(cancel);
+  if (request.push_body) {
+    throw Error::invalid_argument("http: send() cannot take a pushed body; use start() and write");
+  }
   auto state = loop_->start(std::move(request), {});
   {
     Call call(state);
@@ -630,6 +953,151 @@ Response Client::send(Request request, const CancelToken& cancel) {
   std::lock_guard lock(state->mutex);
   if (state->error) throw *state->error;
   return std::move(*state->response);  // nobody else holds this call
+}
+
+// ---- Multipart ---------------------------------------------------------------------------------
+
+namespace {
+// A quoted Content-Disposition parameter value: '"', CR and LF percent-encoded, as browsers do.
+std::string quoted(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"') {
+      out += "%22";
+    } else if (c == '\r') {
+      out += "%0D";
+    } else if (c == '\n') {
+      out += "%0A";
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string part_head(const std::string& boundary, const Multipart::Part& part) {
+  std::string head =
+      "--" + boundary + "\r\nContent-Disposition: form-data; name=" + quoted(part.name);
+  if (!part.filename.empty()) head += "; filename=" + quoted(part.filename);
+  head += "\r\n";
+  if (!part.content_type.empty()) head += "Content-Type: " + part.content_type + "\r\n";
+  return head + "\r\n";
+}
+}  // namespace
+
+Multipart::Multipart() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device random;
+  boundary_ = "sbx-";
+  for (int i = 0; i < 32; ++i)
+    boundary_ += kHex[random() & 0xF];
+}
+
+void Multipart::add(Part part) {
+  if (part.source == nullptr) part.size = static_cast<int64_t>(part.bytes.size());
+  parts_.push_back(std::move(part));
+}
+
+std::string Multipart::content_type() const {
+  return "multipart/form-data; boundary=" + boundary_;
+}
+
+int64_t Multipart::size() const {
+  int64_t total = static_cast<int64_t>(boundary_.size()) + 6;  // "--" boundary "--\r\n"
+  for (const Part& part : parts_) {
+    if (part.size < 0) return -1;
+    total += static_cast<int64_t>(part_head(boundary_, part).size()) + part.size + 2;
+  }
+  return total;
+}
+
+size_t Multipart::read(char* buffer, size_t capacity) {
+  size_t out = 0;
+  while (out < capacity) {
+    if (pending_at_ < pending_.size()) {
+      const size_t n = std::min(capacity - out, pending_.size() - pending_at_);
+      std::memcpy(buffer + out, pending_.data() + pending_at_, n);
+      pending_at_ += n;
+      out += n;
+      continue;
+    }
+    pending_.clear();
+    pending_at_ = 0;
+    if (closed_) break;
+    if (index_ == parts_.size()) {
+      pending_ = "--" + boundary_ + "--\r\n";
+      closed_ = true;
+      continue;
+    }
+    Part& part = parts_[index_];
+    if (stage_ == 0) {
+      pending_ = part_head(boundary_, part);
+      part_read_ = 0;
+      stage_ = 1;
+    } else if (stage_ == 1) {
+      const uint64_t declared = static_cast<uint64_t>(part.size);
+      if (part.source) {
+        const size_t n = part.source(buffer + out, capacity - out);
+        if (n > capacity - out) throw Error::internal("http: a multipart source overfilled");
+        part_read_ += n;
+        out += n;
+        if (part.size >= 0 && part_read_ > declared) {
+          throw Error::invalid_argument("multipart part '" + part.name + "' gave more than its " +
+                                        std::to_string(part.size) + " bytes");
+        }
+        if (n == 0) {
+          if (part.size >= 0 && part_read_ != declared) {
+            throw Error::invalid_argument("multipart part '" + part.name + "' ended after " +
+                                          std::to_string(part_read_) + " of its " +
+                                          std::to_string(part.size) + " bytes");
+          }
+          stage_ = 2;
+        }
+      } else {
+        const size_t n = std::min<size_t>(capacity - out, part.bytes.size() - part_read_);
+        std::memcpy(buffer + out, part.bytes.data() + part_read_, n);
+        part_read_ += n;
+        out += n;
+        if (part_read_ == part.bytes.size()) stage_ = 2;
+      }
+    } else {
+      pending_ = "\r\n";
+      stage_ = 0;
+      ++index_;
+    }
+  }
+  return out;
+}
+
+void Multipart::attach(Request& request, Multipart multipart) {
+  auto body = std::make_shared<Multipart>(std::move(multipart));
+  request.headers.emplace_back("Content-Type", body->content_type());
+  request.body_size = body->size();
+  request.body_source = [body](char* buffer, size_t capacity) {
+    return body->read(buffer, capacity);
+  };
+}
+
+void Multipart::prepare_push(Request& request) const {
+  request.headers.emplace_back("Content-Type", content_type());
+  request.body_size = size();
+  request.push_body = true;
+}
+
+bool Multipart::pump(const Call& call) {
+  std::string buffer(64 * 1024, '\0');
+  try {
+    for (;;) {
+      const size_t n = read(buffer.data(), buffer.size());
+      if (n == 0) break;
+      if (call.write_body({buffer.data(), n}) < n) return false;
+    }
+  } catch (...) {
+    call.fail_body(sdk::detail::current_exception_to_error());
+    throw;
+  }
+  call.finish_body();
+  return true;
 }
 
 std::string url_encode(std::string_view text) {

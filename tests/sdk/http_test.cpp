@@ -11,10 +11,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -55,10 +58,24 @@ uint64_t fnv1a(std::string_view bytes, uint64_t hash = kFnvOffset) {
 //   /chunked?n=N&delay_ms=D         a chunked response of N chunks "chunk-i\n"
 //   /hijack?n=N&delay_ms=D          Docker-style stream: no length, N parts, then close
 //   /slow?ms=M                      answers "slow" after M ms (or when the client goes away)
+//   /headers                        the request's headers, one "name: value" line each
+//   /once                           answers on a new connection; on a reused one it reads the
+//                                   request and closes without answering (a server that closed
+//                                   the idle socket just as the request came)
+//   /drop                           reads the request and closes without answering
+//   /big-error?n=N                  500 with an N-byte body
+//   /range?status=S&cr=V            status S with "Content-Range: V", body "ranged"; echoes the
+//                                   request's Range header as X-Range
+//   /multipart                      parses a multipart/form-data body; one line per part:
+//                                   "name=.. filename=.. type=.. size=.. hash=.."
+// Any request with ?read_delay_ms=D waits D ms before reading its body.
 class TestServer {
  public:
   // TCP on 127.0.0.1 with an ephemeral port, or a unix socket at `unix_path`.
-  explicit TestServer(std::string unix_path = "") : unix_path_(std::move(unix_path)) {
+  // With `idle_close_ms`, a connection idle that long between requests is closed by the server,
+  // as uvicorn does after about 5 s.
+  explicit TestServer(std::string unix_path = "", int idle_close_ms = 0)
+      : unix_path_(std::move(unix_path)), idle_close_ms_(idle_close_ms) {
     if (unix_path_.empty()) {
       fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       sockaddr_in addr{};
@@ -108,18 +125,23 @@ class TestServer {
   }
   int accepted() const { return accepted_; }
   int requests() const { return requests_; }
+  int dropped() const { return dropped_; }
+  int idle_closed() const { return idle_closed_; }
 
  private:
   struct Request {
     std::string method, path;
     std::map<std::string, std::string> query, headers;  // header names lowercased
     uint64_t body_size = 0, body_hash = kFnvOffset;
+    bool keep_body = false;
+    std::string body;  // when keep_body
   };
 
   struct Connection {
     int fd;
     int id;
     std::string buffer;
+    int served = 0;  // requests read on this connection
 
     bool fill() {
       char chunk[64 * 1024];
@@ -143,6 +165,7 @@ class TestServer {
         size_t n = static_cast<size_t>(std::min<uint64_t>(size, buffer.size()));
         request.body_hash = fnv1a(std::string_view(buffer).substr(0, n), request.body_hash);
         request.body_size += n;
+        if (request.keep_body) request.body.append(buffer, 0, n);
         buffer.erase(0, n);
         size -= n;
       }
@@ -178,8 +201,16 @@ class TestServer {
 
   void serve(Connection connection) {
     Request request;
-    while (!stopping_ && read_request(connection, request)) {
+    auto idle_closed = [&] {
+      if (idle_close_ms_ <= 0 || !connection.buffer.empty()) return false;
+      pollfd p{connection.fd, POLLIN, 0};
+      if (poll(&p, 1, idle_close_ms_) != 0) return false;
+      ++idle_closed_;
+      return true;
+    };
+    while (!stopping_ && !idle_closed() && read_request(connection, request)) {
       ++requests_;
+      ++connection.served;
       if (!respond(connection, request)) break;
     }
     std::lock_guard lock(mutex_);
@@ -211,6 +242,10 @@ class TestServer {
       size_t value = line.find_first_not_of(' ', colon + 1);
       request.headers[name] = value == std::string::npos ? "" : line.substr(value);
     }
+    request.keep_body = request.path == "/multipart";
+    if (auto delay = request.query.find("read_delay_ms"); delay != request.query.end()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(delay->second)));
+    }
     if (request.headers.count("transfer-encoding")) {
       for (;;) {  // chunks: "<hex size>\r\n<data>\r\n", ending with a 0 chunk and trailers
         if (!c.read_line(line)) return false;
@@ -226,6 +261,57 @@ class TestServer {
       return c.read_body(std::stoull(request.headers["content-length"]), request);
     }
     return true;
+  }
+
+  static std::string percent_decode(const std::string& text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '%' && i + 2 < text.size()) {
+        out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+        i += 2;
+      } else {
+        out += text[i] == '+' ? ' ' : text[i];
+      }
+    }
+    return out;
+  }
+
+  // A strict multipart/form-data reader: any framing error answers "bad: why".
+  static std::string parse_multipart(const std::string& content_type, const std::string& body) {
+    const std::string marker = "multipart/form-data; boundary=";
+    if (!content_type.starts_with(marker)) return "bad: content type " + content_type;
+    const std::string delimiter = "--" + content_type.substr(marker.size());
+    if (!body.starts_with(delimiter)) return "bad: no first delimiter";
+    std::string out;
+    size_t at = delimiter.size();
+    for (;;) {
+      if (body.compare(at, 4, "--\r\n") == 0) {
+        return at + 4 == body.size() ? out : "bad: bytes after the end";
+      }
+      if (body.compare(at, 2, "\r\n") != 0) return "bad: no CRLF after a delimiter";
+      const size_t head_end = body.find("\r\n\r\n", at);
+      if (head_end == std::string::npos) return "bad: part head not ended";
+      const std::string head = body.substr(at + 2, head_end + 2 - (at + 2));
+      const size_t data = head_end + 4;
+      const size_t next = body.find("\r\n" + delimiter, data);
+      if (next == std::string::npos) return "bad: part not ended";
+      auto param = [&](const std::string& key) -> std::string {
+        const size_t p = head.find("; " + key + "=\"");
+        if (p == std::string::npos) return "none";
+        const size_t from = p + key.size() + 4;
+        return head.substr(from, head.find('"', from) - from);
+      };
+      std::string type = "none";
+      if (size_t p = head.find("Content-Type: "); p != std::string::npos) {
+        type = head.substr(p + 14, head.find("\r\n", p) - p - 14);
+      }
+      if (!head.starts_with("Content-Disposition: form-data; name=\"")) return "bad: head " + head;
+      const std::string_view bytes = std::string_view(body).substr(data, next - data);
+      out += "name=" + param("name") + " filename=" + param("filename") + " type=" + type +
+             " size=" + std::to_string(bytes.size()) + " hash=" + std::to_string(fnv1a(bytes)) +
+             "\n";
+      at = next + 2 + delimiter.size();
+    }
   }
 
   static std::string header_or(const Request& request, const std::string& name) {
@@ -302,6 +388,32 @@ class TestServer {
       }
       shutdown(c.fd, SHUT_WR);
       return false;
+    } else if (request.path == "/headers") {
+      std::string lines;
+      for (const auto& [name, value] : request.headers)
+        lines += name + ": " + value + "\n";
+      c.send_all(fixed(200, lines));
+    } else if (request.path == "/once") {
+      if (c.served > 1) {
+        ++dropped_;
+        return false;
+      }
+      c.send_all(fixed(200, "fresh conn=" + std::to_string(c.id)));
+    } else if (request.path == "/drop") {
+      ++dropped_;
+      return false;
+    } else if (request.path == "/big-error") {
+      c.send_all(fixed(500, std::string(static_cast<size_t>(query_int(request, "n", 0)), 'e')));
+    } else if (request.path == "/range") {
+      const int status = query_int(request, "status", 206);
+      const auto cr = request.query.find("cr");
+      c.send_all("HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Length: 6\r\n" +
+                 (cr == request.query.end()
+                      ? ""
+                      : "Content-Range: " + percent_decode(cr->second) + "\r\n") +
+                 "X-Range: " + header_or(request, "range") + "\r\n\r\nranged");
+    } else if (request.path == "/multipart") {
+      c.send_all(fixed(200, parse_multipart(header_or(request, "content-type"), request.body)));
     } else if (request.path == "/slow") {
       if (!wait_unless_gone(c, query_int(request, "ms", 5000))) return false;
       c.send_all(fixed(200, "slow"));
@@ -317,6 +429,9 @@ class TestServer {
   std::atomic<bool> stopping_{false};
   std::atomic<int> accepted_{0};
   std::atomic<int> requests_{0};
+  std::atomic<int> dropped_{0};
+  std::atomic<int> idle_closed_{0};
+  int idle_close_ms_ = 0;
   std::thread acceptor_;
   std::mutex mutex_;
   std::set<int> open_;
@@ -825,4 +940,590 @@ TEST_CASE("url_encode keeps unreserved characters only") {
   CHECK(http::url_encode("{\"label\":[\"x=1\"]}") == "%7B%22label%22%3A%5B%22x%3D1%22%5D%7D");
   CHECK(http::url_encode("\xC3\xA9") == "%C3%A9");
   CHECK(http::url_encode("").empty());
+}
+
+// ---- Transport features for HTTP plugins (issue 11) -------------------------------------------
+
+TEST_CASE("keep-alive expiry: a connection idle past keepalive_expiry is not reused") {
+  TestServer server;
+  http::ClientOptions options = server.options();
+  options.keepalive_expiry = 1s;
+  http::Client client(options);
+  CHECK(client.send(get("/fixed")).status == 200);
+  std::this_thread::sleep_for(300ms);
+  CHECK(client.send(get("/fixed")).status == 200);
+  CHECK(server.accepted() == 1);  // idle 0.3 s: reused
+  std::this_thread::sleep_for(1300ms);
+  CHECK(client.send(get("/fixed")).status == 200);
+  CHECK(server.accepted() == 2);  // idle 1.3 s: a new connection
+  CHECK(server.requests() == 3);
+
+  // 0: never reused.
+  TestServer fresh;
+  http::ClientOptions never = fresh.options();
+  never.keepalive_expiry = 0ms;
+  http::Client no_reuse(never);
+  for (int i = 0; i < 3; ++i)
+    CHECK(no_reuse.send(get("/fixed")).status == 200);
+  CHECK(fresh.accepted() == 3);
+}
+
+TEST_CASE("a server that closes idle connections after 1.5 s: no request fails") {
+  TestServer server("", 1500);
+  http::ClientOptions options = server.options();
+  options.keepalive_expiry = 1s;
+  http::Client client(options);
+  for (auto gap : {0ms, 200ms, 1100ms, 300ms, 1800ms, 100ms}) {
+    std::this_thread::sleep_for(gap);
+    CHECK(client.send(post("/echo", "x")).status == 200);  // a POST: never resent
+  }
+  CHECK(server.requests() == 6);
+  CHECK(server.accepted() == 3);  // new connections after the 1.1 s and the 1.8 s gaps
+  CHECK(server.dropped() == 0);
+}
+
+TEST_CASE("a stale reused connection: an idempotent request is sent once more, a POST is not") {
+  TestServer server;
+  http::Client client(server.options());
+  CHECK(client.send(get("/once")).body == "fresh conn=0");
+  // The next request goes out on connection 0, which drops it unanswered: sent again on a new one.
+  http::Response response = client.send(get("/once"));
+  CHECK(response.body == "fresh conn=1");
+  CHECK(server.dropped() == 1);
+  CHECK(server.requests() == 3);
+  CHECK(server.accepted() == 2);
+
+  // A POST on the reused connection 1 is dropped the same way, and not sent again.
+  Error error = error_of([&] { client.send(post("/once", "{}")); });
+  CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+  CHECK(error.may_have_run());
+  CHECK_FALSE(error.retryable());
+  CHECK(std::string(error.what()).find("POST is not idempotent") != std::string::npos);
+  CHECK(server.dropped() == 2);
+  CHECK(server.requests() == 4);
+
+  // Request::idempotent overrides the method's default (e.g. a POST with an idempotency key).
+  CHECK(client.send(get("/once")).body.starts_with("fresh conn="));  // a new connection
+  const int accepted = server.accepted();
+  http::Request keyed = post("/once", "{}");
+  keyed.idempotent = true;
+  CHECK(client.send(std::move(keyed)).body ==
+        "fresh conn=" + std::to_string(accepted));  // dropped on the reused one, then sent again
+  CHECK(server.dropped() == 3);
+}
+
+TEST_CASE("connection lost on a new connection: retryable for GET, 'may have run' for POST") {
+  TestServer server;
+  http::Client client(server.options());
+  Error error = error_of([&] { client.send(get("/drop")); });
+  CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+  CHECK(error.retryable());
+  CHECK_FALSE(error.may_have_run());
+  CHECK(server.dropped() == 1);  // a new connection is not sent again
+
+  error = error_of([&] { client.send(post("/drop", "{\"a\":1}")); });
+  CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+  CHECK_FALSE(error.retryable());
+  CHECK(error.may_have_run());
+  CHECK(std::string(error.what()).starts_with("POST " + server.base_url() + "/drop: "));
+  CHECK(server.dropped() == 2);
+
+  // A deadline after a POST went out: a timeout that may have run, not retryable.
+  http::Request slow = post("/slow?ms=5000", "{}");
+  slow.timeout = 200ms;
+  error = error_of([&] { client.send(std::move(slow)); });
+  CHECK(error.status() == SBX_STATUS_TIMEOUT);
+  CHECK(error.may_have_run());
+  CHECK_FALSE(error.retryable());
+
+  // Nothing was sent when the connection was refused: retryable, whatever the method.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  http::ClientOptions refused;
+  refused.base_url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  http::Client refused_client(refused);
+  error = error_of([&] { refused_client.send(post("/x", "{}")); });
+  close(fd);
+  CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+  CHECK(error.retryable());
+  CHECK_FALSE(error.may_have_run());
+}
+
+TEST_CASE("idle timeout: silence fails with Error::timeout, a trickling stream lives on") {
+  TestServer server;
+  http::Client client(server.options());
+  http::Request silent = get("/slow?ms=5000");
+  silent.idle_timeout = 300ms;
+  auto started = Clock::now();
+  Error error = error_of([&] { client.send(std::move(silent)); });
+  CHECK(error.status() == SBX_STATUS_TIMEOUT);
+  CHECK(std::string(error.what()).find("idle_timeout") != std::string::npos);
+  CHECK(Clock::now() - started >= 300ms);
+  CHECK(Clock::now() - started < 3s);
+
+  // 8 chunks 150 ms apart: 1.2 s in all, never 400 ms without a byte.
+  std::string all;
+  http::Request trickle = get("/chunked?n=8&delay_ms=150");
+  trickle.idle_timeout = 400ms;
+  trickle.on_body = [&](std::string_view bytes) { all += bytes; };
+  CHECK(client.send(std::move(trickle)).status == 200);
+  CHECK(all.find("chunk-7") != std::string::npos);
+
+  // Time paused by an unread pulled body is not idle time.
+  http::Request pulled = get("/bytes?n=4000000");
+  pulled.pull_body_limit = 16 * 1024;
+  pulled.idle_timeout = 200ms;
+  http::Call call = client.start(std::move(pulled));
+  std::this_thread::sleep_for(600ms);
+  std::string chunk;
+  size_t received = 0;
+  for (bool done = false; !done;) {
+    done = call.read_body(chunk, Clock::now() + 10s);
+    received += chunk.size();
+  }
+  CHECK(call.get().status == 200);
+  CHECK(received == 4000000);
+}
+
+TEST_CASE("pushed bodies: written from another thread, with back-pressure") {
+  TestServer server;
+  http::Client client(server.options());
+
+  // Chunked, from a producer that stalls half way: the client's other requests go on.
+  http::Request request;
+  request.method = "POST";
+  request.target = "/echo";
+  request.push_body = true;
+  request.push_buffer_limit = 8 * 1024;
+  request.idle_timeout = 5s;
+  http::Call upload = client.start(std::move(request));
+  std::atomic<bool> stalled{false}, resume{false};
+  std::string sent;
+  std::jthread producer([&] {
+    for (int i = 0; i < 100; ++i) {
+      std::string piece(1000, static_cast<char>('a' + i % 26));
+      CHECK(upload.write_body(piece) == piece.size());
+      sent += piece;
+      if (i == 50) {
+        stalled = true;
+        while (!resume)
+          std::this_thread::sleep_for(10ms);
+      }
+    }
+    upload.finish_body();
+  });
+  while (!stalled)
+    std::this_thread::sleep_for(5ms);
+  CHECK(client.send(get("/fixed")).body == "hello");  // while the upload waits for its producer
+  CHECK_FALSE(upload.done());
+  resume = true;
+  http::Response response = upload.get();
+  producer.join();
+  CHECK(response.body.starts_with("method=POST size=100000 hash=" + std::to_string(fnv1a(sent)) +
+                                  " te=chunked cl=none"));
+
+  // Back-pressure: 128 MiB through an 8 KiB buffer to a server that reads nothing for 1.5 s.
+  // Loopback socket buffers hold a few MiB, so a write of 96 MiB with a deadline of 1 s cannot
+  // complete: the writer is held back instead of the bytes piling up in memory.
+  constexpr size_t kTotal = 128 << 20;
+  http::Request big;
+  big.method = "PUT";
+  big.target = "/echo?read_delay_ms=1500";
+  big.push_body = true;
+  big.body_size = kTotal;
+  big.push_buffer_limit = 8 * 1024;
+  http::Call call = client.start(std::move(big));
+  const std::string bytes(96 << 20, 'z');
+  auto started = Clock::now();
+  size_t written = call.write_body(bytes, started + 1s);
+  CHECK(Clock::now() - started >= 1s);
+  CHECK(written < bytes.size());
+  CHECK(written > 0);
+  while (written < kTotal) {
+    const std::string_view piece =
+        std::string_view(bytes).substr(0, std::min(bytes.size(), kTotal - written));
+    const size_t n = call.write_body(piece);
+    written += n;
+    if (n < piece.size()) break;
+  }
+  call.finish_body();
+  CHECK(written == kTotal);
+  CHECK(call.get().body.starts_with(
+      "method=PUT size=" + std::to_string(kTotal) + " hash=" +
+      std::to_string(
+          fnv1a(std::string_view(bytes).substr(0, kTotal - bytes.size()), fnv1a(bytes))) +
+      " te=none cl=" + std::to_string(kTotal)));
+
+  // A producer's failure fails the request with its error.
+  http::Request failing;
+  failing.method = "POST";
+  failing.target = "/echo";
+  failing.push_body = true;
+  http::Call failed = client.start(std::move(failing));
+  CHECK(failed.write_body("partial") == 7);
+  failed.fail_body(Error::not_found("the local file vanished"));
+  Error error = error_of([&] { failed.get(); });
+  CHECK(error.status() == SBX_STATUS_NOT_FOUND);
+  CHECK(std::string(error.what()) == "the local file vanished");
+  CHECK(failed.write_body("more") == 0);  // the call is over
+
+  // send() cannot take one (nobody could write it).
+  http::Request pushed;
+  pushed.push_body = true;
+  CHECK(error_of([&] { client.send(std::move(pushed)); }).status() == SBX_STATUS_INVALID_ARGUMENT);
+}
+
+TEST_CASE("streamed multipart/form-data: parts of known and unknown size, parsed by the server") {
+  TestServer server;
+  http::Client client(server.options());
+  const std::string metadata = "{\"path\":\"/work/a.bin\",\"mode\":644}";
+  auto build = [&](bool known_size, ByteStream& stream) {
+    http::Multipart form;
+    form.add({.name = "metadata",
+              .filename = "metadata",
+              .content_type = "application/json",
+              .bytes = metadata});
+    http::Multipart::Part file{.name = "file",
+                               .filename = "/work/a \"b\".bin",
+                               .content_type = "application/octet-stream"};
+    file.source = [&stream](char* buffer, size_t capacity) {
+      return stream.fill(buffer, capacity);
+    };
+    file.size = known_size ? static_cast<int64_t>(stream.left) : -1;
+    form.add(std::move(file));
+    form.add({.name = "note", .bytes = "plain value"});
+    return form;
+  };
+  const std::string expected_tail = " type=application/octet-stream size=3000000 hash=";
+
+  ByteStream known(3'000'000);
+  http::Multipart form = build(true, known);
+  CHECK(form.content_type() == "multipart/form-data; boundary=" + form.boundary());
+  CHECK(form.boundary().size() >= 32);
+  CHECK(http::Multipart().boundary() != form.boundary());  // random
+  const int64_t size = form.size();
+  CHECK(size > 3'000'000);
+  http::Request request = post("/multipart", "");
+  http::Multipart::attach(request, std::move(form));
+  CHECK(request.body_size == size);
+  std::string body = client.send(std::move(request)).body;
+  CHECK(body == "name=metadata filename=metadata type=application/json size=" +
+                    std::to_string(metadata.size()) + " hash=" + std::to_string(fnv1a(metadata)) +
+                    "\nname=file filename=/work/a %22b%22.bin" + expected_tail +
+                    std::to_string(known.hash) +
+                    "\nname=note filename=none type=none size=11 hash=" +
+                    std::to_string(fnv1a("plain value")) + "\n");
+
+  // Unknown size: chunked, pumped from this thread into a pushed body.
+  ByteStream unknown(3'000'000);
+  http::Multipart pumped = build(false, unknown);
+  CHECK(pumped.size() == -1);
+  http::Request push = post("/multipart", "");
+  pumped.prepare_push(push);
+  CHECK(push.push_body);
+  http::Call call = client.start(std::move(push));
+  CHECK(pumped.pump(call));
+  body = call.get().body;
+  CHECK(body.find("name=file filename=/work/a %22b%22.bin" + expected_tail +
+                  std::to_string(unknown.hash) + "\n") != std::string::npos);
+  CHECK(body.starts_with("name=metadata "));
+
+  // A source that breaks its declared size fails the request.
+  ByteStream short_stream(1000);
+  http::Multipart liar;
+  liar.add({.name = "file",
+            .source = [&](char* b, size_t c) { return short_stream.fill(b, c); },
+            .size = 2000});
+  http::Request lying = post("/multipart", "");
+  http::Multipart::attach(lying, std::move(liar));
+  Error error = error_of([&] { client.send(std::move(lying)); });
+  CHECK(error.status() == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(error.what()).find("ended after 1000 of its 2000 bytes") != std::string::npos);
+}
+
+TEST_CASE("default headers go with every request; a request header of the same name wins") {
+  TestServer server;
+  http::ClientOptions options = server.options();
+  options.default_headers = {{"OPEN-SANDBOX-API-KEY", "secret"}, {"X-Trace", "default"}};
+  http::Client client(options);
+  std::string body = client.send(get("/headers")).body;
+  CHECK(body.find("open-sandbox-api-key: secret\n") != std::string::npos);
+  CHECK(body.find("x-trace: default\n") != std::string::npos);
+  http::Request request = get("/headers");
+  request.headers = {{"x-TRACE", "mine"}};
+  body = client.send(std::move(request)).body;
+  CHECK(body.find("x-trace: mine\n") != std::string::npos);
+  CHECK(body.find("default") == std::string::npos);
+  CHECK(body.find("open-sandbox-api-key: secret\n") != std::string::npos);
+}
+
+TEST_CASE("the body cap covers error bodies too") {
+  TestServer server;
+  http::Client client(server.options());
+  http::Request request = get("/big-error?n=2000000");
+  request.max_body_bytes = 1 << 20;
+  Error error = error_of([&] { client.send(std::move(request)); });
+  CHECK(error.status() == SBX_STATUS_RESOURCE_EXHAUSTED);
+  http::Request small = get("/big-error?n=1000");
+  small.max_body_bytes = 1 << 20;
+  http::Response response = client.send(std::move(small));
+  CHECK(response.status == 500);
+  CHECK(response.body.size() == 1000);
+}
+
+TEST_CASE("range requests: the 206's Content-Range is checked; a 200 is refused") {
+  TestServer server;
+  http::Client client(server.options());
+  auto ranged = [&](int status, const std::string& content_range, http::ByteRange range) {
+    http::Request request =
+        get("/range?status=" + std::to_string(status) + "&cr=" + http::url_encode(content_range));
+    request.range = range;
+    return request;
+  };
+  http::Response response = client.send(ranged(206, "bytes 10-15/100", {.start = 10, .end = 15}));
+  CHECK(response.status == 206);
+  CHECK(response.body == "ranged");
+  CHECK(response.header("X-Range") == "bytes=10-15");
+  // Open end, unknown total; an end cut short by the end of the resource.
+  CHECK(client.send(ranged(206, "bytes 10-15/*", {.start = 10})).header("X-Range") == "bytes=10-");
+  CHECK(client.send(ranged(206, "bytes 10-15/16", {.start = 10, .end = 99})).status == 206);
+  // 416 and other statuses are answers for the caller.
+  CHECK(client.send(ranged(416, "bytes */5", {.start = 10})).status == 416);
+
+  auto message = [&](http::Request request) {
+    Error error = error_of([&] { client.send(std::move(request)); });
+    CHECK(error.status() == SBX_STATUS_INTERNAL);
+    return std::string(error.what());
+  };
+  CHECK(message(ranged(200, "", {.start = 10})).find("the server ignored the range") !=
+        std::string::npos);
+  CHECK(message(ranged(206, "bytes 0-5/100", {.start = 10})).find("starts at 0, not at 10") !=
+        std::string::npos);
+  CHECK(message(ranged(206, "bytes 10-20/100", {.start = 10, .end = 15}))
+            .find("ends at 20, after 15") != std::string::npos);
+  CHECK(message(ranged(206, "bytes 10-12/100", {.start = 10, .end = 15})).find("before 15") !=
+        std::string::npos);
+  CHECK(message(ranged(206, "bytes 10-15/100", {.start = 10, .total = 50}))
+            .find("100 bytes, not 50") != std::string::npos);
+  CHECK(message(ranged(206, "", {.start = 10})).find("not a byte range") != std::string::npos);
+  CHECK(message(ranged(206, "bytes x-15/100", {.start = 10})).find("not of the form") !=
+        std::string::npos);
+}
+
+namespace {
+
+// Sets (or unsets) an environment variable for a scope, restoring the old value after.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(std::string n, const char* value) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) old = v;
+    if (value) {
+      setenv(name.c_str(), value, 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+  ~ScopedEnv() {
+    if (old) {
+      setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("proxy policy: no proxy unless asked, whatever http_proxy says") {
+  TestServer target, proxy;
+  const std::string proxy_url = "http://127.0.0.1:" + proxy.base_url().substr(17);
+  ScopedEnv http_proxy("http_proxy", proxy_url.c_str());
+  ScopedEnv all_proxy("ALL_PROXY", proxy_url.c_str());
+  ScopedEnv no_proxy("no_proxy", nullptr);
+  ScopedEnv no_proxy_upper("NO_PROXY", nullptr);
+  {
+    http::Client client(target.options());
+    CHECK(client.send(get("/fixed")).body == "hello");
+  }
+  CHECK(proxy.accepted() == 0);
+  CHECK(target.requests() == 1);
+  {
+    http::ClientOptions options = target.options();
+    options.use_env_proxy = true;
+    http::Client client(options);
+    client.send(get("/fixed"));  // the test server as a proxy answers 404 to "GET http://..."
+  }
+  CHECK(proxy.requests() == 1);
+  CHECK(target.requests() == 1);
+  {
+    TestServer explicit_proxy;
+    http::ClientOptions options = target.options();
+    options.proxy = explicit_proxy.base_url();
+    http::Client client(options);
+    client.send(get("/fixed"));
+    CHECK(explicit_proxy.requests() == 1);
+    CHECK(proxy.requests() == 1);
+  }
+  CHECK(target.requests() == 1);
+}
+
+namespace {
+
+// Runs a shell command line (fixed strings and paths under a test's temp dir only).
+int run(const std::string& command) {
+  return std::system(command.c_str());
+}
+
+// `openssl s_server -www` on 127.0.0.1, an ephemeral port: a real TLS server for one test.
+class TlsServer {
+ public:
+  TlsServer(const fs::path& cert, const fs::path& key, const std::string& extra = "") {
+    int out[2];
+    REQUIRE(pipe(out) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      const std::string line =
+          "OPENSSL_CONF=/dev/null exec openssl s_server -accept 127.0.0.1:0 -www -cert '" +
+          cert.string() + "' -key '" + key.string() + "' " + extra + " 2>/dev/null";
+      execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = out[0];  // kept open (and unread) until the end: s_server writes a line per client
+    std::string text;
+    char c;
+    while (text.find('\n', text.find("ACCEPT")) == std::string::npos && read(out_, &c, 1) == 1)
+      text += c;
+    const size_t colon = text.rfind(':');
+    if (colon != std::string::npos) port_ = std::atoi(text.c_str() + colon + 1);
+    if (port_ <= 0) stop();
+    REQUIRE(port_ > 0);
+  }
+  ~TlsServer() { stop(); }
+  void stop() {
+    if (pid_ > 0) {  // our own child, by its id
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    if (out_ >= 0) close(out_);
+    out_ = -1;
+  }
+  std::string url() const { return "https://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("TLS: verified by default; ca_bundle, client certificates, insecure_skip_verify") {
+  REQUIRE(run("command -v openssl > /dev/null") == 0);
+  sbx::testing::TempDir tmp("sbx-http-tls");
+  const fs::path cert = tmp.path / "server.pem", key = tmp.path / "server.key";
+  const fs::path client_cert = tmp.path / "client.pem", client_key = tmp.path / "client.key";
+  const std::string req = "openssl req -config /dev/null -x509 -newkey rsa:2048 -nodes -days 2 ";
+  REQUIRE(run(req + "-keyout '" + key.string() + "' -out '" + cert.string() +
+              "' -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>/dev/null") == 0);
+  REQUIRE(run(req + "-keyout '" + client_key.string() + "' -out '" + client_cert.string() +
+              "' -subj /CN=sbx-client 2>/dev/null") == 0);
+
+  {
+    TlsServer server(cert, key);
+    http::ClientOptions options;
+    options.base_url = server.url();
+    {
+      http::Client client(options);  // the system's CAs do not know this certificate
+      Error error = error_of([&] { client.send(get("/")); });
+      CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+      CHECK_FALSE(error.retryable());
+      CHECK(std::string(error.what())
+                .starts_with("TLS: the certificate of " + server.url() + "/ did not verify"));
+    }
+    {
+      http::ClientOptions trusted = options;
+      trusted.ca_bundle = cert.string();
+      http::Client client(trusted);
+      CHECK(client.send(get("/")).status == 200);
+    }
+    {
+      http::ClientOptions insecure = options;
+      insecure.insecure_skip_verify = true;
+      http::Client client(insecure);
+      CHECK(client.send(get("/")).status == 200);
+    }
+    {
+      http::ClientOptions missing = options;
+      missing.ca_bundle = (tmp.path / "nothing.pem").string();
+      http::Client client(missing);
+      CHECK(error_of([&] { client.send(get("/")); }).status() == SBX_STATUS_INVALID_ARGUMENT);
+    }
+  }
+  {
+    // A server that requires a client certificate signed by (here: equal to) client.pem.
+    TlsServer server(cert, key, "-Verify 1 -CAfile '" + client_cert.string() + "'");
+    http::ClientOptions options;
+    options.base_url = server.url();
+    options.ca_bundle = cert.string();
+    {
+      http::Client client(options);
+      Error error = error_of([&] { client.send(get("/")); });
+      const std::string what = error.what();
+      CAPTURE(what);
+      CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+      CHECK_FALSE(error.retryable());
+      CHECK(what.starts_with("TLS: " + server.url() + "/ refused this client"));
+      CHECK(what.find("client_cert") != std::string::npos);
+    }
+    options.client_cert = client_cert.string();
+    options.client_key = client_key.string();
+    http::Client client(options);
+    CHECK(client.send(get("/")).status == 200);
+  }
+  {
+    // https:// to a port that speaks plain HTTP (it answers 400 at once and closes): a TLS
+    // error that says so.
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    socklen_t len = sizeof addr;
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    REQUIRE(listen(fd, 4) == 0);
+    std::jthread plain([fd] {
+      int peer = accept(fd, nullptr, nullptr);
+      if (peer < 0) return;
+      const std::string answer = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+      (void)!send(peer, answer.data(), answer.size(), MSG_NOSIGNAL);
+      shutdown(peer, SHUT_WR);
+      char sink[4096];
+      while (recv(peer, sink, sizeof sink, 0) > 0) {
+      }
+      close(peer);
+    });
+    http::ClientOptions options;
+    options.base_url = "https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    http::Client client(options);
+    Error error = error_of([&] { client.send(get("/fixed")); });
+    plain.join();
+    close(fd);
+    const std::string what = error.what();
+    CAPTURE(what);
+    CHECK(error.status() == SBX_STATUS_UNAVAILABLE);
+    CHECK_FALSE(error.retryable());
+    CHECK(std::string(error.what())
+              .starts_with("TLS handshake with " + options.base_url + "/fixed failed"));
+  }
 }

@@ -17,6 +17,11 @@ struct ErrorDetails {
   bool retryable = false;
   int32_t http_status = 0;
   std::string request_id;
+  // The request may have taken effect before the failure: it was (possibly) sent and the
+  // connection failed or timed out before the answer (see sbx::sdk::http). Repeating it may do
+  // the work twice, so such an error is never `retryable`. Not carried across the C ABI: a
+  // plugin reads it and decides (e.g. checks whether the sandbox exists before creating again).
+  bool may_have_run = false;
 };
 
 // An error with an ABI status code (SBX_STATUS_*) and the sbx_error details.
@@ -30,6 +35,7 @@ class Error : public std::runtime_error {
   bool retryable() const noexcept { return details_.retryable; }
   int32_t http_status() const noexcept { return details_.http_status; }
   const std::string& request_id() const noexcept { return details_.request_id; }
+  bool may_have_run() const noexcept { return details_.may_have_run; }
   const ErrorDetails& details() const noexcept { return details_; }
 
   // Shorthands for the common statuses.
