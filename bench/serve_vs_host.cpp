@@ -1,0 +1,475 @@
+// `sbx serve` against the host API, on the same provider (local_docker), side by side in one run:
+//   - latency of a trivial command: POST /command {"command":"true"} through the gateway on a
+//     kept-alive connection, read to the end of its event stream, against Sandbox::exec("true")
+//     in this process; samples alternate between the two      target: gateway <= 1.3x direct
+//   - client-observed throughput: C client threads, each looping that command for a fixed time,
+//     through the gateway (one connection per thread) and through the host API
+//   - the server's memory: sbx serve's resident set idle (one sandbox) and while it holds N
+//     concurrently open command streams (`sleep` commands, each stream read up to its `init`)
+//                                                               target: < 100 MiB above idle
+//
+// Usage: serve_vs_host [--quick] [--check] [--image IMAGE] [--streams N] [--clients C]
+//                      [--seconds S] [--samples N]
+//   --check   exit 1 when a target is missed (otherwise the exit code is 0: this is a report)
+// Runs build/bin/sbx (next to this program) as `sbx serve` on 127.0.0.1:0. Needs the daemon and
+// images of scripts/docker-up.sh. Not part of ctest.
+
+#include <sbx/sbx.hpp>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace json = boost::json;
+namespace fs = std::filesystem;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  bool quick = false;
+  bool check = false;
+  std::string image = "sbx-busybox:latest";
+  int samples = 300;
+  int clients = 8;
+  double seconds = 15;
+  int streams = 1000;
+};
+
+[[noreturn]] void usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--quick] [--check] [--image IMAGE] [--streams N] [--clients C] "
+               "[--seconds S] [--samples N]\n",
+               argv0);
+  std::exit(2);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(argv[0]);
+      return argv[++i];
+    };
+    if (arg == "--quick") {
+      o.quick = true;
+    } else if (arg == "--check") {
+      o.check = true;
+    } else if (arg == "--image") {
+      o.image = value();
+    } else if (arg == "--streams") {
+      o.streams = std::stoi(value());
+    } else if (arg == "--clients") {
+      o.clients = std::stoi(value());
+    } else if (arg == "--seconds") {
+      o.seconds = std::stod(value());
+    } else if (arg == "--samples") {
+      o.samples = std::stoi(value());
+    } else {
+      usage(argv[0]);
+    }
+  }
+  if (o.quick) {
+    o.samples = std::min(o.samples, 60);
+    o.seconds = std::min(o.seconds, 4.0);
+    o.streams = std::min(o.streams, 200);
+  }
+  return o;
+}
+
+[[noreturn]] void die(const std::string& message) {
+  throw std::runtime_error(message);
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Raises the soft limit on open files to the hard one: N streams are N sockets here and at least
+// as many in the server.
+void raise_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+// ---- sbx serve, as a child process
+// ---------------------------------------------------------------
+
+class ServeChild {
+ public:
+  ServeChild(const fs::path& sbx, const fs::path& config, const fs::path& log) {
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) die("pipe failed");
+    const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (err < 0) die("cannot open " + log.string());
+    pid_ = fork();
+    if (pid_ < 0) die("fork failed");
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      dup2(err, 2);
+      execl(sbx.c_str(), sbx.c_str(), "serve", "--config", config.c_str(), "--provider", "docker",
+            "--listen", "127.0.0.1:0", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    close(err);
+    stdout_fd_ = out[0];
+    std::string line;
+    char c = 0;
+    while (read(stdout_fd_, &c, 1) == 1 && c != '\n')
+      line.push_back(c);
+    const auto at = line.find("127.0.0.1:");
+    if (at == std::string::npos) {
+      stop();
+      die("sbx serve did not start: '" + line + "' (its log: " + log.string() + ")");
+    }
+    port_ = std::stoi(line.substr(at + 10));
+  }
+  ~ServeChild() { stop(); }
+  ServeChild(const ServeChild&) = delete;
+  ServeChild& operator=(const ServeChild&) = delete;
+
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  // SIGTERM (a graceful stop: the server closes what it created) and its exit status.
+  int stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    close(stdout_fd_);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  int port_ = 0;
+};
+
+// A process's resident set, in KiB (VmRSS of /proc/PID/status).
+double rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      double kib = 0;
+      in >> kib;
+      return kib;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  die("no VmRSS for pid " + std::to_string(pid));
+}
+
+// ---- A client of the gateway (Boost.Beast, synchronous, one kept-alive connection)
+// ---------------
+
+class Client {
+ public:
+  explicit Client(int port) : port_(port), socket_(ioc_) {
+    socket_.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+    socket_.set_option(tcp::no_delay(true));
+  }
+
+  http::response<http::string_body> call(http::verb verb, const std::string& target,
+                                         const std::string& body = {}) {
+    http::request<http::string_body> req{verb, target, 11};
+    req.set(http::field::host, "127.0.0.1:" + std::to_string(port_));
+    if (!body.empty()) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+    }
+    req.prepare_payload();
+    http::write(socket_, req);
+    http::response<http::string_body> res;
+    http::read(socket_, buffer_, res);
+    return res;
+  }
+
+  // POST /command on the sandbox's execd path, read to the end of its event stream; true when the
+  // stream ended with execution_complete.
+  bool run(const std::string& sandbox_id, const std::string& command) {
+    const auto res = call(http::verb::post, "/sandboxes/" + sandbox_id + "/proxy/44772/command",
+                          json::serialize(json::object{{"command", command}}));
+    if (res.result() != http::status::ok) return false;
+    return res.body().find("\"execution_complete\"") != std::string::npos;
+  }
+
+ private:
+  int port_;
+  asio::io_context ioc_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+};
+
+// An open command stream held by a raw socket: the request is sent and the response read up to
+// the `init` event; the socket then stays open (the command keeps running) until destroyed.
+class HeldStream {
+ public:
+  HeldStream(int port, const std::string& sandbox_id, const std::string& command) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) die(std::string("socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+      die(std::string("connect: ") + std::strerror(errno));
+    const std::string body = json::serialize(json::object{{"command", command}});
+    const std::string request = "POST /sandboxes/" + sandbox_id +
+                                "/proxy/44772/command HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                "Content-Type: application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (write(fd_, request.data(), request.size()) != static_cast<ssize_t>(request.size()))
+      die("short write of a command request");
+  }
+  ~HeldStream() {
+    if (fd_ >= 0) close(fd_);
+  }
+  HeldStream(const HeldStream&) = delete;
+  HeldStream& operator=(const HeldStream&) = delete;
+
+  // Reads until the `init` event has arrived (or fails on a non-200 answer).
+  void wait_for_init() {
+    std::string seen;
+    char buf[2048];
+    while (seen.find("\"init\"") == std::string::npos) {
+      const ssize_t n = read(fd_, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) die("a command stream closed before its init event: " + seen.substr(0, 300));
+      seen.append(buf, static_cast<size_t>(n));
+      if (seen.rfind("HTTP/1.1 200", 0) != 0 && seen.size() >= 12)
+        die("a command stream was refused: " + seen.substr(0, 300));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// ---- The measurements ---------------------------------------------------------------------------
+
+// `threads` threads, each running `one(i)` in a loop until the time is up; returns commands/s.
+double throughput(int threads, double seconds, const std::function<bool(int)>& one) {
+  std::atomic<long> done{0};
+  std::atomic<bool> failed{false};
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(seconds));
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        while (Clock::now() < deadline && !failed) {
+          if (!one(t)) {
+            failed = true;
+            return;
+          }
+          ++done;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "a command failed: %s\n", e.what());
+        failed = true;
+      }
+    });
+  }
+  for (auto& th : pool)
+    th.join();
+  if (failed) die("a command failed during the throughput run");
+  return static_cast<double>(done.load()) / (ms_since(start) / 1000.0);
+}
+
+std::string create_through_gateway(Client& client, const std::string& image) {
+  const auto res =
+      client.call(http::verb::post, "/v1/sandboxes",
+                  json::serialize(json::object{{"image", json::object{{"uri", image}}},
+                                               {"entrypoint", json::array{"sleep", "3600"}},
+                                               {"timeout", 1800},
+                                               {"resourceLimits", json::object{}}}));
+  if (res.result() != http::status::accepted)
+    die("create through the gateway answered " + std::to_string(res.result_int()) + ": " +
+        res.body());
+  return std::string(json::parse(res.body()).as_object().at("id").as_string());
+}
+
+int run_benchmark(const Options& o, const fs::path& self_dir) {
+  raise_file_limit();
+  const fs::path sbx = self_dir / "sbx";
+  if (access(sbx.c_str(), X_OK) != 0) die(sbx.string() + " is not built");
+  char tmpl[] = "/tmp/sbx-serve-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) die("mkdtemp failed");
+  const fs::path dir = tmpl;
+  struct RemoveDir {
+    fs::path path;
+    ~RemoveDir() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } remove_dir{dir};
+  const std::string config_text =
+      R"({"providers": {"docker": {"plugin": "local_docker", "config": {}}}})";
+  std::ofstream(dir / "sbx.json") << config_text;
+
+  ServeChild server(sbx, dir / "sbx.json", dir / "serve.log");
+  sbx::Host::Options host_options;
+  host_options.config = sbx::Config::parse(config_text, "bench");
+  host_options.labels["sbx.bench"] = "serve_vs_host";
+  sbx::Host host(std::move(host_options));
+  sbx::Provider provider = host.provider("docker");
+
+  std::printf("sbx serve vs the host API, both on local_docker (image %s)\n", o.image.c_str());
+  std::printf("%d latency samples, %d clients x %.0f s, %d streams%s\n", o.samples, o.clients,
+              o.seconds, o.streams, o.quick ? " (--quick)" : "");
+  std::fflush(stdout);
+
+  sbx::SandboxSpec spec;
+  spec.image = o.image;
+  spec.ttl_s = 1800;
+  sbx::Sandbox direct = provider.create(spec);
+  Client client(server.port());
+  const std::string id = create_through_gateway(client, o.image);
+
+  // Latency: warm both, then alternate.
+  for (int i = 0; i < 10; ++i) {
+    direct.exec("true");
+    if (!client.run(id, "true")) die("a command through the gateway failed");
+  }
+  std::vector<double> direct_ms, gateway_ms;
+  for (int i = 0; i < o.samples; ++i) {
+    auto start = Clock::now();
+    if (direct.exec("true").return_code != 0) die("a direct command failed");
+    direct_ms.push_back(ms_since(start));
+    start = Clock::now();
+    if (!client.run(id, "true")) die("a command through the gateway failed");
+    gateway_ms.push_back(ms_since(start));
+  }
+  std::printf("latency done: direct p50 %.2f ms p90 %.2f ms; gateway p50 %.2f ms p90 %.2f ms\n",
+              median(direct_ms), percentile(direct_ms, 0.9), median(gateway_ms),
+              percentile(gateway_ms, 0.9));
+  std::fflush(stdout);
+
+  // Throughput: the same number of client threads through each path.
+  const double direct_rate =
+      throughput(o.clients, o.seconds, [&](int) { return direct.exec("true").return_code == 0; });
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < o.clients; ++i)
+    clients.push_back(std::make_unique<Client>(server.port()));
+  const double gateway_rate =
+      throughput(o.clients, o.seconds, [&](int t) { return clients[t]->run(id, "true"); });
+  clients.clear();
+  std::printf("throughput done: direct %.1f/s; gateway %.1f/s\n", direct_rate, gateway_rate);
+  std::fflush(stdout);
+  direct.close();
+
+  // Memory: idle (one sandbox, no stream), then N open streams, then after they are gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double idle_kib = rss_kib(server.pid());
+  double held_kib = 0;
+  {
+    std::vector<std::unique_ptr<HeldStream>> streams;
+    const auto start = Clock::now();
+    for (int i = 0; i < o.streams; ++i)
+      streams.push_back(std::make_unique<HeldStream>(server.port(), id, "sleep 600"));
+    for (auto& s : streams)
+      s->wait_for_init();
+    std::printf("%d streams open in %.1f s\n", o.streams, ms_since(start) / 1000.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    held_kib = rss_kib(server.pid());
+  }  // closing the sockets cancels the commands
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double after_kib = rss_kib(server.pid());
+
+  const int status = server.stop();
+
+  const double latency_ratio = median(gateway_ms) / median(direct_ms);
+  const double memory_mib = (held_kib - idle_kib) / 1024.0;
+  const bool latency_ok = latency_ratio <= 1.3;
+  const bool memory_ok = memory_mib < 100.0 * o.streams / 1000.0;
+  std::printf("\n%-40s %12s %12s %9s %10s %7s\n", "", "host API", "gateway", "ratio", "target",
+              "result");
+  std::printf("%-40s %12.2f %12.2f %8.2fx %10s %7s\n", "trivial command latency, median (ms)",
+              median(direct_ms), median(gateway_ms), latency_ratio, "<=1.30x",
+              latency_ok ? "PASS" : "FAIL");
+  std::printf("%-40s %12.2f %12.2f %8.2fx %10s %7s\n", "trivial command latency, p90 (ms)",
+              percentile(direct_ms, 0.9), percentile(gateway_ms, 0.9),
+              percentile(gateway_ms, 0.9) / percentile(direct_ms, 0.9), "-", "");
+  std::printf("%-40s %12.1f %12.1f %8.2fx %10s %7s\n", "throughput (commands/s)", direct_rate,
+              gateway_rate, gateway_rate / direct_rate, "-", "");
+  std::printf(
+      "\nsbx serve resident memory: idle %.1f MiB, with %d open streams %.1f MiB "
+      "(+%.1f MiB, %.1f KiB per stream; target < %.0f MiB: %s), after they closed %.1f "
+      "MiB\n",
+      idle_kib / 1024, o.streams, held_kib / 1024, memory_mib, (held_kib - idle_kib) / o.streams,
+      100.0 * o.streams / 1000.0, memory_ok ? "PASS" : "FAIL", after_kib / 1024);
+  std::printf("sbx serve exit status after SIGTERM: %d\n", status);
+  const bool all = latency_ok && memory_ok && status == 0;
+  std::printf("\n%s\n", all ? "all targets met" : "some targets missed");
+  return o.check && !all ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    const fs::path self = fs::canonical("/proc/self/exe").parent_path();
+    return run_benchmark(o, self);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "serve_vs_host: %s\n", e.what());
+    return 2;
+  }
+}
