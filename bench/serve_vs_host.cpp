@@ -5,7 +5,7 @@
 //   - client-observed throughput: C client threads, each looping that command for a fixed time,
 //     through the gateway (one connection per thread) and through the host API
 //   - the server's memory: sbx serve's resident set idle (one sandbox) and while it holds N
-//     concurrently open command streams (`sleep` commands, each stream read up to its `init`)
+//     concurrently open command streams (`sleep` commands, each read up to its first line)
 //                                                               target: < 100 MiB above idle
 //
 // Usage: serve_vs_host [--quick] [--check] [--image IMAGE] [--streams N] [--clients C]
@@ -67,12 +67,13 @@ struct Options {
   int clients = 8;
   double seconds = 15;
   int streams = 1000;
+  std::string plugin = "local_docker";  // a provider id or a plugin file (its config stays {})
 };
 
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--quick] [--check] [--image IMAGE] [--streams N] [--clients C] "
-               "[--seconds S] [--samples N]\n",
+               "[--seconds S] [--samples N] [--plugin ID|FILE]\n",
                argv0);
   std::exit(2);
 }
@@ -97,6 +98,8 @@ Options parse_args(int argc, char** argv) {
       o.clients = std::stoi(value());
     } else if (arg == "--seconds") {
       o.seconds = std::stod(value());
+    } else if (arg == "--plugin") {
+      o.plugin = value();
     } else if (arg == "--samples") {
       o.samples = std::stoi(value());
     } else {
@@ -220,10 +223,7 @@ double rss_kib(pid_t pid) {
 
 class Client {
  public:
-  explicit Client(int port) : port_(port), socket_(ioc_) {
-    socket_.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
-    socket_.set_option(tcp::no_delay(true));
-  }
+  explicit Client(int port) : port_(port), socket_(ioc_) { connect(); }
 
   http::response<http::string_body> call(http::verb verb, const std::string& target,
                                          const std::string& body = {}) {
@@ -234,10 +234,24 @@ class Client {
       req.body() = body;
     }
     req.prepare_payload();
+    if (!socket_.is_open()) connect();
     http::write(socket_, req);
     http::response<http::string_body> res;
     http::read(socket_, buffer_, res);
+    // A server that ends the connection with the answer (Connection: close) gets a new one for
+    // the next request, as any client does; the reconnect is part of what the client sees.
+    if (!res.keep_alive()) {
+      beast::error_code ignored;
+      socket_.shutdown(tcp::socket::shutdown_both, ignored);
+      socket_.close(ignored);
+      buffer_.clear();
+    }
     return res;
+  }
+
+  void connect() {
+    socket_.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)});
+    socket_.set_option(tcp::no_delay(true));
   }
 
   // POST /command on the sandbox's execd path, read to the end of its event stream; true when the
@@ -257,7 +271,8 @@ class Client {
 };
 
 // An open command stream held by a raw socket: the request is sent and the response read up to
-// the `init` event; the socket then stays open (the command keeps running) until destroyed.
+// a marker (the command's first line); the socket then stays open (the command keeps running) until
+// destroyed.
 class HeldStream {
  public:
   HeldStream(int port, const std::string& sandbox_id, const std::string& command) {
@@ -283,22 +298,30 @@ class HeldStream {
   HeldStream(const HeldStream&) = delete;
   HeldStream& operator=(const HeldStream&) = delete;
 
-  // Reads until the `init` event has arrived (or fails on a non-200 answer).
-  void wait_for_init() {
+  // The command id its `init` event gave (after wait_for).
+  const std::string& command_id() const { return command_id_; }
+
+  // Reads until `marker` has arrived (or fails on a non-200 answer).
+  void wait_for(const std::string& marker) {
     std::string seen;
     char buf[2048];
-    while (seen.find("\"init\"") == std::string::npos) {
+    while (seen.find(marker) == std::string::npos) {
       const ssize_t n = read(fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) die("a command stream closed before its init event: " + seen.substr(0, 300));
+      if (n <= 0) die("a command stream closed before " + marker + ": " + seen.substr(0, 300));
       seen.append(buf, static_cast<size_t>(n));
       if (seen.rfind("HTTP/1.1 200", 0) != 0 && seen.size() >= 12)
         die("a command stream was refused: " + seen.substr(0, 300));
     }
+    const std::string init = R"("type":"init","text":")";
+    if (const auto at = seen.find(init); at != std::string::npos)
+      command_id_ =
+          seen.substr(at + init.size(), seen.find('"', at + init.size()) - at - init.size());
   }
 
  private:
   int fd_ = -1;
+  std::string command_id_;
 };
 
 // ---- The measurements ---------------------------------------------------------------------------
@@ -360,8 +383,15 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
       fs::remove_all(path, ignored);
     }
   } remove_dir{dir};
-  const std::string config_text =
-      R"({"providers": {"docker": {"plugin": "local_docker", "config": {}}}})";
+  // local_docker's exec.concurrency above the stream count: every held stream's command really
+  // runs (it runs at most that many execs at once and queues the rest).
+  json::object provider_config;
+  if (o.plugin == "local_docker")
+    provider_config["exec"] =
+        json::object{{"concurrency", std::max(32, o.streams + o.clients + 8)}};
+  const std::string config_text = json::serialize(json::object{
+      {"providers",
+       json::object{{"docker", json::object{{"plugin", o.plugin}, {"config", provider_config}}}}}});
   std::ofstream(dir / "sbx.json") << config_text;
 
   ServeChild server(sbx, dir / "sbx.json", dir / "serve.log");
@@ -371,7 +401,8 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   sbx::Host host(std::move(host_options));
   sbx::Provider provider = host.provider("docker");
 
-  std::printf("sbx serve vs the host API, both on local_docker (image %s)\n", o.image.c_str());
+  std::printf("sbx serve vs the host API, both on %s (image %s)\n", o.plugin.c_str(),
+              o.image.c_str());
   std::printf("%d latency samples, %d clients x %.0f s, %d streams%s\n", o.samples, o.clients,
               o.seconds, o.streams, o.quick ? " (--quick)" : "");
   std::fflush(stdout);
@@ -419,18 +450,35 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const double idle_kib = rss_kib(server.pid());
   double held_kib = 0;
+  std::vector<std::string> command_ids;
   {
     std::vector<std::unique_ptr<HeldStream>> streams;
     const auto start = Clock::now();
     for (int i = 0; i < o.streams; ++i)
-      streams.push_back(std::make_unique<HeldStream>(server.port(), id, "sleep 600"));
-    for (auto& s : streams)
-      s->wait_for_init();
+      streams.push_back(
+          std::make_unique<HeldStream>(server.port(), id, "echo started; exec sleep 600"));
+    for (auto& s : streams)  // each command runs: its first line came back
+      s->wait_for("\"started\"");
     std::printf("%d streams open in %.1f s\n", o.streams, ms_since(start) / 1000.0);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     held_kib = rss_kib(server.pid());
+    for (auto& s : streams)
+      command_ids.push_back(s->command_id());
   }  // closing the sockets cancels the commands
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Each cancelled command is over once its status says so.
+  const auto cancel_start = Clock::now();
+  for (const auto& command : command_ids) {
+    for (;;) {
+      const auto res = client.call(http::verb::get,
+                                   "/sandboxes/" + id + "/proxy/44772/command/status/" + command);
+      if (res.result() != http::status::ok) die("status of a cancelled command: " + res.body());
+      if (!json::parse(res.body()).as_object().at("running").as_bool()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::printf("the %zu commands ended %.1f s after their clients left\n", command_ids.size(),
+              ms_since(cancel_start) / 1000.0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   const double after_kib = rss_kib(server.pid());
 
   const int status = server.stop();
