@@ -299,9 +299,9 @@ void endpoint(const std::shared_ptr<Server::State>& state, const Request& reques
                               ":" + std::to_string(state->port);
   json::object body{{"endpoint", address + (server_proxy ? "/v1" : "") + "/sandboxes/" + id +
                                      "/proxy/" + std::to_string(*port)}};
-  // Direct paths need the sandbox's token when the server has a key; server-proxy paths take the
-  // API key itself, which the client sends anyway.
-  if (!server_proxy && state->options.api_key) {
+  // With a key, execd paths need the sandbox's token, in both modes: clients send an endpoint's
+  // headers with every execd call, and the Python SDK sends nothing else there (no API key).
+  if (state->options.api_key) {
     body["headers"] =
         json::object{{"X-EXECD-ACCESS-TOKEN", execd_access_token(state->options, id)}};
   }

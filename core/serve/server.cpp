@@ -297,22 +297,26 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // OPEN-SANDBOX-API-KEY when a key is configured; /health is exempt, as on the real server. A
-  // sandbox's direct execd paths take X-EXECD-ACCESS-TOKEN instead (the key never goes to a
-  // sandbox endpoint); its server-proxy paths take the key like every /v1 route.
+  // sandbox's execd paths take the X-EXECD-ACCESS-TOKEN its endpoint handed out: the direct ones
+  // only that (the key never goes to a sandbox endpoint), the server-proxy ones that or the key
+  // (the Python SDK sends an endpoint's headers and never the key to execd; the JS SDK sends the
+  // key).
   bool authorized(const Request& request, const Reply& reply) {
     if (!state_->options.api_key || route_path(request) == "/health") return true;
-    if (const auto target = execd_target(request); target && !target->server_proxy) {
+    if (const auto target = execd_target(request)) {
       const auto token = request.find("X-EXECD-ACCESS-TOKEN");
       if (token != request.end() &&
           constant_time_equal(std::string(token->value()),
                               execd_access_token(state_->options, target->sandbox_id))) {
         return true;
       }
-      reply(json_response(
-          request, http::status::unauthorized,
-          boost::json::object{
-              {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}}));
-      return false;
+      if (!target->server_proxy) {
+        reply(json_response(
+            request, http::status::unauthorized,
+            boost::json::object{
+                {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}}));
+        return false;
+      }
     }
     const auto key = request.find("OPEN-SANDBOX-API-KEY");
     if (key == request.end() || key->value().empty()) {

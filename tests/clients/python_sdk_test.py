@@ -88,9 +88,10 @@ async def create(state: State):
     else:
         expected += f"/sandboxes/{sandbox.id}/proxy/44772"
     check_eq(endpoint.endpoint, expected, "execd endpoint")
-    if os.environ.get("OPEN_SANDBOX_API_KEY") and not state.use_server_proxy:
-        # With a key, the direct execd paths need the token the endpoint hands out (the SDK
-        # sends the Endpoint's headers on every execd call); the commands below prove it works.
+    if os.environ.get("OPEN_SANDBOX_API_KEY"):
+        # With a key, the execd paths need the token the endpoint hands out, in both modes (the
+        # SDK sends the Endpoint's headers on every execd call, and never the key); the commands
+        # below prove it works.
         names = {k.lower() for k in endpoint.headers}
         check("x-execd-access-token" in names, f"no X-EXECD-ACCESS-TOKEN in {endpoint.headers}")
     check(await sandbox.is_healthy(), "ping failed")

@@ -379,7 +379,8 @@ TEST_CASE("--max-streams: a stream over the cap is refused with 503 before it st
   CHECK(f.server->stop() == 0);
 }
 
-TEST_CASE("auth: direct execd paths take X-EXECD-ACCESS-TOKEN, server-proxy paths the API key") {
+TEST_CASE(
+    "auth: direct execd paths take X-EXECD-ACCESS-TOKEN, server-proxy paths it or the API key") {
   Fixture f({"--api-key-env", "EXECD_TEST_KEY"}, {{"EXECD_TEST_KEY", "k3y"}});
   f.create({{"OPEN-SANDBOX-API-KEY", "k3y"}});
   const std::string token = hmac_hex("k3y", f.id);
@@ -401,9 +402,14 @@ TEST_CASE("auth: direct execd paths take X-EXECD-ACCESS-TOKEN, server-proxy path
   const auto missing = request(f.port(), "GET", f.proxied("/ping"));
   CHECK(missing.status == 401);
   CHECK(missing.json().at("code") == "MISSING_API_KEY");
+  // The server-proxy paths take the sandbox's token too (what the Python SDK sends), or the key.
   CHECK(
       request(f.port(), "GET", f.proxied("/ping"), std::nullopt, {{"X-EXECD-ACCESS-TOKEN", token}})
-          .status == 401);
+          .status == 200);
+  CHECK(request(f.port(), "GET", f.proxied("/ping"), std::nullopt,
+                {{"X-EXECD-ACCESS-TOKEN", hmac_hex("k3y", "other")}})
+            .json()
+            .at("code") == "MISSING_API_KEY");
   CHECK(request(f.port(), "GET", f.proxied("/ping"), std::nullopt, {{"OPEN-SANDBOX-API-KEY", "x"}})
             .json()
             .at("code") == "INVALID_API_KEY");
