@@ -240,6 +240,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (route_lifecycle(state_, req, reply)) return;
       if (route_sandbox_ops(state_, req, reply)) return;
+      if (route_metrics(state_, req, reply)) return;
       reply(json_response(req, http::status::not_found,
                           boost::json::object{{"detail", "Not Found"}}));
     } catch (const std::exception& e) {

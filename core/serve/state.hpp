@@ -184,6 +184,9 @@ Response method_not_allowed(const Request& request);
 // Route groups, one file each. Each answers the request or returns false when the path is not its.
 bool route_health(const std::shared_ptr<Server::State>& state, const Request& request,
                   const Reply& reply);
+// POST /metrics/events: the SDKs' create-latency telemetry, accepted with 204 (routes_metrics.cpp).
+bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
+                   const Reply& reply);
 bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
                      const Reply& reply);
 // pause, resume, renew-expiration, endpoints (routes_sandbox_ops.cpp).

@@ -152,6 +152,39 @@ TEST_CASE("without timeout the sandbox has no expiresAt; metadata absent stays a
   CHECK(f.sandboxes_on_disk() == 0);
 }
 
+TEST_CASE("POST /metrics/events: the SDKs' create telemetry is accepted (204), checked, keyed") {
+  const std::string key = "metrics-key-1";
+  Fixture f({"--api-key-env", "SBX_SERVE_TEST_KEY", "--log-level", "debug"},
+            {{"SBX_SERVE_TEST_KEY", key}});
+  const std::map<std::string, std::string> auth{{"OPEN-SANDBOX-API-KEY", key},
+                                                {"User-Agent", "OpenSandbox-Python-SDK/1.1.1"}};
+  const std::string event =
+      R"({"eventType":"sandbox.create","createDurationMs":412,"success":true,"sandboxId":"s1"})";
+  for (const char* path : {"/metrics/events", "/v1/metrics/events"}) {
+    CAPTURE(path);
+    const auto r = request(f.port(), "POST", path, event, auth);
+    CHECK(r.status == 204);
+    CHECK(r.body.empty());
+  }
+  CHECK(request(f.port(), "POST", "/v1/metrics/events", event).status == 401);
+  for (const std::string& bad : {std::string("not json"), std::string(R"([1])"),
+                                 std::string(R"({"eventType":"sandbox.delete","success":true,)"
+                                             R"("createDurationMs":1})"),
+                                 std::string(R"({"eventType":"sandbox.create","success":true,)"
+                                             R"("createDurationMs":-1})"),
+                                 std::string(R"({"eventType":"sandbox.create","success":"yes",)"
+                                             R"("createDurationMs":1})")}) {
+    CAPTURE(bad);
+    const auto r = request(f.port(), "POST", "/v1/metrics/events", bad, auth);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_PARAMETER");
+  }
+  CHECK(request(f.port(), "GET", "/v1/metrics/events", std::nullopt, auth).status == 405);
+  CHECK(f.server->stop() == 0);
+  CHECK(f.log_text().find("SDK event sandbox.create: 412 ms, success true, sandbox \"s1\" "
+                          "(OpenSandbox-Python-SDK/1.1.1)") != std::string::npos);
+}
+
 TEST_CASE("the API key: MISSING_API_KEY, INVALID_API_KEY, /health exempt, key never logged") {
   const std::string key = "research-key-5b0c9e";
   Fixture f({"--api-key-env", "SBX_SERVE_TEST_KEY", "--log-level", "debug"},

@@ -17,6 +17,10 @@ that is all of it). `check(records)` returns the list of violations, one string 
 - a complete JSON response body validates against the declared schema, and every event of a
   text/event-stream body (bare JSON objects separated by blank lines) against ServerStreamEvent.
 
+One operation is not in the vendored spec: `POST /metrics/events`, the create-latency telemetry
+the 1.1.1 SDKs send to the lifecycle server after each create (their generated lifecycle client
+has it: a MetricsEvent body, 204). It is checked by `_check_metrics_event` instead.
+
 Schemas are OpenAPI 3.1 (JSON Schema 2020-12 + the OpenAPI vocabulary), checked with
 openapi-schema-validator's OAS31Validator; `$ref`s resolve inside their own spec document.
 """
@@ -149,6 +153,28 @@ def _check_parameters(spec, params, query, label, problems):
                 problems.append(f"{label}: query '{p['name']}={v}' is not a boolean")
 
 
+def _check_metrics_event(label: str, req: dict, res: dict | None) -> list[str]:
+    """POST /metrics/events, as the SDKs' generated client declares it: a MetricsEvent body
+    (eventType "sandbox.create", createDurationMs >= 0, success, sandboxId?, image?), 204."""
+    problems = []
+    event = req.get("json")
+    if not isinstance(event, dict):
+        problems.append(f"{label}: request body is not a JSON object")
+    else:
+        if event.get("eventType") != "sandbox.create":
+            problems.append(f"{label}: eventType {event.get('eventType')!r}")
+        duration = event.get("createDurationMs")
+        if not isinstance(duration, int) or isinstance(duration, bool) or duration < 0:
+            problems.append(f"{label}: createDurationMs {duration!r}")
+        if not isinstance(event.get("success"), bool):
+            problems.append(f"{label}: success {event.get('success')!r}")
+    if res is None:
+        problems.append(f"{label}: no response recorded")
+    elif res["status"] != 204:
+        problems.append(f"{label}: status {res['status']}, expected 204")
+    return problems
+
+
 def check_record(record: dict) -> list[str]:
     req, res = record["request"], record.get("response")
     url = urlsplit(req["url"])
@@ -156,6 +182,8 @@ def check_record(record: dict) -> list[str]:
     api, path = split_route(url.path)
     spec = specs()[api]
     label = f"{req['method']} {url.path} ({api} {path})"
+    if api == "lifecycle" and method == "post" and path == "/metrics/events":
+        return _check_metrics_event(label, req, res)
     found = spec.find(method, path)
     if found is None:
         return [f"{label}: no such operation in {spec.name} spec"]
