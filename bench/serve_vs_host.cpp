@@ -68,12 +68,13 @@ struct Options {
   double seconds = 15;
   int streams = 1000;
   std::string plugin = "local_docker";  // a provider id or a plugin file (its config stays {})
+  double hold_s = 0;                    // keep the streams open this long after measuring
 };
 
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--quick] [--check] [--image IMAGE] [--streams N] [--clients C] "
-               "[--seconds S] [--samples N] [--plugin ID|FILE]\n",
+               "[--seconds S] [--samples N] [--plugin ID|FILE] [--hold S]\n",
                argv0);
   std::exit(2);
 }
@@ -98,6 +99,8 @@ Options parse_args(int argc, char** argv) {
       o.clients = std::stoi(value());
     } else if (arg == "--seconds") {
       o.seconds = std::stod(value());
+    } else if (arg == "--hold") {
+      o.hold_s = std::stod(value());
     } else if (arg == "--plugin") {
       o.plugin = value();
     } else if (arg == "--samples") {
@@ -203,19 +206,23 @@ class ServeChild {
   int port_ = 0;
 };
 
-// A process's resident set, in KiB (VmRSS of /proc/PID/status).
-double rss_kib(pid_t pid) {
+// A field of /proc/PID/status as a number: "VmRSS" (KiB), "Threads".
+double proc_status(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string key;
   while (in >> key) {
-    if (key == "VmRSS:") {
-      double kib = 0;
-      in >> kib;
-      return kib;
+    if (key == field + ":") {
+      double value = 0;
+      in >> value;
+      return value;
     }
     in.ignore(1 << 20, '\n');
   }
-  die("no VmRSS for pid " + std::to_string(pid));
+  die("no " + field + " for pid " + std::to_string(pid));
+}
+
+double rss_kib(pid_t pid) {
+  return proc_status(pid, "VmRSS");
 }
 
 // ---- A client of the gateway (Boost.Beast, synchronous, one kept-alive connection)
@@ -449,7 +456,8 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   // Memory: idle (one sandbox, no stream), then N open streams, then after they are gone.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const double idle_kib = rss_kib(server.pid());
-  double held_kib = 0;
+  const double idle_threads = proc_status(server.pid(), "Threads");
+  double held_kib = 0, held_threads = 0;
   std::vector<std::string> command_ids;
   {
     std::vector<std::unique_ptr<HeldStream>> streams;
@@ -462,6 +470,12 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
     std::printf("%d streams open in %.1f s\n", o.streams, ms_since(start) / 1000.0);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     held_kib = rss_kib(server.pid());
+    held_threads = proc_status(server.pid(), "Threads");
+    if (o.hold_s > 0) {
+      std::printf("holding them %.0f s (sbx serve is pid %d)\n", o.hold_s, server.pid());
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.hold_s));
+    }
     for (auto& s : streams)
       command_ids.push_back(s->command_id());
   }  // closing the sockets cancels the commands
@@ -503,6 +517,8 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
       "MiB\n",
       idle_kib / 1024, o.streams, held_kib / 1024, memory_mib, (held_kib - idle_kib) / o.streams,
       100.0 * o.streams / 1000.0, memory_ok ? "PASS" : "FAIL", after_kib / 1024);
+  std::printf("sbx serve threads: idle %.0f, with the streams open %.0f\n", idle_threads,
+              held_threads);
   std::printf("sbx serve exit status after SIGTERM: %d\n", status);
   const bool all = latency_ok && memory_ok && status == 0;
   std::printf("\n%s\n", all ? "all targets met" : "some targets missed");

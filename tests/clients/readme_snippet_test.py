@@ -1,4 +1,4 @@
-"""Runs the Python snippet of tests/clients/README.md (the one the project README shows) exactly as
+"""Runs the Python snippet of the project's README.md exactly as
 printed, against `sbx serve`, and checks what it prints.
 
 Run by harness/with_serve.py (OPEN_SANDBOX_DOMAIN set to the server, as the snippet's reader
@@ -20,7 +20,7 @@ EXPECTED = "hello from Linux\n"
 
 
 def snippet() -> str:
-    text = (HERE / "README.md").read_text()
+    text = (HERE.parent.parent / "README.md").read_text()
     at = text.find(MARKER)
     if at < 0:
         raise SystemExit(f"no {MARKER} in README.md")
