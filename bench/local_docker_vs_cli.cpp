@@ -14,6 +14,8 @@
 
 #include <sbx/sbx.hpp>
 
+#include "bench_util.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
@@ -40,7 +42,11 @@ extern char** environ;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using sbx::bench::Clock;
+using sbx::bench::median;
+using sbx::bench::ms_since;
+using sbx::bench::percentile;
+using sbx::bench::throughput;
 
 struct Options {
   bool quick = false;
@@ -87,23 +93,6 @@ Options parse_args(int argc, char** argv) {
     o.throughput_seconds = std::min(o.throughput_seconds, 5.0);
   }
   return o;
-}
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
 double cpu_ms(int who) {
@@ -234,36 +223,6 @@ Latency cli_latency(const Cli& cli, const std::string& name, int samples) {
   }
   out.cpu_per_exec_ms = (cpu_ms(RUSAGE_CHILDREN) - cpu_before) / samples;
   return out;
-}
-
-// `threads` threads, each running `one(i)` in a loop until the time is up; returns execs/s.
-double throughput(int threads, double seconds, const std::function<bool(int)>& one) {
-  std::atomic<long> done{0};
-  std::atomic<bool> failed{false};
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(seconds));
-  const auto start = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      try {
-        while (Clock::now() < deadline) {
-          if (!one(t)) {
-            failed = true;
-            return;
-          }
-          ++done;
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "exec failed: %s\n", e.what());
-        failed = true;
-      }
-    });
-  }
-  for (auto& th : pool)
-    th.join();
-  if (failed) die("an exec failed during the throughput run");
-  return static_cast<double>(done.load()) / (ms_since(start) / 1000.0);
 }
 
 void print_table(const std::vector<Row>& rows, bool& all_pass) {

@@ -16,6 +16,8 @@
 
 #include <sbx/sbx.hpp>
 
+#include "bench_util.hpp"
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -57,7 +59,11 @@ namespace http = beast::http;
 namespace json = boost::json;
 namespace fs = std::filesystem;
 using tcp = asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
+using sbx::bench::Clock;
+using sbx::bench::median;
+using sbx::bench::ms_since;
+using sbx::bench::percentile;
+using sbx::bench::throughput;
 
 struct Options {
   bool quick = false;
@@ -119,23 +125,6 @@ Options parse_args(int argc, char** argv) {
 
 [[noreturn]] void die(const std::string& message) {
   throw std::runtime_error(message);
-}
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Raises the soft limit on open files to the hard one: N streams are N sockets here and at least
@@ -332,36 +321,6 @@ class HeldStream {
 };
 
 // ---- The measurements ---------------------------------------------------------------------------
-
-// `threads` threads, each running `one(i)` in a loop until the time is up; returns commands/s.
-double throughput(int threads, double seconds, const std::function<bool(int)>& one) {
-  std::atomic<long> done{0};
-  std::atomic<bool> failed{false};
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(seconds));
-  const auto start = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      try {
-        while (Clock::now() < deadline && !failed) {
-          if (!one(t)) {
-            failed = true;
-            return;
-          }
-          ++done;
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "a command failed: %s\n", e.what());
-        failed = true;
-      }
-    });
-  }
-  for (auto& th : pool)
-    th.join();
-  if (failed) die("a command failed during the throughput run");
-  return static_cast<double>(done.load()) / (ms_since(start) / 1000.0);
-}
 
 std::string create_through_gateway(Client& client, const std::string& image) {
   const auto res =

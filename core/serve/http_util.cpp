@@ -294,45 +294,10 @@ std::optional<ExecdTarget> execd_target(const Request& request) {
   return out;
 }
 
-namespace {
-
-std::string percent_decode(std::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    if (c == '+') {
-      out += ' ';
-    } else if (c == '%' && i + 2 < in.size() + 0 &&
-               std::isxdigit(static_cast<unsigned char>(in[i + 1])) &&
-               std::isxdigit(static_cast<unsigned char>(in[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<std::string> query_values(const Request& request, const std::string& name) {
   std::vector<std::string> out;
-  const std::string_view target = request.target();
-  const auto q = target.find('?');
-  if (q == std::string_view::npos) return out;
-  std::string_view query = target.substr(q + 1);
-  while (true) {
-    const auto amp = query.find('&');
-    const std::string_view pair = query.substr(0, amp);
-    const auto eq = pair.find('=');
-    if (percent_decode(pair.substr(0, eq)) == name) {
-      out.push_back(eq == std::string_view::npos ? std::string()
-                                                 : percent_decode(pair.substr(eq + 1)));
-    }
-    if (amp == std::string_view::npos) break;
-    query = query.substr(amp + 1);
+  for (auto& [key, value] : query_params(request)) {
+    if (key == name) out.push_back(std::move(value));
   }
   return out;
 }

@@ -79,26 +79,27 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
                                "Sandbox is not in a paused state."));
           return;
         }
+        // A failed pause or resume, whether it throws at the call or completes with an error.
+        auto failed = [id, pause, reply](const Request& shape, std::exception_ptr error) {
+          reply(operation_error(
+              shape, error, id,
+              pause ? "DOCKER::SANDBOX_PAUSE_FAILED" : "DOCKER::SANDBOX_RESUME_FAILED",
+              pause ? "Failed to pause sandbox" : "Failed to resume sandbox"));
+        };
         sbx::Operation<void> op;
         try {
           op = pause ? entry->box->pause_async() : entry->box->resume_async();
         } catch (...) {
-          reply(operation_error(
-              shape, std::current_exception(), id,
-              pause ? "DOCKER::SANDBOX_PAUSE_FAILED" : "DOCKER::SANDBOX_RESUME_FAILED",
-              pause ? "Failed to pause sandbox" : "Failed to resume sandbox"));
+          failed(shape, std::current_exception());
           return;
         }
-        op.then([id, pause, version, reply](sbx::Operation<void>& finished) {
+        op.then([id, pause, version, reply, failed](sbx::Operation<void>& finished) {
           Request shape;
           shape.version(version);
           try {
             finished.get();
           } catch (...) {
-            reply(operation_error(
-                shape, std::current_exception(), id,
-                pause ? "DOCKER::SANDBOX_PAUSE_FAILED" : "DOCKER::SANDBOX_RESUME_FAILED",
-                pause ? "Failed to pause sandbox" : "Failed to resume sandbox"));
+            failed(shape, std::current_exception());
             return;
           }
           spdlog::info("sbx serve: {} sandbox {}", pause ? "paused" : "resumed", id);

@@ -30,24 +30,15 @@ namespace json = boost::json;
 
 namespace {
 
-struct Fixture {
-  TempDir dir;
-  fs::path root = dir.path / "root";
-  fs::path config = dir.path / "sbx.json";
-  fs::path log = dir.path / "serve.log";
-  std::optional<ServeProcess> server;
+// test_processes and a server on it, and the execd paths of a sandbox `create` made.
+struct Fixture : ProcessesServer {
   std::string id;  // a sandbox made by the fixture
 
   explicit Fixture(std::vector<std::string> extra = {},
                    std::map<std::string, std::string> env = {}) {
-    fs::create_directories(root);
-    std::ofstream(config) << json::serialize(json::object{
-        {"providers",
-         json::object{{"p", json::object{{"plugin", "test_processes"},
-                                         {"config", json::object{{"root", root.string()}}}}}}}});
-    server.emplace(config, "p", log, std::move(extra), std::move(env));
+    write_config(processes_block());
+    start(std::move(extra), std::move(env));
   }
-  int port() const { return server->port(); }
 
   std::string create(const std::map<std::string, std::string>& headers = {}) {
     const auto r =

@@ -23,35 +23,12 @@ namespace {
 
 // A config whose provider "p" is test_processes with sandboxes under `root`, with `serve` as its
 // serve section, and `sbx serve` on it.
-struct Fixture {
-  TempDir dir;
-  fs::path root = dir.path / "root";
-  fs::path config = dir.path / "sbx.json";
-  fs::path log = dir.path / "serve.log";
-  std::optional<ServeProcess> server;
-
+struct Fixture : ProcessesServer {
   explicit Fixture(const std::string& serve, std::vector<std::string> extra = {},
                    std::map<std::string, std::string> env = {}) {
-    write_config(serve);
+    write_config(processes_block(), json::object{{"serve", json::parse(serve)}});
     extra.insert(extra.begin(), {"--log-level", "info"});  // the fault lines
-    server.emplace(config, "p", log, std::move(extra), std::move(env));
-  }
-  void write_config(const std::string& serve) {
-    fs::create_directories(root);
-    std::ofstream(config) << json::serialize(json::object{
-        {"serve", json::parse(serve)},
-        {"providers",
-         json::object{{"p", json::object{{"plugin", "test_processes"},
-                                         {"config", json::object{{"root", root.string()}}}}}}}});
-  }
-  int port() const { return server->port(); }
-  size_t sandboxes_on_disk() const {
-    return static_cast<size_t>(
-        std::distance(fs::directory_iterator(root), fs::directory_iterator()));
-  }
-  std::string log_text() const {
-    std::ifstream in(log);
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    start(std::move(extra), std::move(env));
   }
   json::object create_response() {
     const auto r = request(port(), "POST", "/v1/sandboxes", kCreateBody);

@@ -29,15 +29,6 @@ std::string docker_state(const std::string& id) {
   return output;
 }
 
-std::string rfc3339(std::chrono::system_clock::time_point t) {
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace
 
 TEST_CASE("local_docker: pause, renew, list, and a restarted server serving the same id") {
@@ -75,8 +66,7 @@ TEST_CASE("local_docker: pause, renew, list, and a restarted server serving the 
   const json::value new_expiry = renewed.json().at("expiresAt");
   CHECK(new_expiry == json::value(rfc3339(later)));
   CHECK(new_expiry != created.json().at("expiresAt"));
-  CHECK(request(server->port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") ==
-        new_expiry);
+  CHECK(request(server->port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") == new_expiry);
   std::string file;
   REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "cat", "/.sbx/expires_at"}, file) ==
           0);

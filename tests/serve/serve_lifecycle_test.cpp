@@ -23,22 +23,13 @@ namespace {
 
 // A config whose provider "p" is test_processes with sandboxes under `root` (or, with
 // `v1_0`, the ABI 1.0 plain-C plugin, whose sandboxes go under $TMPDIR = this directory).
-struct Fixture {
-  TempDir dir;
-  fs::path root = dir.path / "root";
-  fs::path config = dir.path / "sbx.json";
-  fs::path log = dir.path / "serve.log";
+struct Fixture : ProcessesServer {
   bool v1_0 = false;
-  std::optional<ServeProcess> server;
 
   explicit Fixture(std::vector<std::string> extra = {}, bool v1_0_plugin = false,
                    std::map<std::string, std::string> env = {})
       : v1_0(v1_0_plugin) {
-    fs::create_directories(root);
-    json::object provider{{"plugin", v1_0 ? "v1_0_processes" : "test_processes"}};
-    if (!v1_0) provider["config"] = json::object{{"root", root.string()}};
-    std::ofstream(config) << json::serialize(
-        json::object{{"providers", json::object{{"p", std::move(provider)}}}});
+    write_config(v1_0 ? json::object{{"plugin", "v1_0_processes"}} : processes_block());
     start(std::move(extra), std::move(env));
   }
   void start(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {}) {
@@ -47,16 +38,7 @@ struct Fixture {
       extra.push_back(SBX_C_PLUGIN_DIR);
       env["TMPDIR"] = root.string();
     }
-    server.emplace(config, "p", log, std::move(extra), std::move(env));
-  }
-  int port() const { return server->port(); }
-  size_t sandboxes_on_disk() const {
-    return static_cast<size_t>(
-        std::distance(fs::directory_iterator(root), fs::directory_iterator()));
-  }
-  std::string log_text() const {
-    std::ifstream in(log);
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    ProcessesServer::start(std::move(extra), std::move(env));
   }
 };
 
@@ -82,15 +64,6 @@ std::vector<std::string> ids_of(const Response& r) {
   for (const auto& item : body.at("items").as_array())
     out.emplace_back(item.at("id").as_string());
   return out;
-}
-
-std::string rfc3339(std::chrono::system_clock::time_point t) {
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string hmac_hex(const std::string& key, const std::string& text) {

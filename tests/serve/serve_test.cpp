@@ -21,33 +21,12 @@ namespace json = boost::json;
 
 namespace {
 
-// A config whose provider "p" is test_processes with sandboxes under `root`, and a server on it.
-struct Fixture {
-  TempDir dir;
-  fs::path root = dir.path / "root";
-  fs::path config = dir.path / "sbx.json";
-  fs::path log = dir.path / "serve.log";
-  std::optional<ServeProcess> server;
-
-  // `provider_config`: test_processes options besides its root (fault injection).
+// test_processes (with `provider_config` besides its root: fault injection) and a server on it.
+struct Fixture : ProcessesServer {
   explicit Fixture(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {},
                    const std::string& provider_config = "{}") {
-    fs::create_directories(root);
-    json::object c = json::parse(provider_config).as_object();
-    c["root"] = root.string();
-    std::ofstream(config) << json::serialize(
-        json::object{{"providers", json::object{{"p", json::object{{"plugin", "test_processes"},
-                                                                   {"config", std::move(c)}}}}}});
-    server.emplace(config, "p", log, std::move(extra), std::move(env));
-  }
-  int port() const { return server->port(); }
-  size_t sandboxes_on_disk() const {
-    return static_cast<size_t>(
-        std::distance(fs::directory_iterator(root), fs::directory_iterator()));
-  }
-  std::string log_text() const {
-    std::ifstream in(log);
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    write_config(processes_block(json::parse(provider_config).as_object()));
+    start(std::move(extra), std::move(env));
   }
 };
 

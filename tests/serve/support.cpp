@@ -19,6 +19,8 @@
 #include <cctype>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <stdexcept>
 #include <utility>
@@ -333,6 +335,39 @@ void StreamClient::disconnect() {
   beast::error_code ignored;
   impl_->socket.close(ignored);
   done_ = true;
+}
+
+boost::json::object ProcessesServer::processes_block(boost::json::object config) const {
+  config["root"] = root.string();
+  return boost::json::object{{"plugin", "test_processes"}, {"config", std::move(config)}};
+}
+
+void ProcessesServer::write_config(boost::json::object provider, boost::json::object top) const {
+  top["providers"] = boost::json::object{{"p", std::move(provider)}};
+  std::ofstream(config) << boost::json::serialize(top);
+}
+
+void ProcessesServer::start(std::vector<std::string> extra,
+                            std::map<std::string, std::string> env) {
+  server.emplace(config, "p", log, std::move(extra), std::move(env));
+}
+
+size_t ProcessesServer::sandboxes_on_disk() const {
+  return static_cast<size_t>(std::distance(fs::directory_iterator(root), fs::directory_iterator()));
+}
+
+std::string ProcessesServer::log_text() const {
+  std::ifstream in(log);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace serve_test

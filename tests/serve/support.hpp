@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -50,6 +51,32 @@ class ServeProcess {
   int port_ = 0;
   std::string stdout_rest_;
 };
+
+// What most serve tests start from: a fresh directory holding a config whose provider "p" is
+// test_processes keeping its sandboxes under `root`, and `sbx serve` on it (once start() ran).
+struct ProcessesServer {
+  TempDir dir;
+  fs::path root = dir.path / "root";
+  fs::path config = dir.path / "sbx.json";
+  fs::path log = dir.path / "serve.log";
+  std::optional<ServeProcess> server;
+
+  ProcessesServer() { fs::create_directories(root); }
+
+  // test_processes with `config` besides its root.
+  boost::json::object processes_block(boost::json::object config = {}) const;
+  // Writes the config: `provider` as provider "p", and the other top-level keys of `top` (e.g.
+  // "serve").
+  void write_config(boost::json::object provider, boost::json::object top = {}) const;
+  void start(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {});
+
+  int port() const { return server->port(); }
+  size_t sandboxes_on_disk() const;
+  std::string log_text() const;
+};
+
+// `t` as RFC 3339 UTC in whole seconds ("2026-12-01T08:00:00Z").
+std::string rfc3339(std::chrono::system_clock::time_point t);
 
 struct Response {
   int status = 0;
