@@ -518,11 +518,14 @@ int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_uni
   const auto* state = inspect.if_contains("State");
   const auto* status =
       state && state->is_object() ? state->get_object().if_contains("Status") : nullptr;
-  const std::string_view running = status && status->is_string() ? status->get_string() : "";
+  // A std::string: a conditional between json::string and "" would make a temporary json::string,
+  // and a string_view of it would dangle.
+  const std::string running =
+      status && status->is_string() ? std::string(status->get_string()) : std::string();
   if (running != "running" && running != "paused") {
     throw sdk::Error::not_found(
         "sandbox " + box.container() + " has ended (its container is " +
-        (running.empty() ? std::string("in no known state") : std::string(running)) + ")");
+        (running.empty() ? std::string("in no known state") : running) + ")");
   }
   // The expiry in force may come from another handle's renew: the file, else what we know.
   const int64_t current =
