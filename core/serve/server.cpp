@@ -40,9 +40,10 @@ bool is_loopback(const std::string& host) {
   return !ec && address.is_loopback();
 }
 
-Server::State::State(sbx::Provider p, Options o)
+Server::State::State(asio::io_context& context, sbx::Provider p, Options o)
     : provider(std::move(p)),
       options(std::move(o)),
+      ioc(context),
       control(asio::make_strand(ioc)),
       acceptor(control),
       grace_timer(control),
@@ -729,7 +730,8 @@ void sweep(const std::shared_ptr<Server::State>& state) {
 }  // namespace
 
 Server::Server(sbx::Provider provider, Options options)
-    : state_(std::make_shared<State>(std::move(provider), std::move(options))) {
+    : ioc_(std::make_unique<asio::io_context>()),
+      state_(std::make_shared<State>(*ioc_, std::move(provider), std::move(options))) {
   const Options& o = state_->options;
   const std::string host = o.host == "localhost" ? "127.0.0.1" : o.host;
   boost::system::error_code ec;

@@ -115,7 +115,7 @@ struct Entry {
 struct Server::State {
   sbx::Provider provider;
   Options options;
-  boost::asio::io_context ioc;
+  boost::asio::io_context& ioc;  // Server::ioc_, which outlives the state
   // Where the acceptor, the grace timer and the stop's steps run, one at a time.
   boost::asio::strand<boost::asio::io_context::executor_type> control;
   boost::asio::ip::tcp::acceptor acceptor;
@@ -140,7 +140,7 @@ struct Server::State {
   bool finished = false;
   bool all_closed = true;
 
-  State(sbx::Provider p, Options o);
+  State(boost::asio::io_context& context, sbx::Provider p, Options o);
 
   void maybe_finish_locked();
 };

@@ -8,6 +8,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,6 +21,8 @@ namespace sbx::detail {
 namespace {
 
 thread_local int g_callback_depth = 0;
+// Plugin callbacks running now, on every thread: what the janitor waits for at exit.
+std::atomic<int> g_callbacks_running{0};
 
 spdlog::level::level_enum to_spdlog(int32_t level) {
   switch (level) {
@@ -69,6 +72,14 @@ const void* SBX_ABI host_get_extension(const sbx_host*, const char*) {
 class Janitor {
  public:
   void close() {
+    // A plugin thread still inside a host callback may be about to post the last release of a
+    // provider, whose destroy joins that thread: let such callbacks return first (bounded: a
+    // callback that never returns does not hold the exit), so that the post is run, not abandoned.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (g_callbacks_running.load() > g_callback_depth &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -121,8 +132,10 @@ Janitor& janitor() {
 
 CallbackScope::CallbackScope() noexcept {
   ++g_callback_depth;
+  ++g_callbacks_running;
 }
 CallbackScope::~CallbackScope() {
+  --g_callbacks_running;
   --g_callback_depth;
 }
 bool CallbackScope::active() noexcept {
