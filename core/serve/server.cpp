@@ -40,10 +40,9 @@ bool is_loopback(const std::string& host) {
   return !ec && address.is_loopback();
 }
 
-Server::State::State(asio::io_context& context, sbx::Provider p, Options o)
+Server::State::State(sbx::Provider p, Options o)
     : provider(std::move(p)),
       options(std::move(o)),
-      ioc(context),
       control(asio::make_strand(ioc)),
       acceptor(control),
       grace_timer(control),
@@ -730,8 +729,7 @@ void sweep(const std::shared_ptr<Server::State>& state) {
 }  // namespace
 
 Server::Server(sbx::Provider provider, Options options)
-    : ioc_(std::make_unique<asio::io_context>()),
-      state_(std::make_shared<State>(*ioc_, std::move(provider), std::move(options))) {
+    : state_(std::make_shared<State>(std::move(provider), std::move(options))) {
   const Options& o = state_->options;
   const std::string host = o.host == "localhost" ? "127.0.0.1" : o.host;
   boost::system::error_code ec;
@@ -777,17 +775,22 @@ Server::~Server() {
   // run() returned (or never ran): nothing is in flight on the io_context's threads. Sandboxes
   // still in the registry (a server that never ran) are closed by their destructors, or left
   // running for the next server with keep_on_stop.
-  std::lock_guard lock(state_->mutex);
-  if (state_->options.keep_on_stop) {
-    for (auto& [id, entry] : state_->sandboxes)
-      if (entry->box) entry->box->detach();
-    for (auto& entry : state_->kept)
-      if (entry->box) entry->box->detach();
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->options.keep_on_stop) {
+      for (auto& [id, entry] : state_->sandboxes)
+        if (entry->box) entry->box->detach();
+      for (auto& entry : state_->kept)
+        if (entry->box) entry->box->detach();
+    }
+    if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
+    state_->state_dir_lock = -1;
   }
-  if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
-  state_->state_dir_lock = -1;
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
+  // The handlers still queued hold the state: destroy them (a continuation a plugin completes
+  // later may still hold it; the state then goes with that continuation).
+  state_->ioc.shutdown();
 }
 
 uint16_t Server::port() const {

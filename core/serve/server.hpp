@@ -22,10 +22,6 @@
 #include <optional>
 #include <string>
 
-namespace boost::asio {
-class io_context;
-}
-
 namespace sbx::serve {
 
 class Faults;  // faults.hpp
@@ -87,10 +83,6 @@ class Server {
   struct State;  // shared with connections and continuations (server.cpp)
 
  private:
-  // Declared first, so destroyed last: a stop leaves handlers queued (a cancelled timer's, an idle
-  // connection's read), each holding the state; destroying the io_context destroys them, and with
-  // them the last references to the state, its sandboxes and its provider.
-  std::unique_ptr<boost::asio::io_context> ioc_;
   std::shared_ptr<State> state_;
 };
 

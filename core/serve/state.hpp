@@ -112,10 +112,20 @@ struct Entry {
   std::shared_ptr<ExecdState> execd = new_execd_state();
 };
 
+// The server's io_context, with execution_context::shutdown made callable.
+class ServeContext : public boost::asio::io_context {
+ public:
+  using boost::asio::io_context::shutdown;
+};
+
 struct Server::State {
   sbx::Provider provider;
   Options options;
-  boost::asio::io_context& ioc;  // Server::ioc_, which outlives the state
+  // Declared before what uses it, so destroyed after. ~Server shuts it down first: that destroys
+  // the handlers a stop leaves queued (a cancelled timer's, an idle connection's read), each
+  // holding the state, and so ends the cycle that kept the state, its sandboxes and the provider
+  // alive at exit.
+  ServeContext ioc;
   // Where the acceptor, the grace timer and the stop's steps run, one at a time.
   boost::asio::strand<boost::asio::io_context::executor_type> control;
   boost::asio::ip::tcp::acceptor acceptor;
@@ -140,7 +150,7 @@ struct Server::State {
   bool finished = false;
   bool all_closed = true;
 
-  State(boost::asio::io_context& context, sbx::Provider p, Options o);
+  State(sbx::Provider p, Options o);
 
   void maybe_finish_locked();
 };
