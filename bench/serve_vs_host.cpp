@@ -42,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -479,6 +480,16 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   std::printf("sbx serve threads: idle %.0f, with the streams open %.0f\n", idle_threads,
               held_threads);
   std::printf("sbx serve exit status after SIGTERM: %d\n", status);
+  if (status != 0) {  // say why: the server's last log lines
+    std::ifstream log(dir / "serve.log");
+    std::deque<std::string> last;
+    for (std::string line; std::getline(log, line);) {
+      last.push_back(line);
+      if (last.size() > 8) last.pop_front();
+    }
+    for (const auto& line : last)
+      std::printf("  serve.log: %s\n", line.c_str());
+  }
   const bool all = latency_ok && memory_ok && status == 0;
   std::printf("\n%s\n", all ? "all targets met" : "some targets missed");
   return o.check && !all ? 1 : 0;
