@@ -68,9 +68,15 @@ write_config "$work/proxy.json" true
 
 run() {  # CONFIG PATTERN
   echo "== sbx conformance --only '$2' ($1)"
-  OPEN_SANDBOX_API_KEY=$SBX_OS_TEST_KEY "$sbx" conformance --config "$1" --provider os \
-    --image "$image" --only "$2" || fail "conformance --only '$2' with $1"
+  OPEN_SANDBOX_API_KEY=$SBX_OS_TEST_KEY SBX_LOG_LEVEL=debug "$sbx" conformance --config "$1" \
+    --provider os --image "$image" --only "$2" > "$work/suite.out" 2>&1
+  rc=$?
+  # The suite's lines (the plugin's debug log goes to suite.all, searched for the key below).
+  grep -E '^(ok|FAILED|not offered|    |[0-9]+ cases? on|failed:)' "$work/suite.out"
+  cat "$work/suite.out" >> "$work/suite.all"
+  [ "$rc" = 0 ] || fail "conformance --only '$2' with $1"
 }
+: > "$work/suite.all"
 for pattern in 'lifecycle.[!t]*' 'exec.[!o]*' 'files.[!s]*' 'ext.*' 'labels.*'; do
   run "$work/direct.json" "$pattern"
 done
@@ -78,9 +84,36 @@ for pattern in 'exec.exit-code' 'exec.streaming' 'files.round-trip'; do
   run "$work/proxy.json" "$pattern"
 done
 
+# A probe that never passes: each attempt's sandbox is deleted on the server, the create is tried
+# again (create.retries 1) and then fails with the probe's message; the server holds nothing.
+cat > "$work/badprobe.json" <<JSON
+{"providers": {"os": {"plugin": "opensandbox", "config": {
+  "connection": {"domain": "$address"},
+  "create": {"image_pull_policy": null, "retries": 1, "retry_delay_s": 0.1, "connect_poll_s": 0.2},
+  "probe": {"command": "echo not-yet", "expected_stdout": "ready", "timeout_s": 2, "deadline_s": 1.5}
+}}}}
+JSON
+echo "== a create whose probe never passes"
+OPEN_SANDBOX_API_KEY=$SBX_OS_TEST_KEY "$sbx" run --config "$work/badprobe.json" --provider os \
+  --image "$image" --ttl 600 -- echo unreachable > "$work/badprobe.out" 2>&1
+rc=$?
+cat "$work/badprobe.out"
+[ "$rc" != 0 ] || fail "a create whose probe fails succeeded"
+grep -qF "failed create probe command before the startup deadline" "$work/badprobe.out" ||
+  fail "the failed probe's message is missing"
+grep -qF "unreachable" "$work/badprobe.out" && fail "the command ran after a failed create"
+grep -qF "Retrying OpenSandbox sandbox create after attempt 1" "$work/badprobe.out" ||
+  fail "the failed probe was not retried"
+left=$(curl -s --noproxy "*" -H "OPEN-SANDBOX-API-KEY: $SBX_OS_TEST_KEY" "http://$address/v1/sandboxes")
+case "$left" in
+  *'"items":[]'*) ;;
+  *) fail "the server still holds sandboxes after the failed creates: $left" ;;
+esac
+cat "$work/badprobe.out" >> "$work/suite.all"
+
 # The key is a secret: never in the server's or the suite's logs.
-if grep -qF "$SBX_OS_TEST_KEY" "$work/serve.out" "$work/serve.err"; then
-  fail "the API key appears in sbx serve's output"
+if grep -qF "$SBX_OS_TEST_KEY" "$work/serve.out" "$work/serve.err" "$work/suite.all"; then
+  fail "the API key appears in the server's or the suite's output"
 fi
 
 stop_server
