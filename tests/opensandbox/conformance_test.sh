@@ -11,7 +11,8 @@
 #   files.startup   newline ("printf out", "cat" of a file without one) cannot be told from one
 #                   with it, so it comes back with "\n" added;
 #   lifecycle.ttl   a TTL of 3 s: the server refuses TTLs under 60 s, the plugin rounds up to 60 s.
-# Every sandbox the run created must be gone from the daemon at the end.
+# Every sandbox the run created (label sbx.run of this server) must be gone from the daemon at the
+# end.
 set -u
 sbx=$1 work=$2
 mkdir -p "$work"
@@ -19,8 +20,6 @@ image=sbx-busybox:latest
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-containers() { docker ps -aq --filter label=sbx.sandbox | sort; }
-before=$(containers)
 
 cat > "$work/serve.json" <<JSON
 {"providers": {"docker": {"plugin": "local_docker", "config": {}}}}
@@ -51,6 +50,9 @@ if [ -z "$address" ]; then
   exit 1
 fi
 echo "sbx serve listening on $address"
+# Every sandbox of this server carries its run label (other users of the daemon have their own).
+run_label=$(sed -n 's|.*sbx\.run=\([^)]*\)).*|\1|p' "$work/serve.out")
+[ -n "$run_label" ] || fail "sbx serve printed no sbx.run"
 
 # The plugin's config: the server's address, the key from the environment (OPEN_SANDBOX_API_KEY),
 # no pull-policy extensions (sbx serve refuses extensions it does not serve).
@@ -117,9 +119,7 @@ if grep -qF "$SBX_OS_TEST_KEY" "$work/serve.out" "$work/serve.err" "$work/suite.
 fi
 
 stop_server
-after=$(containers)
-if [ "$before" != "$after" ]; then
-  fail "containers left behind: $(echo "$after" | grep -vxF "$before" | tr '\n' ' ')"
-fi
+left=$(docker ps -aq --filter "label=sbx.run=$run_label")
+[ -z "$left" ] || fail "containers left behind: $(echo "$left" | tr '\n' ' ')"
 [ "$failures" = 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "conformance.opensandbox: ok"
