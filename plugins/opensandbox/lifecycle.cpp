@@ -3,7 +3,10 @@
 #include <boost/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <ctime>
 #include <set>
 
 namespace sbx::opensandbox {
@@ -255,6 +258,73 @@ ExecdEndpoint LifecycleClient::endpoint(const std::string& id, uint16_t port,
     }
   }
   return out;
+}
+
+std::string format_rfc3339(int64_t unix_ms) {
+  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char text[96];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(unix_ms % 1000));
+  return text;
+}
+
+std::optional<int64_t> parse_rfc3339(std::string_view text) {
+  std::tm tm{};
+  int consumed = 0;
+  const std::string s(text);
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &consumed) != 6 ||
+      consumed != 19) {
+    return std::nullopt;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  int64_t ms = static_cast<int64_t>(timegm(&tm)) * 1000;
+  size_t at = 19;
+  if (at < s.size() && s[at] == '.') {
+    int64_t scale = 100;
+    for (++at; at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])); ++at) {
+      ms += (s[at] - '0') * scale;
+      scale /= 10;
+    }
+  }
+  if (at < s.size() && (s[at] == 'Z' || s[at] == 'z') && at + 1 == s.size()) return ms;
+  int hours = 0, minutes = 0;
+  if (at < s.size() && (s[at] == '+' || s[at] == '-') &&
+      std::sscanf(s.c_str() + at + 1, "%2d:%2d", &hours, &minutes) == 2 && at + 6 == s.size()) {
+    const int64_t offset = (hours * 60 + minutes) * 60'000;
+    return s[at] == '+' ? ms - offset : ms + offset;
+  }
+  return std::nullopt;
+}
+
+int64_t LifecycleClient::renew(const std::string& id, int64_t expires_at_unix_ms,
+                               std::chrono::milliseconds timeout, const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.method = "POST";
+  request.target = "/sandboxes/" + sdk::http::url_encode(id) + "/renew-expiration";
+  request.headers = {{"Content-Type", "application/json"}};
+  request.body = json::serialize(json::object{{"expiresAt", format_rfc3339(expires_at_unix_ms)}});
+  request.timeout = timeout;
+  request.idempotent = true;  // setting the same expiry twice is harmless
+  const auto response = send(std::move(request), cancel);
+  if (response.status != 200) {
+    const auto error = parse_api_error(response);
+    throw to_error(error, "OpenSandbox renew of sandbox " + id,
+                   kRetryableStatuses.contains(error.status) && error.status != 409);
+  }
+  boost::system::error_code ec;
+  const auto answer = json::parse(response.body, ec);
+  if (!ec && answer.is_object()) {
+    const auto* at = answer.get_object().if_contains("expiresAt");
+    if (at && at->is_string()) {
+      if (const auto parsed = parse_rfc3339(at->get_string())) return *parsed;
+    }
+  }
+  return expires_at_unix_ms;
 }
 
 }  // namespace sbx::opensandbox

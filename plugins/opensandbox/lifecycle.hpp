@@ -14,7 +14,9 @@
 
 #include <boost/json/object.hpp>
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace sbx::opensandbox {
 
@@ -69,6 +71,10 @@ class LifecycleClient {
   // key only in server-proxy mode) with the endpoint's own on top.
   ExecdEndpoint endpoint(const std::string& id, uint16_t port, std::chrono::milliseconds timeout,
                          const sdk::CancelToken& cancel);
+  // POST /sandboxes/{id}/renew-expiration; returns the expiry the server answered (Unix ms).
+  // A time not in the future is INVALID_ARGUMENT (400), a sandbox that is gone NOT_FOUND.
+  int64_t renew(const std::string& id, int64_t expires_at_unix_ms,
+                std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
 
  private:
   sdk::http::Response send(sdk::http::Request request, const sdk::CancelToken& cancel);
@@ -76,6 +82,11 @@ class LifecycleClient {
   ConnectionConfig connection_;
   sdk::http::Client http_;
 };
+
+// RFC 3339 in UTC with milliseconds ("2026-12-01T01:00:00.250Z").
+std::string format_rfc3339(int64_t unix_ms);
+// Parses RFC 3339 (optional fraction, "Z" or "+hh:mm"); nullopt when it is not.
+std::optional<int64_t> parse_rfc3339(std::string_view text);
 
 // The HTTP client options of a connection (keep-alive expiry, pool cap, TLS, no proxy).
 sdk::http::ClientOptions client_options(const ConnectionConfig& connection, std::string base_url);

@@ -1,5 +1,6 @@
 #include "provider.hpp"
 
+#include <sbx/abi/ext/connect.h>
 #include <sbx/sdk/retry.hpp>
 
 #include <boost/json.hpp>
@@ -340,6 +341,57 @@ void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& c
                   "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
                   "; error=", error.what());
       });
+}
+
+std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {
+  const auto& box = as_box(sandbox);
+  json::object descriptor{
+      {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", box.id()}};
+  if (box.workdir()) descriptor["workdir"] = *box.workdir();
+  return json::serialize(descriptor);
+}
+
+sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
+                                            const sdk::CancelToken& cancel) {
+  boost::system::error_code ec;
+  const json::value parsed = json::parse(descriptor, ec);
+  if (ec || !parsed.is_object()) {
+    throw sdk::Error::invalid_argument("the descriptor is not a JSON object");
+  }
+  const auto& d = parsed.get_object();
+  const auto* format = d.if_contains("format");
+  if (!format || !format->is_string() || format->get_string() != SBX_DESCRIPTOR_FORMAT) {
+    throw sdk::Error::invalid_argument("the descriptor's format is not " SBX_DESCRIPTOR_FORMAT);
+  }
+  const auto* provider = d.if_contains("provider");
+  if (!provider || !provider->is_string() || provider->get_string() != kId) {
+    throw sdk::Error::invalid_argument("the descriptor is not of provider opensandbox");
+  }
+  const auto* id = d.if_contains("sandbox_id");
+  if (!id || !id->is_string() || id->get_string().empty()) {
+    throw sdk::Error::invalid_argument("the descriptor has no sandbox_id");
+  }
+  std::optional<std::string> workdir;
+  if (const auto* w = d.if_contains("workdir"); w && w->is_string()) {
+    workdir = std::string(w->get_string());
+  }
+  const std::string sandbox_id(id->get_string());
+  const std::string state = lifecycle_.state(sandbox_id, request_timeout(), cancel);
+  const auto status = to_sandbox_status(state);
+  if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
+    throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
+  }
+  auto endpoint =
+      connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s), cancel);
+  sdk::Connected out;
+  out.sandbox = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
+  out.workdir = workdir;
+  return out;
+}
+
+int64_t OpenSandboxProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                                   const sdk::CancelToken& cancel) {
+  return lifecycle_.renew(sandbox.id(), expires_at_unix_ms, request_timeout(), cancel);
 }
 
 }  // namespace sbx::opensandbox

@@ -49,7 +49,9 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 // argument or a cancellation.
 bool is_retryable_create_error(const sdk::Error& error);
 
-class OpenSandboxProvider final : public sdk::BlockingProvider {
+class OpenSandboxProvider final : public sdk::BlockingProvider,
+                                  public sdk::BlockingConnect,
+                                  public sdk::BlockingRenew {
  public:
   static constexpr const char* kId = "opensandbox";
   static constexpr const char* kDescription =
@@ -70,6 +72,15 @@ class OpenSandboxProvider final : public sdk::BlockingProvider {
                 const sdk::CancelToken& cancel) override;
   sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // sbx.connect/1: the descriptor is {"format": "sbx.descriptor/1", "provider": "opensandbox",
+  // "sandbox_id", "workdir"?}; connect checks the sandbox on the server (gone or stopped:
+  // NOT_FOUND), fetches its execd endpoint and health-checks it as create does.
+  std::string serialize(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  sdk::Connected connect(const std::string& descriptor, const sdk::CancelToken& cancel) override;
+  // sbx.renew/1: POST renew-expiration with the time asked for (milliseconds); the server's answer.
+  int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                const sdk::CancelToken& cancel) override;
 
  private:
   // One create attempt: POST, endpoint, health check, workdir, probe; on a failure after the POST

@@ -370,3 +370,15 @@ TEST_CASE("shell quoting for su") {
   CHECK(os::shell_quote("it's") == "'it'\\''s'");
   CHECK(os::shell_quote("") == "''");
 }
+
+TEST_CASE("RFC 3339 times for renew") {
+  CHECK(os::format_rfc3339(1'796'080'697'507) == "2026-11-30T23:18:17.507Z");
+  CHECK(os::parse_rfc3339("2026-11-30T23:18:17.507Z") == std::optional<int64_t>(1'796'080'697'507));
+  CHECK(os::parse_rfc3339("2026-12-01T01:00:00Z") == std::optional<int64_t>(1'796'086'800'000));
+  CHECK(os::parse_rfc3339("2026-12-01T02:00:00+01:00") ==
+        std::optional<int64_t>(1'796'086'800'000));
+  CHECK(os::parse_rfc3339("2026-11-30T23:27:59.680153Z") ==
+        std::optional<int64_t>(1'796'081'279'680));
+  CHECK(!os::parse_rfc3339("yesterday"));
+  CHECK(!os::parse_rfc3339("2026-12-01T01:00:00"));
+}
