@@ -301,6 +301,29 @@ std::optional<int64_t> parse_rfc3339(std::string_view text) {
   return std::nullopt;
 }
 
+void LifecycleClient::pause_or_resume(const std::string& id, bool pause,
+                                      std::chrono::milliseconds timeout,
+                                      const sdk::CancelToken& cancel) {
+  const std::string what =
+      std::string("OpenSandbox ") + (pause ? "pause" : "resume") + " of sandbox " + id;
+  sdk::http::Request request;
+  request.method = "POST";
+  request.target = "/sandboxes/" + sdk::http::url_encode(id) + (pause ? "/pause" : "/resume");
+  request.timeout = timeout;
+  request.idempotent = true;  // asking twice leaves the same state
+  const auto response = send(std::move(request), cancel);
+  if (response.status >= 200 && response.status < 300) return;
+  const auto error = parse_api_error(response);
+  if (error.status == 409) {
+    // Already in the state asked for? (The server answers 409 to pausing a paused sandbox.)
+    std::string now = state(id, timeout, cancel);
+    for (char& c : now)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (now == (pause ? "paused" : "running")) return;
+  }
+  throw to_error(error, what, kRetryableStatuses.contains(error.status) && error.status != 409);
+}
+
 int64_t LifecycleClient::renew(const std::string& id, int64_t expires_at_unix_ms,
                                std::chrono::milliseconds timeout, const sdk::CancelToken& cancel) {
   sdk::http::Request request;

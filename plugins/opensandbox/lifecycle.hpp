@@ -71,6 +71,11 @@ class LifecycleClient {
   // key only in server-proxy mode) with the endpoint's own on top.
   ExecdEndpoint endpoint(const std::string& id, uint16_t port, std::chrono::milliseconds timeout,
                          const sdk::CancelToken& cancel);
+  // POST /sandboxes/{id}/pause or /resume (`pause` false). A 409 (not running / not paused) is
+  // success when the sandbox already is in the state asked for (read back), else
+  // FAILED_PRECONDITION; NOT_FOUND for a sandbox that is gone.
+  void pause_or_resume(const std::string& id, bool pause, std::chrono::milliseconds timeout,
+                       const sdk::CancelToken& cancel);
   // POST /sandboxes/{id}/renew-expiration; returns the expiry the server answered (Unix ms).
   // A time not in the future is INVALID_ARGUMENT (400), a sandbox that is gone NOT_FOUND.
   int64_t renew(const std::string& id, int64_t expires_at_unix_ms,

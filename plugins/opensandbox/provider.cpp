@@ -56,6 +56,14 @@ OpenSandbox& as_box(sdk::Sandbox& sandbox) {
   return static_cast<OpenSandbox&>(sandbox);
 }
 
+// Refuses a transfer or command on a sandbox this handle knows paused.
+void check_not_paused(const OpenSandbox& box) {
+  if (box.paused()) {
+    throw sdk::Error::failed_precondition("OpenSandbox sandbox " + box.id() +
+                                          " is paused (resume it first)");
+  }
+}
+
 }  // namespace
 
 sdk::SandboxStatus to_sandbox_status(std::string_view state) {
@@ -282,6 +290,7 @@ sdk::ProbeAttempt OpenSandboxProvider::run_collect(const OpenSandbox& box,
 sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
+  check_not_paused(box);
   CommandRequest command{.command = request.command,
                          .cwd = request.cwd ? request.cwd : box.workdir(),
                          .envs = request.env,
@@ -307,12 +316,14 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
 void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
+  check_not_paused(box);
   execd_.upload(box.execd(), box.id(), request, source, cancel);
 }
 
 void OpenSandboxProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
                                    sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
+  check_not_paused(box);
   execd_.download(box.execd(), box.id(), remote_path, sink, cancel);
 }
 
@@ -327,7 +338,21 @@ sdk::SandboxStatus OpenSandboxProvider::status(sdk::Sandbox& sandbox,
     if (e.status() == SBX_STATUS_NOT_FOUND) return sdk::SandboxStatus::stopped;
     throw;
   }
-  return to_sandbox_status(state);
+  const auto status = to_sandbox_status(state);
+  if (status == sdk::SandboxStatus::paused || status == sdk::SandboxStatus::running) {
+    as_box(sandbox).set_paused(status == sdk::SandboxStatus::paused);
+  }
+  return status;
+}
+
+void OpenSandboxProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  lifecycle_.pause_or_resume(sandbox.id(), true, request_timeout(), cancel);
+  as_box(sandbox).set_paused(true);
+}
+
+void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  lifecycle_.pause_or_resume(sandbox.id(), false, request_timeout(), cancel);
+  as_box(sandbox).set_paused(false);
 }
 
 void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {

@@ -11,6 +11,7 @@
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/plugin.hpp>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,10 +27,15 @@ class OpenSandbox final : public sdk::Sandbox {
 
   const ExecdEndpoint& execd() const noexcept { return execd_; }
   const std::optional<std::string>& workdir() const noexcept { return workdir_; }
+  // Whether this handle last saw the sandbox paused (its own pause/resume, or a status read).
+  // THREADING: thread-safe.
+  bool paused() const noexcept { return paused_.load(); }
+  void set_paused(bool paused) noexcept { paused_.store(paused); }
 
  private:
   ExecdEndpoint execd_;
   std::optional<std::string> workdir_;
+  std::atomic<bool> paused_{false};
 };
 
 // The seed's state mapping (case-insensitive), plus "paused"/"pausing"/"resuming".
@@ -50,6 +56,7 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 bool is_retryable_create_error(const sdk::Error& error);
 
 class OpenSandboxProvider final : public sdk::BlockingProvider,
+                                  public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew {
  public:
@@ -72,6 +79,12 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
                 const sdk::CancelToken& cancel) override;
   sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // sbx.pause/1: POST pause / resume; pausing a paused sandbox or resuming a running one changes
+  // nothing. While this handle knows the sandbox paused, exec, upload and download fail at once
+  // with FAILED_PRECONDITION.
+  void pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  void resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
 
   // sbx.connect/1: the descriptor is {"format": "sbx.descriptor/1", "provider": "opensandbox",
   // "sandbox_id", "workdir"?}; connect checks the sandbox on the server (gone or stopped:
