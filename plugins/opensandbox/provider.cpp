@@ -173,9 +173,13 @@ std::chrono::milliseconds OpenSandboxProvider::request_timeout() const {
 std::unique_ptr<sdk::Sandbox> OpenSandboxProvider::create(const sdk::Spec& spec,
                                                           const sdk::CancelToken& cancel) {
   const json::object body = create_request(config_, spec, attribution_);
+  const bool skip_health_check =
+      config_.create.skip_health_check ||
+      SandboxOptions::parse(spec.provider_options).skip_health_check.value_or(false);
   std::unique_ptr<OpenSandbox> box;
   sdk::retry(
-      config_.create.retry_policy(), [&] { box = create_once(spec, body, cancel); }, cancel,
+      config_.create.retry_policy(),
+      [&] { box = create_once(spec, body, skip_health_check, cancel); }, cancel,
       is_retryable_create_error,
       [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
         log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
@@ -187,6 +191,7 @@ std::unique_ptr<sdk::Sandbox> OpenSandboxProvider::create(const sdk::Spec& spec,
 
 std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& spec,
                                                               const json::object& body,
+                                                              bool skip_health_check,
                                                               const sdk::CancelToken& cancel) {
   std::chrono::milliseconds create_timeout = request_timeout();
   if (config_.create.request_timeout_s) {
@@ -199,7 +204,8 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
     std::chrono::milliseconds budget = seconds_ms(config_.create.connect_attempt_timeout_s);
     if (config_.create.timeout_s) budget = seconds_ms(*config_.create.timeout_s);
     if (spec.ready_timeout) budget = *spec.ready_timeout;
-    auto box = std::make_unique<OpenSandbox>(id, connect_execd(id, budget, cancel), spec.workdir);
+    auto box = std::make_unique<OpenSandbox>(
+        id, connect_execd(id, budget, skip_health_check, cancel), spec.workdir);
     if (spec.workdir) {
       const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
                                     seconds_ms(config_.probe.timeout_s), cancel);
@@ -234,10 +240,11 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
 
 ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
                                                  std::chrono::milliseconds budget,
+                                                 bool skip_health_check,
                                                  const sdk::CancelToken& cancel) {
   // The endpoint, then execd's /ping until it answers 200, within `budget`. With
-  // create.skip_health_check only the endpoint is fetched (retried the same way: the seed's
-  // reconnect after create), and the probe alone proves readiness.
+  // skip_health_check only the endpoint is fetched (retried the same way: the seed's reconnect
+  // after create), and the probe alone proves readiness.
   const auto deadline = std::chrono::steady_clock::now() + budget;
   const auto poll = seconds_ms(config_.create.connect_poll_s);
   std::optional<ExecdEndpoint> endpoint;
@@ -256,7 +263,7 @@ ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
     const auto attempt = std::min(remaining, seconds_ms(config_.create.connect_attempt_timeout_s));
     try {
       if (!endpoint) endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
-      if (config_.create.skip_health_check || execd_.ping(*endpoint, attempt, cancel)) {
+      if (skip_health_check || execd_.ping(*endpoint, attempt, cancel)) {
         return *endpoint;
       }
       last_error = "execd /ping did not answer 200";
@@ -406,8 +413,8 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
   if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
     throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
   }
-  auto endpoint =
-      connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s), cancel);
+  auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
+                                config_.create.skip_health_check, cancel);
   sdk::Connected out;
   out.sandbox = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
   out.workdir = workdir;

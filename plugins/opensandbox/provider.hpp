@@ -98,10 +98,12 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
  private:
   // One create attempt: POST, endpoint, health check, workdir, probe; on a failure after the POST
   // the new sandbox is deleted (errors of that cleanup are logged and swallowed).
+  // `skip_health_check`: the config's or the sandbox's option (provider_options).
   std::unique_ptr<OpenSandbox> create_once(const sdk::Spec& spec, const boost::json::object& body,
-                                           const sdk::CancelToken& cancel);
+                                           bool skip_health_check, const sdk::CancelToken& cancel);
+  // The execd endpoint, then /ping until 200 (unless `skip_health_check`), within `budget`.
   ExecdEndpoint connect_execd(const std::string& id, std::chrono::milliseconds budget,
-                              const sdk::CancelToken& cancel);
+                              bool skip_health_check, const sdk::CancelToken& cancel);
   // Runs a command to its end, collecting its output (for the probe and the workdir).
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);

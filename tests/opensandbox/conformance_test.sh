@@ -56,11 +56,11 @@ run_label=$(sed -n 's|.*sbx\.run=\([^)]*\)).*|\1|p' "$work/serve.out")
 
 # The plugin's config: the server's address, the key from the environment (OPEN_SANDBOX_API_KEY),
 # no pull-policy extensions (sbx serve refuses extensions it does not serve).
-write_config() {  # FILE USE_SERVER_PROXY
+write_config() {  # FILE USE_SERVER_PROXY (also skips the /ping health check: the probe alone)
   cat > "$1" <<JSON
 {"providers": {"os": {"plugin": "opensandbox", "config": {
   "connection": {"domain": "$address", "use_server_proxy": $2, "request_timeout_s": 120},
-  "create": {"image_pull_policy": null, "retries": 1, "retry_delay_s": 1},
+  "create": {"image_pull_policy": null, "retries": 1, "retry_delay_s": 1, "skip_health_check": $2},
   "attribution": {"team": "sbx-tests", "workload": "conformance"}
 }}}}
 JSON
