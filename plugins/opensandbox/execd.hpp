@@ -1,0 +1,102 @@
+// The execd API of a sandbox (run a command over its event stream, ping, upload, download), over
+// the SDK's HTTP client. Every request goes to an ExecdEndpoint (lifecycle.hpp): its absolute base
+// URL and headers.
+//
+// THREADING: ExecdClient is thread-safe; each call blocks the calling thread (an SDK pool thread)
+// until it ends, while the transfer runs on the client's one loop thread. A command's output is
+// handed to the caller's callback on that loop thread, one event at a time, in order.
+// SECRETS: the endpoint's headers (access token, in server-proxy mode the API key) are never
+// logged.
+#pragma once
+
+#include "lifecycle.hpp"
+
+#include <sbx/sdk/provider.hpp>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace sbx::opensandbox {
+
+struct CommandRequest {
+  std::string command;
+  std::optional<std::string> cwd;
+  KeyValues envs;
+  std::optional<std::chrono::milliseconds> timeout;  // server-enforced, sent in ms
+  std::optional<uint32_t> uid;
+};
+
+// How a command's event stream ended.
+struct CommandOutcome {
+  sdk::ExitStatus status;
+  std::string command_id;  // the `init` event's id ("" if none came)
+};
+
+// Parses execd's event stream: bare JSON objects separated by blank lines, also tolerating SSE's
+// "data:" prefix, ":" comments, event:/id:/retry: lines and "\r\n". Not thread-safe.
+class EventStreamParser {
+ public:
+  struct Event {
+    std::string type;
+    std::string text;
+    std::optional<std::string> error_value;  // error.evalue
+    std::string error_name;                  // error.ename
+    std::optional<std::string> traceback;    // error.traceback[0]
+  };
+  // Feeds bytes; calls `on_event` for every complete event line. Throws sdk::Error::internal for
+  // a line that is not a JSON object.
+  void feed(std::string_view bytes, const std::function<void(const Event&)>& on_event);
+
+ private:
+  std::string pending_;
+};
+
+// The exit status an execd terminal event stands for: `execution_complete` is 0; `error` with a
+// numeric evalue N is exit code N when its traceback is execd's "exit status N" (or absent);
+// -1 (killed) is a timeout when `timed_out`, else the sandbox's failure; an evalue that is not a
+// number (the command could not start) or a numeric one whose traceback says something other than
+// "exit status N" (the process did not exit by itself) is 125/"sandbox".
+sdk::ExitStatus exit_status_of(const EventStreamParser::Event& terminal, bool timed_out);
+
+class ExecdClient {
+ public:
+  ExecdClient(const ConnectionConfig& connection, const OperationConfig& operations,
+              sdk::Logger log);
+
+  // Runs a command in the foreground: each stdout/stderr line goes to `output` as it arrives (the
+  // line's text plus "\n"). A 502 (the proxy reached no execd) is submitted again up to
+  // operations.retries more times (0.25 s doubling to 2 s apart), then UNAVAILABLE "backend
+  // unreachable". A cwd the sandbox refuses (400) is 125/"sandbox" with the reason on stderr.
+  // Cancellation aborts the stream and interrupts the command on the server.
+  CommandOutcome run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+                     const CommandRequest& request,
+                     const std::function<void(sdk::StdStream, std::string_view)>& output,
+                     const sdk::CancelToken& cancel);
+
+  // GET /ping: true for 200.
+  bool ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds timeout,
+            const sdk::CancelToken& cancel);
+
+  // POST /files/upload (multipart, streamed from `source` on the calling thread).
+  void upload(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+              const sdk::UploadRequest& request, sdk::ByteSource& source,
+              const sdk::CancelToken& cancel);
+  // GET /files/download, streamed into `sink` on the calling thread; nothing is written unless
+  // the answer is 200. NOT_FOUND for a missing file or sandbox; every error names the path.
+  void download(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+                const std::string& path, sdk::ByteSink& sink, const sdk::CancelToken& cancel);
+
+ private:
+  ConnectionConfig connection_;
+  OperationConfig operations_;
+  sdk::Logger log_;
+  sdk::http::Client http_;
+};
+
+// Quotes a word for a POSIX shell: 'it'\''s'.
+std::string shell_quote(std::string_view word);
+
+}  // namespace sbx::opensandbox

@@ -1,0 +1,433 @@
+#include "provider.hpp"
+
+#include <sbx/abi/ext/connect.h>
+#include <sbx/sdk/retry.hpp>
+
+#include <boost/json.hpp>
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+namespace sbx::opensandbox {
+
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+std::chrono::milliseconds seconds_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+std::string lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string random_run_id() {
+  std::random_device device;
+  std::uniform_int_distribution<int> digit(0, 15);
+  std::string out;
+  for (int i = 0; i < 12; ++i)
+    out += "0123456789abcdef"[digit(device)];
+  return out;
+}
+
+// The attribution metadata (prefixed keys), or nothing when disabled.
+KeyValues attribution_metadata(const AttributionConfig& a) {
+  KeyValues out;
+  if (!a.enabled) return out;
+  auto add = [&](const char* key, const std::optional<std::string>& value) {
+    if (value && !value->empty()) out[a.key_prefix + key] = *value;
+  };
+  add("team", a.team);
+  add("user", a.user);
+  add("workload", a.workload);
+  out[a.key_prefix + "run"] = a.run.value_or(random_run_id());
+  return out;
+}
+
+OpenSandbox& as_box(sdk::Sandbox& sandbox) {
+  return static_cast<OpenSandbox&>(sandbox);
+}
+
+// Refuses a transfer or command on a sandbox this handle knows paused.
+void check_not_paused(const OpenSandbox& box) {
+  if (box.paused()) {
+    throw sdk::Error::failed_precondition("OpenSandbox sandbox " + box.id() +
+                                          " is paused (resume it first)");
+  }
+}
+
+}  // namespace
+
+sdk::SandboxStatus to_sandbox_status(std::string_view state) {
+  const std::string s = lower(state);
+  if (s == "active" || s == "ready" || s == "running") return sdk::SandboxStatus::running;
+  if (s == "creating" || s == "initializing" || s == "pending" || s == "starting") {
+    return sdk::SandboxStatus::starting;
+  }
+  if (s == "completed" || s == "deleted" || s == "exited" || s == "stopped" || s == "terminated" ||
+      s == "stopping") {
+    return sdk::SandboxStatus::stopped;
+  }
+  if (s == "crashed" || s == "error" || s == "failed" || s == "unhealthy") {
+    return sdk::SandboxStatus::error;
+  }
+  if (s == "paused" || s == "pausing" || s == "resuming") return sdk::SandboxStatus::paused;
+  return sdk::SandboxStatus::unknown;
+}
+
+bool is_retryable_create_error(const sdk::Error& error) {
+  switch (error.status()) {
+    case SBX_STATUS_CANCELLED:
+    case SBX_STATUS_INVALID_ARGUMENT:
+      return false;
+    case SBX_STATUS_CREATE_VERIFICATION_FAILED:
+      return true;
+    case SBX_STATUS_TIMEOUT:
+      return true;  // a create that timed out (the seed retries it too; cleanup ran)
+    case SBX_STATUS_UNAVAILABLE:
+      // Transport: could not connect, or lost the connection (also "may have run": a create the
+      // server may have done leaves a sandbox its TTL and metadata make findable).
+      return error.http_status() == 0 || error.retryable();
+    default:
+      return error.retryable();
+  }
+}
+
+json::object create_request(const Config& config, const sdk::Spec& spec,
+                            const KeyValues& attribution) {
+  const SandboxOptions options = SandboxOptions::parse(spec.provider_options);
+  json::object body;
+  if (spec.image && !spec.image->empty()) {
+    json::object image{{"uri", *spec.image}};
+    if (options.image_auth) image["auth"] = *options.image_auth;
+    body["image"] = std::move(image);
+  } else if (options.image_auth) {
+    throw sdk::Error::invalid_argument("provider_options.image_auth needs spec.image");
+  }
+  if (options.snapshot_id) body["snapshotId"] = *options.snapshot_id;
+  if (!body.contains("image") && !body.contains("snapshotId")) {
+    throw sdk::Error::invalid_argument(
+        "OpenSandbox needs spec.image or provider_options.snapshot_id");
+  }
+  json::array entrypoint;
+  for (const auto& word : spec.entrypoint.value_or(config.create.default_entrypoint)) {
+    entrypoint.emplace_back(word);
+  }
+  if (entrypoint.empty()) throw sdk::Error::invalid_argument("spec.entrypoint must not be empty");
+  body["entrypoint"] = std::move(entrypoint);
+  body["resourceLimits"] = resource_map(spec.resources);
+  if (spec.ttl) body["timeout"] = ttl_seconds(*spec.ttl);
+  json::object env;
+  for (const auto& [k, v] : spec.env)
+    env[k] = v;
+  body["env"] = std::move(env);
+  KeyValues merged = attribution;
+  for (const auto& [k, v] : spec.labels)
+    merged[k] = v;
+  for (const auto& [k, v] : spec.metadata)
+    merged[k] = v;
+  json::object metadata;
+  for (const auto& [k, v] : merged)
+    metadata[k] = sanitize_metadata_value(v);
+  body["metadata"] = std::move(metadata);
+  if (options.platform) body["platform"] = *options.platform;
+  if (!options.volumes.empty()) body["volumes"] = options.volumes;
+  if (options.network_policy) body["networkPolicy"] = *options.network_policy;
+  const KeyValues extensions =
+      resolve_extensions(options.extensions, config.create.image_pull_policy);
+  if (!extensions.empty()) {
+    json::object ext;
+    for (const auto& [k, v] : extensions)
+      ext[k] = v;
+    body["extensions"] = std::move(ext);
+  }
+  return body;
+}
+
+OpenSandboxProvider::OpenSandboxProvider(const sdk::ProviderContext& context,
+                                         const boost::json::object& config)
+    : config_(Config::parse(config, std::getenv("OPEN_SANDBOX_DOMAIN"),
+                            std::getenv("OPEN_SANDBOX_API_KEY"))),
+      log_(context.log),
+      attribution_(attribution_metadata(config_.attribution)),
+      lifecycle_(config_.connection),
+      execd_(config_.connection, config_.operations, context.log) {
+  log_.debug("opensandbox: server ", config_.connection.base_url(), ", ",
+             config_.connection.use_server_proxy ? "server-proxy" : "direct", " execd, API key ",
+             config_.connection.api_key ? "set" : "unset");
+}
+
+std::chrono::milliseconds OpenSandboxProvider::request_timeout() const {
+  return config_.connection.request_timeout_s ? seconds_ms(*config_.connection.request_timeout_s)
+                                              : 0ms;
+}
+
+std::unique_ptr<sdk::Sandbox> OpenSandboxProvider::create(const sdk::Spec& spec,
+                                                          const sdk::CancelToken& cancel) {
+  const json::object body = create_request(config_, spec, attribution_);
+  const bool skip_health_check =
+      config_.create.skip_health_check ||
+      SandboxOptions::parse(spec.provider_options).skip_health_check.value_or(false);
+  std::unique_ptr<OpenSandbox> box;
+  sdk::retry(
+      config_.create.retry_policy(),
+      [&] { box = create_once(spec, body, skip_health_check, cancel); }, cancel,
+      is_retryable_create_error,
+      [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
+        log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
+                  "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
+                  "; error=", error.what());
+      });
+  return box;
+}
+
+std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& spec,
+                                                              const json::object& body,
+                                                              bool skip_health_check,
+                                                              const sdk::CancelToken& cancel) {
+  std::chrono::milliseconds create_timeout = request_timeout();
+  if (config_.create.request_timeout_s) {
+    create_timeout = seconds_ms(*config_.create.request_timeout_s);
+  }
+  if (config_.create.timeout_s) create_timeout = seconds_ms(*config_.create.timeout_s);
+  const std::string id = lifecycle_.create(body, create_timeout, cancel);
+  log_.debug("opensandbox: created sandbox ", id);
+  try {
+    std::chrono::milliseconds budget = seconds_ms(config_.create.connect_attempt_timeout_s);
+    if (config_.create.timeout_s) budget = seconds_ms(*config_.create.timeout_s);
+    if (spec.ready_timeout) budget = *spec.ready_timeout;
+    auto box = std::make_unique<OpenSandbox>(
+        id, connect_execd(id, budget, skip_health_check, cancel), spec.workdir);
+    if (spec.workdir) {
+      const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
+                                    seconds_ms(config_.probe.timeout_s), cancel);
+      if (made.return_code != 0) {
+        throw sdk::Error::create_failed("cannot create the workdir " + *spec.workdir +
+                                        " in sandbox " + id + ": " +
+                                        made.stderr_text.substr(0, 200));
+      }
+    }
+    sdk::run_readiness_probe(
+        config_.probe, id,
+        [&](std::chrono::milliseconds timeout) {
+          return run_collect(*box, *config_.probe.command, timeout, cancel);
+        },
+        cancel, seconds_ms(config_.create.connect_poll_s));
+    return box;
+  } catch (...) {
+    // The sandbox exists on the server but is not usable: delete it (a cancelled create too),
+    // then report the original failure.
+    try {
+      const auto close_timeout = config_.operations.close_timeout_s
+                                     ? seconds_ms(*config_.operations.close_timeout_s)
+                                     : 0ms;
+      lifecycle_.remove(id, close_timeout, {});
+    } catch (const std::exception& e) {
+      log_.warn("Failed to clean up OpenSandbox sandbox after create probe failure; sandbox_id=",
+                id, "; error=", e.what());
+    }
+    throw;
+  }
+}
+
+ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
+                                                 std::chrono::milliseconds budget,
+                                                 bool skip_health_check,
+                                                 const sdk::CancelToken& cancel) {
+  // The endpoint, then execd's /ping until it answers 200, within `budget`. With
+  // skip_health_check only the endpoint is fetched (retried the same way: the seed's reconnect
+  // after create), and the probe alone proves readiness.
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  const auto poll = seconds_ms(config_.create.connect_poll_s);
+  std::optional<ExecdEndpoint> endpoint;
+  std::string last_error = "no attempt";
+  for (;;) {
+    sdk::throw_if_cancelled(cancel);
+    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (remaining <= 0ms) {
+      throw sdk::Error::create_failed(
+          "Timed out connecting to OpenSandbox sandbox after create; sandbox_id=" + id +
+              ", timeout_s=" + std::to_string(budget.count() / 1000) +
+              "; last error: " + last_error,
+          true);
+    }
+    const auto attempt = std::min(remaining, seconds_ms(config_.create.connect_attempt_timeout_s));
+    try {
+      if (!endpoint) endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
+      if (skip_health_check || execd_.ping(*endpoint, attempt, cancel)) {
+        return *endpoint;
+      }
+      last_error = "execd /ping did not answer 200";
+    } catch (const sdk::Error& e) {
+      if (e.status() == SBX_STATUS_CANCELLED || !is_retryable_create_error(e)) throw;
+      last_error = e.what();
+    }
+    sdk::sleep_for(std::min(poll, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::max(deadline - std::chrono::steady_clock::now(),
+                                               std::chrono::steady_clock::duration::zero()))),
+                   cancel);
+  }
+}
+
+sdk::ProbeAttempt OpenSandboxProvider::run_collect(const OpenSandbox& box,
+                                                   const std::string& command,
+                                                   std::chrono::milliseconds timeout,
+                                                   const sdk::CancelToken& cancel) {
+  sdk::ProbeAttempt result;
+  CommandRequest request{.command = command, .timeout = timeout};
+  const auto outcome = execd_.run(
+      box.execd(), box.id(), request,
+      [&](sdk::StdStream stream, std::string_view bytes) {
+        (stream == sdk::StdStream::out ? result.stdout_text : result.stderr_text) += bytes;
+      },
+      cancel);
+  result.return_code = outcome.status.return_code;
+  return result;
+}
+
+sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
+                                          sdk::OutputSink& out, const sdk::CancelToken& cancel) {
+  const auto& box = as_box(sandbox);
+  check_not_paused(box);
+  CommandRequest command{.command = request.command,
+                         .cwd = request.cwd ? request.cwd : box.workdir(),
+                         .envs = request.env,
+                         .timeout = request.timeout};
+  if (request.user && *request.user != "root") {
+    uint32_t uid = 0;
+    const auto& user = *request.user;
+    const auto [end, ec] = std::from_chars(user.data(), user.data() + user.size(), uid);
+    if (ec == std::errc() && end == user.data() + user.size()) {
+      command.uid = uid;
+    } else {
+      command.command =
+          "su -s /bin/sh -c " + shell_quote(request.command) + " " + shell_quote(user);
+    }
+  }
+  return execd_
+      .run(
+          box.execd(), box.id(), command,
+          [&](sdk::StdStream stream, std::string_view bytes) { out.write(stream, bytes); }, cancel)
+      .status;
+}
+
+void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
+                                 sdk::ByteSource& source, const sdk::CancelToken& cancel) {
+  const auto& box = as_box(sandbox);
+  check_not_paused(box);
+  execd_.upload(box.execd(), box.id(), request, source, cancel);
+}
+
+void OpenSandboxProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
+                                   sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
+  const auto& box = as_box(sandbox);
+  check_not_paused(box);
+  execd_.download(box.execd(), box.id(), remote_path, sink, cancel);
+}
+
+sdk::SandboxStatus OpenSandboxProvider::status(sdk::Sandbox& sandbox,
+                                               const sdk::CancelToken& cancel) {
+  std::string state;
+  try {
+    sdk::retry(
+        config_.operations.retry_policy(),
+        [&] { state = lifecycle_.state(sandbox.id(), request_timeout(), cancel); }, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_NOT_FOUND) return sdk::SandboxStatus::stopped;
+    throw;
+  }
+  const auto status = to_sandbox_status(state);
+  if (status == sdk::SandboxStatus::paused || status == sdk::SandboxStatus::running) {
+    as_box(sandbox).set_paused(status == sdk::SandboxStatus::paused);
+  }
+  return status;
+}
+
+void OpenSandboxProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  lifecycle_.pause_or_resume(sandbox.id(), true, request_timeout(), cancel);
+  as_box(sandbox).set_paused(true);
+}
+
+void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  lifecycle_.pause_or_resume(sandbox.id(), false, request_timeout(), cancel);
+  as_box(sandbox).set_paused(false);
+}
+
+void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  const auto timeout =
+      config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
+  sdk::retry(
+      config_.operations.retry_policy(), [&] { lifecycle_.remove(sandbox.id(), timeout, cancel); },
+      cancel, {},
+      [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
+        log_.warn("Retrying OpenSandbox close of ", sandbox.id(), " after attempt ", attempt,
+                  "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
+                  "; error=", error.what());
+      });
+}
+
+std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {
+  const auto& box = as_box(sandbox);
+  json::object descriptor{
+      {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", box.id()}};
+  if (box.workdir()) descriptor["workdir"] = *box.workdir();
+  return json::serialize(descriptor);
+}
+
+sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
+                                            const sdk::CancelToken& cancel) {
+  boost::system::error_code ec;
+  const json::value parsed = json::parse(descriptor, ec);
+  if (ec || !parsed.is_object()) {
+    throw sdk::Error::invalid_argument("the descriptor is not a JSON object");
+  }
+  const auto& d = parsed.get_object();
+  const auto* format = d.if_contains("format");
+  if (!format || !format->is_string() || format->get_string() != SBX_DESCRIPTOR_FORMAT) {
+    throw sdk::Error::invalid_argument("the descriptor's format is not " SBX_DESCRIPTOR_FORMAT);
+  }
+  const auto* provider = d.if_contains("provider");
+  if (!provider || !provider->is_string() || provider->get_string() != kId) {
+    throw sdk::Error::invalid_argument("the descriptor is not of provider opensandbox");
+  }
+  const auto* id = d.if_contains("sandbox_id");
+  if (!id || !id->is_string() || id->get_string().empty()) {
+    throw sdk::Error::invalid_argument("the descriptor has no sandbox_id");
+  }
+  std::optional<std::string> workdir;
+  if (const auto* w = d.if_contains("workdir"); w && w->is_string()) {
+    workdir = std::string(w->get_string());
+  }
+  const std::string sandbox_id(id->get_string());
+  const std::string state = lifecycle_.state(sandbox_id, request_timeout(), cancel);
+  const auto status = to_sandbox_status(state);
+  if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
+    throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
+  }
+  auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
+                                config_.create.skip_health_check, cancel);
+  sdk::Connected out;
+  out.sandbox = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
+  out.workdir = workdir;
+  return out;
+}
+
+int64_t OpenSandboxProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                                   const sdk::CancelToken& cancel) {
+  return lifecycle_.renew(sandbox.id(), expires_at_unix_ms, request_timeout(), cancel);
+}
+
+}  // namespace sbx::opensandbox
+
+SBX_PLUGIN("opensandbox", "0.1.0",
+           "Sandboxes of an OpenSandbox server, through its lifecycle and execd HTTP APIs",
+           sbx::sdk::factory<sbx::opensandbox::OpenSandboxProvider>())

@@ -1,0 +1,119 @@
+// The opensandbox provider: sandboxes of an OpenSandbox server, through its lifecycle API and each
+// sandbox's execd API (HTTP, libcurl multi through the SDK's client). Blocking style on the SDK's
+// pool: each operation holds a pool thread while its requests run on the two clients' loop
+// threads (one for the lifecycle API, one for execd).
+#pragma once
+
+#include "config.hpp"
+#include "execd.hpp"
+#include "lifecycle.hpp"
+
+#include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/plugin.hpp>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace sbx::opensandbox {
+
+// One sandbox: the server's id, its execd endpoint and the spec's workdir (the default cwd).
+// Immutable after create; THREADING: read from any thread.
+class OpenSandbox final : public sdk::Sandbox {
+ public:
+  OpenSandbox(std::string id, ExecdEndpoint execd, std::optional<std::string> workdir)
+      : sdk::Sandbox(std::move(id)), execd_(std::move(execd)), workdir_(std::move(workdir)) {}
+
+  const ExecdEndpoint& execd() const noexcept { return execd_; }
+  const std::optional<std::string>& workdir() const noexcept { return workdir_; }
+  // Whether this handle last saw the sandbox paused (its own pause/resume, or a status read).
+  // THREADING: thread-safe.
+  bool paused() const noexcept { return paused_.load(); }
+  void set_paused(bool paused) noexcept { paused_.store(paused); }
+
+ private:
+  ExecdEndpoint execd_;
+  std::optional<std::string> workdir_;
+  std::atomic<bool> paused_{false};
+};
+
+// The seed's state mapping (case-insensitive), plus "paused"/"pausing"/"resuming".
+sdk::SandboxStatus to_sandbox_status(std::string_view state);
+
+// The create request body for `spec` (everything but the retries): image or snapshot, entrypoint,
+// resourceLimits, timeout, env, metadata (attribution under the host's labels under the spec's
+// metadata; values sanitised), platform, volumes, networkPolicy, extensions. Throws
+// INVALID_ARGUMENT for bad provider_options.
+boost::json::object create_request(const Config& config, const sdk::Spec& spec,
+                                   const KeyValues& attribution);
+
+// Whether a failed create attempt is worth another, by the error's type: a failed readiness probe
+// or health check, a transport failure (could not connect, connection lost, timed out, also after
+// the request may have reached the server), or an error answer the lifecycle client marked
+// retryable (HTTP status and server error code, see is_retryable_create_answer). Never an invalid
+// argument or a cancellation.
+bool is_retryable_create_error(const sdk::Error& error);
+
+class OpenSandboxProvider final : public sdk::BlockingProvider,
+                                  public sdk::BlockingPause,
+                                  public sdk::BlockingConnect,
+                                  public sdk::BlockingRenew {
+ public:
+  static constexpr const char* kId = "opensandbox";
+  static constexpr const char* kDescription =
+      "Sandboxes of an OpenSandbox server (lifecycle and execd HTTP APIs)";
+  static constexpr const char* kConfigSchema = kConfigSchemaText;
+
+  // Validates the config (with $OPEN_SANDBOX_DOMAIN / $OPEN_SANDBOX_API_KEY as fallbacks);
+  // contacts nothing.
+  OpenSandboxProvider(const sdk::ProviderContext& context, const boost::json::object& config);
+
+  std::unique_ptr<sdk::Sandbox> create(const sdk::Spec& spec,
+                                       const sdk::CancelToken& cancel) override;
+  sdk::ExitStatus exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request, sdk::OutputSink& out,
+                       const sdk::CancelToken& cancel) override;
+  void upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request, sdk::ByteSource& source,
+              const sdk::CancelToken& cancel) override;
+  void download(sdk::Sandbox& sandbox, const std::string& remote_path, sdk::ByteSink& sink,
+                const sdk::CancelToken& cancel) override;
+  sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // sbx.pause/1: POST pause / resume; pausing a paused sandbox or resuming a running one changes
+  // nothing. While this handle knows the sandbox paused, exec, upload and download fail at once
+  // with FAILED_PRECONDITION.
+  void pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  void resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // sbx.connect/1: the descriptor is {"format": "sbx.descriptor/1", "provider": "opensandbox",
+  // "sandbox_id", "workdir"?}; connect checks the sandbox on the server (gone or stopped:
+  // NOT_FOUND), fetches its execd endpoint and health-checks it as create does.
+  std::string serialize(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+  sdk::Connected connect(const std::string& descriptor, const sdk::CancelToken& cancel) override;
+  // sbx.renew/1: POST renew-expiration with the time asked for (milliseconds); the server's answer.
+  int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
+                const sdk::CancelToken& cancel) override;
+
+ private:
+  // One create attempt: POST, endpoint, health check, workdir, probe; on a failure after the POST
+  // the new sandbox is deleted (errors of that cleanup are logged and swallowed).
+  // `skip_health_check`: the config's or the sandbox's option (provider_options).
+  std::unique_ptr<OpenSandbox> create_once(const sdk::Spec& spec, const boost::json::object& body,
+                                           bool skip_health_check, const sdk::CancelToken& cancel);
+  // The execd endpoint, then /ping until 200 (unless `skip_health_check`), within `budget`.
+  ExecdEndpoint connect_execd(const std::string& id, std::chrono::milliseconds budget,
+                              bool skip_health_check, const sdk::CancelToken& cancel);
+  // Runs a command to its end, collecting its output (for the probe and the workdir).
+  sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
+                                std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
+  std::chrono::milliseconds request_timeout() const;
+
+  Config config_;
+  sdk::Logger log_;
+  KeyValues attribution_;
+  LifecycleClient lifecycle_;
+  ExecdClient execd_;
+};
+
+}  // namespace sbx::opensandbox
