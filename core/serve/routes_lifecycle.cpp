@@ -243,8 +243,8 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
     return std::nullopt;
   };
   if (has_snapshot) return unsupported("snapshotId");
-  for (const char* name : {"platform", "volumes", "networkPolicy", "credentialProxy"}) {
-    if (const auto* v = body.if_contains(name); v && !v->is_null()) return unsupported(name);
+  if (const auto* v = body.if_contains("credentialProxy"); v && !v->is_null()) {
+    return unsupported("credentialProxy");
   }
   if (const auto* v = body.if_contains("secureAccess"); v && !v->is_null()) {
     if (!v->is_bool()) {
@@ -258,7 +258,6 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
       invalid.add("dict_type", loc({"extensions"}), "Input should be a valid dictionary", *v);
       return unprocessable(invalid);
     }
-    if (!v->as_object().empty()) return unsupported("extensions");
   }
   static const std::set<std::string> known{
       "image",     "snapshotId", "entrypoint", "resourceLimits", "timeout",         "env",
@@ -268,8 +267,19 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
     if (!known.count(key)) spdlog::debug("sbx serve: create: ignoring unknown field '{}'", key);
   }
 
-  // The spec.
+  // The spec. platform, volumes, networkPolicy and extensions go to the provider as they came, as
+  // provider_options (the opensandbox plugin's names for them); a provider that cannot honour one
+  // refuses it (400 SANDBOX::INVALID_PARAMETER with its message), never a silent drop here.
   sbx::SandboxSpec& spec = out.spec;
+  for (const auto& [field, option] :
+       {std::pair{"platform", "platform"}, std::pair{"volumes", "volumes"},
+        std::pair{"networkPolicy", "network_policy"}, std::pair{"extensions", "extensions"}}) {
+    const auto* v = body.if_contains(field);
+    if (!v || v->is_null()) continue;
+    if (v->is_object() && v->as_object().empty()) continue;  // "extensions": {} asks nothing
+    if (v->is_array() && v->as_array().empty()) continue;
+    spec.provider_options[option] = *v;
+  }
   spec.image = out.image;
   spec.entrypoint = out.entrypoint;
   if (out.timeout_s) spec.ttl_s = static_cast<double>(*out.timeout_s);

@@ -85,13 +85,22 @@ namespace {
 
 using sdk::json::ObjectReader;
 
+std::optional<PullPolicy> pull_policy_named(std::string_view text) {
+  if (text == "IfNotPresent") return PullPolicy::if_not_present;
+  if (text == "Always") return PullPolicy::always;
+  if (text == "Never") return PullPolicy::never;
+  return std::nullopt;
+}
+
+std::string bad_pull_policy(std::string_view text) {
+  return "must be one of IfNotPresent, Always, Never, got '" + std::string(text) + "'";
+}
+
 std::optional<PullPolicy> read_pull_policy(ObjectReader& reader, std::string_view key) {
   const auto text = reader.string(key);
   if (!text) return std::nullopt;
-  if (*text == "IfNotPresent") return PullPolicy::if_not_present;
-  if (*text == "Always") return PullPolicy::always;
-  if (*text == "Never") return PullPolicy::never;
-  reader.fail(key, "must be one of IfNotPresent, Always, Never, got '" + *text + "'");
+  if (auto policy = pull_policy_named(*text)) return policy;
+  reader.fail(key, bad_pull_policy(*text));
 }
 
 bool is_ip_literal(const std::string& text) {
@@ -346,6 +355,25 @@ SandboxOptions SandboxOptions::parse(const boost::json::object& options) {
   }
   if (auto auth = reader.object("registry_auth")) out.registry_auth = read_registry_auth(*auth);
   out.image_pull_policy = read_pull_policy(reader, "image_pull_policy");
+  if (auto extensions = reader.string_map("extensions")) {
+    // OpenSandbox's opaque create extensions (sbx serve passes them on): the pull policy under
+    // either of its two keys is honoured (image_pull_policy wins), poolRef is refused (one machine
+    // has no pools), any other key is a hint for another runtime and is ignored, as the real
+    // server's Docker runtime ignores it.
+    const std::string path = reader.path_of("extensions");
+    if (extensions->count("poolRef")) {
+      throw sdk::Error::invalid_argument(path +
+                                         ".poolRef: is not supported: local_docker has no pools");
+    }
+    for (const char* key : {"imagePullPolicy", "opensandbox.extensions.image-pull-policy"}) {
+      const auto it = extensions->find(key);
+      if (it == extensions->end() || out.image_pull_policy) continue;
+      out.image_pull_policy = pull_policy_named(it->second);
+      if (!out.image_pull_policy) {
+        throw sdk::Error::invalid_argument(path + "." + key + ": " + bad_pull_policy(it->second));
+      }
+    }
+  }
   reader.finish();
   return out;
 }

@@ -465,6 +465,28 @@ TEST_CASE("pull policy Never: a missing image is a clear NOT_FOUND error") {
   CHECK(t.left().empty());
 }
 
+TEST_CASE("OpenSandbox extensions (as sbx serve passes them): the pull policy, poolRef refused") {
+  Tracked t;
+  t.spec.image = "127.0.0.1:5000/sbx/never-pulled-" + t.run + ":latest";
+  // Either key names the pull policy: Never makes the missing image a NOT_FOUND without a pull.
+  for (const char* key : {"imagePullPolicy", "opensandbox.extensions.image-pull-policy"}) {
+    CAPTURE(key);
+    t.spec.provider_options = {};
+    t.spec.provider_options["extensions"] = boost::json::object{{key, "Never"}, {"hint", "x"}};
+    CHECK(create_failure(provider(), t.spec) == SBX_STATUS_NOT_FOUND);
+    CHECK(contains(what_of([&] { provider().create(t.spec); }), "image_pull_policy is Never"));
+  }
+  t.spec.provider_options["extensions"] = boost::json::object{{"imagePullPolicy", "Sometimes"}};
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(contains(what_of([&] { provider().create(t.spec); }),
+                 "provider_options.extensions.imagePullPolicy: must be one of"));
+  t.spec.provider_options["extensions"] = boost::json::object{{"poolRef", "pool-a"}};
+  CHECK(contains(what_of([&] { provider().create(t.spec); }), "poolRef: is not supported"));
+  t.spec.provider_options["extensions"] = boost::json::object{{"imagePullPolicy", 1}};
+  CHECK(create_failure(provider(), t.spec) == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(t.left().empty());
+}
+
 TEST_CASE("pull policies Always and IfNotPresent pull from the local registry") {
   auto spec = ldtest::spec(ldtest::kRegistryBusybox);
   docker().untag_image(ldtest::kRegistryBusybox);

@@ -55,12 +55,12 @@ run_label=$(sed -n 's|.*sbx\.run=\([^)]*\)).*|\1|p' "$work/serve.out")
 [ -n "$run_label" ] || fail "sbx serve printed no sbx.run"
 
 # The plugin's config: the server's address, the key from the environment (OPEN_SANDBOX_API_KEY),
-# no pull-policy extensions (sbx serve refuses extensions it does not serve).
+# the default pull-policy extensions (local_docker behind sbx serve honours them).
 write_config() {  # FILE USE_SERVER_PROXY (also skips the /ping health check: the probe alone)
   cat > "$1" <<JSON
 {"providers": {"os": {"plugin": "opensandbox", "config": {
   "connection": {"domain": "$address", "use_server_proxy": $2, "request_timeout_s": 120},
-  "create": {"image_pull_policy": null, "retries": 1, "retry_delay_s": 1, "skip_health_check": $2},
+  "create": {"retries": 1, "retry_delay_s": 1, "skip_health_check": $2},
   "attribution": {"team": "sbx-tests", "workload": "conformance"}
 }}}}
 JSON
@@ -91,7 +91,7 @@ done
 cat > "$work/badprobe.json" <<JSON
 {"providers": {"os": {"plugin": "opensandbox", "config": {
   "connection": {"domain": "$address"},
-  "create": {"image_pull_policy": null, "retries": 1, "retry_delay_s": 0.1, "connect_poll_s": 0.2},
+  "create": {"retries": 1, "retry_delay_s": 0.1, "connect_poll_s": 0.2},
   "probe": {"command": "echo not-yet", "expected_stdout": "ready", "timeout_s": 2, "deadline_s": 1.5}
 }}}}
 JSON

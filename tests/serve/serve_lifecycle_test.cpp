@@ -425,6 +425,22 @@ TEST_CASE("--max-sandboxes: a create beyond the cap answers 429 and creates noth
 TEST_CASE("a provider without pause and renew: 501 SANDBOX::API_NOT_SUPPORTED, no hang") {
   Fixture f({}, /*v1_0_plugin=*/true);
   const std::string id = create(f.port(), "{}", "null");  // ABI 1.0 plugins keep no TTL
+  // platform, volumes, networkPolicy and extensions go to the provider as provider_options; one
+  // that takes none refuses them, in the envelope of an invalid parameter, with its own words.
+  for (const char* field : {R"("platform":{"os":"linux","arch":"amd64"})",
+                            R"("volumes":[{"name":"v","host":{"path":"/tmp"},"mountPath":"/v"}])",
+                            R"("networkPolicy":{"defaultAction":"deny"})",
+                            R"("extensions":{"imagePullPolicy":"IfNotPresent"})"}) {
+    CAPTURE(field);
+    std::string body = create_body("{}", "null");
+    body.back() = ',';
+    const auto r = request(f.port(), "POST", "/v1/sandboxes", body + field + "}");
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_PARAMETER");
+    CHECK(std::string(r.json().at("message").as_string()).find("v1_0_processes takes no options") !=
+          std::string::npos);
+  }
+  CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes")) == std::vector<std::string>{id});
   for (const char* op : {"pause", "resume"}) {
     CAPTURE(op);
     const auto r = request(f.port(), "POST", "/v1/sandboxes/" + id + "/" + op);

@@ -280,10 +280,11 @@ TEST_CASE("bad create requests get the real server's 422 and 400 answers and cre
   }
   SUBCASE("a field this server does not serve yet") {
     const auto r = post(
-        R"({"image":{"uri":"x"},"entrypoint":["sh"],"resourceLimits":{},"volumes":[{"name":"v"}]})");
+        R"({"image":{"uri":"x"},"entrypoint":["sh"],"resourceLimits":{},"credentialProxy":{}})");
     CHECK(r.status == 400);
-    CHECK(r.json() == json::object{{"code", "SANDBOX::API_NOT_SUPPORTED"},
-                                   {"message", "volumes is not supported by this server yet."}});
+    CHECK(r.json() ==
+          json::object{{"code", "SANDBOX::API_NOT_SUPPORTED"},
+                       {"message", "credentialProxy is not supported by this server yet."}});
   }
   SUBCASE("a resource limit that cannot be read") {
     const auto r =
