@@ -14,6 +14,7 @@
 #include <boost/json/object.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -21,6 +22,11 @@
 #include <vector>
 
 namespace sbx::opensandbox {
+
+// A config's seconds as milliseconds, rounded to the nearest.
+inline std::chrono::milliseconds seconds_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
 
 using KeyValues = sdk::KeyValues;
 

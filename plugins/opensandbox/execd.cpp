@@ -17,8 +17,14 @@ namespace {
 namespace json = boost::json;
 using namespace std::chrono_literals;
 
-std::chrono::milliseconds seconds_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+// The finished call's response; a transport error after `cancel` fired is the cancellation.
+sdk::http::Response finish(sdk::http::Call& call, const sdk::CancelToken& cancel) {
+  try {
+    return call.get();
+  } catch (const sdk::Error&) {
+    if (cancel.stop_requested()) throw sdk::Error::cancelled();
+    throw;
+  }
 }
 
 std::string what_of(const std::string& operation, const std::string& sandbox_id) {
@@ -317,13 +323,7 @@ void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandb
   sdk::http::Call call = http_.start(std::move(http_request));
   std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
   multipart.pump(call);
-  sdk::http::Response response;
-  try {
-    response = call.get();
-  } catch (const sdk::Error&) {
-    if (cancel.stop_requested()) throw sdk::Error::cancelled();
-    throw;
-  }
+  sdk::http::Response response = finish(call, cancel);
   if (response.status != 200) {
     throw execd_error(response, what_of("upload to " + request.remote_path, sandbox_id));
   }
@@ -349,13 +349,7 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       error_body += chunk;
     }
   }
-  sdk::http::Response response;
-  try {
-    response = call.get();
-  } catch (const sdk::Error&) {
-    if (cancel.stop_requested()) throw sdk::Error::cancelled();
-    throw;
-  }
+  sdk::http::Response response = finish(call, cancel);
   if (response.status != 200) {
     response.body = std::move(error_body);
     throw execd_error(response, what_of("download of " + path, sandbox_id));

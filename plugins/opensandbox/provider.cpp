@@ -18,10 +18,6 @@ namespace {
 namespace json = boost::json;
 using namespace std::chrono_literals;
 
-std::chrono::milliseconds seconds_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
-}
-
 std::string lower(std::string_view text) {
   std::string out(text);
   for (char& c : out)
