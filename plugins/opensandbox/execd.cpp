@@ -251,7 +251,14 @@ CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string
     if (shared->terminal) {
       const bool timed_out =
           command.timeout && std::chrono::steady_clock::now() - started >= *command.timeout;
-      return {exit_status_of(shared->last, timed_out), shared->command_id};
+      const sdk::ExitStatus status = exit_status_of(shared->last, timed_out);
+      if (shared->last.type == "error" && status.error_type == SBX_EXEC_ERROR_SANDBOX) {
+        // The command did not run (or was killed): the server's reason goes to stderr.
+        const std::string reason =
+            shared->last.traceback.value_or(shared->last.error_value.value_or(""));
+        if (!reason.empty()) output(sdk::StdStream::err, reason + "\n");
+      }
+      return {status, shared->command_id};
     }
     if (cancel.stop_requested()) throw sdk::Error::cancelled();
     if (failure) {

@@ -108,7 +108,14 @@ json::object create_request(const Config& config, const sdk::Spec& spec,
   } else if (options.image_auth) {
     throw sdk::Error::invalid_argument("provider_options.image_auth needs spec.image");
   }
-  if (options.snapshot_id) body["snapshotId"] = *options.snapshot_id;
+  if (options.snapshot_id) {
+    if (body.contains("image")) {
+      throw sdk::Error::invalid_argument(
+          "give spec.image or provider_options.snapshot_id, not both (the server takes exactly "
+          "one)");
+    }
+    body["snapshotId"] = *options.snapshot_id;
+  }
   if (!body.contains("image") && !body.contains("snapshotId")) {
     throw sdk::Error::invalid_argument(
         "OpenSandbox needs spec.image or provider_options.snapshot_id");
@@ -387,13 +394,16 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
     throw sdk::Error::invalid_argument("the descriptor is not a JSON object");
   }
   const auto& d = parsed.get_object();
-  const auto* format = d.if_contains("format");
-  if (!format || !format->is_string() || format->get_string() != SBX_DESCRIPTOR_FORMAT) {
-    throw sdk::Error::invalid_argument("the descriptor's format is not " SBX_DESCRIPTOR_FORMAT);
-  }
-  const auto* provider = d.if_contains("provider");
-  if (!provider || !provider->is_string() || provider->get_string() != kId) {
-    throw sdk::Error::invalid_argument("the descriptor is not of provider opensandbox");
+  // A descriptor from serialize(), or {"sandbox_id"} alone (what `sbx` makes of a bare id): the
+  // server's id is all connect needs.
+  if (const auto* format = d.if_contains("format")) {
+    if (!format->is_string() || format->get_string() != SBX_DESCRIPTOR_FORMAT) {
+      throw sdk::Error::invalid_argument("the descriptor's format is not " SBX_DESCRIPTOR_FORMAT);
+    }
+    const auto* provider = d.if_contains("provider");
+    if (!provider || !provider->is_string() || provider->get_string() != kId) {
+      throw sdk::Error::invalid_argument("the descriptor is not of provider opensandbox");
+    }
   }
   const auto* id = d.if_contains("sandbox_id");
   if (!id || !id->is_string() || id->get_string().empty()) {
@@ -411,8 +421,10 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
   }
   auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
                                 config_.create.skip_health_check, cancel);
+  auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
+  box->set_paused(status == sdk::SandboxStatus::paused);
   sdk::Connected out;
-  out.sandbox = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
+  out.sandbox = std::move(box);
   out.workdir = workdir;
   return out;
 }

@@ -267,6 +267,36 @@ TEST_CASE("close of a sandbox the server already deleted succeeds") {
   CHECK(f.count("DELETE /v1/sandboxes/" + box.id()) == 2);  // ours, then the plugin's (404)
 }
 
+TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
+  Fixture f("[]");
+  auto box = f.create();
+  const auto& provider = f.host->provider("os");
+  auto again = provider.connect(R"({"sandbox_id":")" + box.id() + R"("})");
+  CHECK(again.id() == box.id());
+  CHECK(again.exec("echo hi").stdout_text == "hi\n");
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/pause").status == 202);
+  // A handle connected while the sandbox is paused knows it: exec is refused at once.
+  auto paused = provider.connect(R"({"sandbox_id":")" + box.id() + R"("})");
+  try {
+    paused.exec("echo x");
+    FAIL("exec on a paused handle must fail");
+  } catch (const sbx::Error& e) {
+    CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
+  }
+  // A handle that did not see the pause runs into the server's refusal, and is told why.
+  const auto r = box.exec("echo x");
+  CHECK(r.return_code == 125);
+  CHECK(r.error_type == std::optional<std::string>("sandbox"));
+  CAPTURE(r.stderr_text);
+  CHECK(r.stderr_text.find("paused") != std::string::npos);
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/resume").status == 202);
+  CHECK(box.exec("echo back").stdout_text == "back\n");
+  paused.detach();
+  again.detach();
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
 // The server checks what the request carried: in direct mode a sandbox's execd paths accept only
 // the X-EXECD-ACCESS-TOKEN its endpoint handed out (401 otherwise, the key does not help), through
 // the server proxy that token or the key. The server does not log request headers, so that the

@@ -247,6 +247,12 @@ TEST_CASE("create request: image, entrypoint, resources, TTL, metadata, extensio
   sbx::sdk::Spec none;
   CHECK(message_of([&] { os::create_request(config, none, {}); }) ==
         "OpenSandbox needs spec.image or provider_options.snapshot_id");
+  spec.provider_options["snapshot_id"] = "snap-1";  // besides the image: the server's 422
+  CHECK(message_of([&] { os::create_request(config, spec, {}); }) ==
+        "give spec.image or provider_options.snapshot_id, not both (the server takes exactly one)");
+  none.provider_options["snapshot_id"] = "snap-1";
+  CHECK(os::create_request(config, none, {}).at("snapshotId") == "snap-1");
+  CHECK(!os::create_request(config, none, {}).contains("image"));
 }
 
 TEST_CASE("TTL: whole seconds, rounded up, at least the server's 60 s") {
