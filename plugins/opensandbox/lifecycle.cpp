@@ -102,6 +102,20 @@ sdk::Error to_error(const ApiError& error, const std::string& what, bool retryab
   return sdk::Error(status, std::move(message), std::move(details));
 }
 
+namespace {
+
+// The error of a lifecycle answer other than success: retryable by its HTTP status alone (a 409,
+// a conflict with the sandbox's state, never is when `conflict_final`).
+[[noreturn]] void throw_answer(const sdk::http::Response& response, const std::string& what,
+                               bool conflict_final = false) {
+  const ApiError error = parse_api_error(response);
+  throw to_error(
+      error, what,
+      kRetryableStatuses.contains(error.status) && !(conflict_final && error.status == 409));
+}
+
+}  // namespace
+
 sdk::http::ClientOptions client_options(const ConnectionConfig& connection, std::string base_url) {
   sdk::http::ClientOptions options;
   options.base_url = std::move(base_url);
@@ -181,9 +195,7 @@ std::string LifecycleClient::state(const std::string& id, std::chrono::milliseco
   request.timeout = timeout;
   const auto response = send(std::move(request), cancel);
   if (response.status != 200) {
-    const auto error = parse_api_error(response);
-    throw to_error(error, "OpenSandbox get sandbox " + id,
-                   kRetryableStatuses.contains(error.status));
+    throw_answer(response, "OpenSandbox get sandbox " + id);
   }
   boost::system::error_code ec;
   const auto answer = json::parse(response.body, ec);
@@ -205,9 +217,7 @@ void LifecycleClient::remove(const std::string& id, std::chrono::milliseconds ti
   request.timeout = timeout;
   const auto response = send(std::move(request), cancel);
   if (response.status == 204 || response.status == 200 || response.status == 404) return;
-  const auto error = parse_api_error(response);
-  throw to_error(error, "OpenSandbox delete sandbox " + id,
-                 kRetryableStatuses.contains(error.status));
+  throw_answer(response, "OpenSandbox delete sandbox " + id);
 }
 
 ExecdEndpoint LifecycleClient::endpoint(const std::string& id, uint16_t port,
@@ -220,9 +230,7 @@ ExecdEndpoint LifecycleClient::endpoint(const std::string& id, uint16_t port,
   request.timeout = timeout;
   const auto response = send(std::move(request), cancel);
   if (response.status != 200) {
-    const auto error = parse_api_error(response);
-    throw to_error(error, "OpenSandbox endpoint of sandbox " + id,
-                   kRetryableStatuses.contains(error.status));
+    throw_answer(response, "OpenSandbox endpoint of sandbox " + id);
   }
   boost::system::error_code ec;
   const auto answer = json::parse(response.body, ec);
@@ -335,9 +343,7 @@ int64_t LifecycleClient::renew(const std::string& id, int64_t expires_at_unix_ms
   request.idempotent = true;  // setting the same expiry twice is harmless
   const auto response = send(std::move(request), cancel);
   if (response.status != 200) {
-    const auto error = parse_api_error(response);
-    throw to_error(error, "OpenSandbox renew of sandbox " + id,
-                   kRetryableStatuses.contains(error.status) && error.status != 409);
+    throw_answer(response, "OpenSandbox renew of sandbox " + id, /*conflict_final=*/true);
   }
   boost::system::error_code ec;
   const auto answer = json::parse(response.body, ec);
