@@ -14,6 +14,21 @@
 
 namespace sbx::testing {
 
+// True in the ASan+UBSan and TSan builds, where every instruction and allocation costs several
+// times more.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+// The slack a wall-clock bound allows for work the test does not measure (starting a process,
+// creating a container): `seconds` in a plain build, twice that under a sanitizer. The part of a
+// bound that is the behaviour under test (a timeout, a grace period) is never scaled.
+inline constexpr double slack(double seconds) {
+  return kSanitized ? 2 * seconds : seconds;
+}
+
 // A fresh directory under the system temp directory, removed with its contents at scope exit.
 struct TempDir {
   std::filesystem::path path;
