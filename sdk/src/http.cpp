@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -144,6 +145,7 @@ struct Shared {
   std::vector<std::unique_ptr<Transfer>> incoming;
   std::vector<std::shared_ptr<CallState>> cancels;
   std::vector<std::shared_ptr<CallState>> resumes;  // paused transfers whose reader/writer acted
+  std::multimap<Clock::time_point, std::function<void()>> timers;  // Client::after, by due time
 };
 
 }  // namespace detail
@@ -644,16 +646,56 @@ struct Client::Loop {
     return state;
   }
 
+  void after(std::chrono::milliseconds delay, std::function<void()> fn) {
+    {
+      std::lock_guard lock(shared->mutex);
+      if (!shared->closed) {
+        shared->timers.emplace(deadline_after(delay), std::move(fn));
+        curl_multi_wakeup(shared->multi);
+        return;
+      }
+    }
+    run_timer(fn);
+  }
+
   void run() {
     pthread_setname_np(pthread_self(), "sbx-http");
     while (take_commands()) {
       int running = 0;
       curl_multi_perform(shared->multi, &running);
       collect_finished();
-      const int wait_ms = expire_idle();
+      const int wait_ms = std::min(expire_idle(), run_due_timers());
       curl_multi_poll(shared->multi, nullptr, 0, wait_ms, nullptr);
     }
     shut_down();
+  }
+
+  static void run_timer(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (...) {  // nowhere to report it
+    }
+  }
+
+  // Runs the Client::after functions that are due; returns how long the loop may wait before the
+  // next one is.
+  int run_due_timers() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard lock(shared->mutex);
+        if (shared->timers.empty()) return kMaxPollMs;
+        const auto first = shared->timers.begin();
+        const auto left = first->first - Clock::now();
+        if (left > Clock::duration::zero()) {
+          return static_cast<int>(std::min<int64_t>(
+              kMaxPollMs, std::chrono::ceil<std::chrono::milliseconds>(left).count()));
+        }
+        fn = std::move(first->second);
+        shared->timers.erase(first);
+      }
+      run_timer(fn);
+    }
   }
 
   // Adds new requests and applies cancellations; false once the Client is being destroyed.
@@ -786,15 +828,19 @@ struct Client::Loop {
     const Error cancelled = Error::cancelled("http: cancelled, client destroyed");
     for (;;) {
       std::vector<std::unique_ptr<Transfer>> incoming;
+      std::multimap<Clock::time_point, std::function<void()>> timers;
       {
         std::lock_guard lock(shared->mutex);
         shared->cancels.clear();
-        if (shared->incoming.empty()) {
+        if (shared->incoming.empty() && shared->timers.empty()) {
           shared->closed = true;
           return;
         }
         incoming.swap(shared->incoming);
+        timers.swap(shared->timers);
       }
+      for (const auto& [due, fn] : timers)
+        run_timer(fn);
       for (auto& transfer : incoming)
         complete(*transfer, &cancelled);
     }
@@ -934,6 +980,10 @@ Client::~Client() = default;
 Call Client::start(Request request,
                    std::function<void(Response* response, const Error* error)> on_complete) {
   return Call(loop_->start(std::move(request), std::move(on_complete)));
+}
+
+void Client::after(std::chrono::milliseconds delay, std::function<void()> fn) {
+  loop_->after(delay, std::move(fn));
 }
 
 Response Client::send(Request request, const CancelToken& cancel) {

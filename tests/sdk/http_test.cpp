@@ -875,6 +875,67 @@ TEST_CASE("destroying the client cancels what is in flight, each exactly once") 
   CHECK(server.accepted() == kCalls);
 }
 
+TEST_CASE(
+    "after(): functions run on the loop thread once due, in due order; a request they start "
+    "goes out") {
+  TestServer server;
+  http::Client client(server.options());
+  std::mutex mutex;
+  std::vector<int> order;
+  std::vector<double> waited_ms;
+  std::atomic<int> statuses{0};
+  const auto started = Clock::now();
+  auto note = [&](int which) {
+    std::lock_guard lock(mutex);
+    order.push_back(which);
+    waited_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+  };
+  client.after(300ms, [&] { note(3); });
+  client.after(100ms, [&] {
+    note(1);
+    // From the loop thread, as a retry would: a request started here completes normally.
+    client.start(get("/fixed"), [&](http::Response* response, const Error*) {
+      if (response && response->status == 200) statuses++;
+    });
+  });
+  client.after(200ms, [&] { note(2); });
+  client.after(0ms, [] { throw std::runtime_error("ignored"); });
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard lock(mutex);
+      if (order.size() == 3 && statuses == 1) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::lock_guard lock(mutex);
+  CHECK(order == std::vector<int>{1, 2, 3});
+  CHECK(statuses == 1);
+  REQUIRE(waited_ms.size() == 3);
+  CHECK(waited_ms[0] >= 100);
+  CHECK(waited_ms[2] >= 300);
+}
+
+TEST_CASE(
+    "after(): what is pending when the client is destroyed runs then; its requests are "
+    "cancelled") {
+  TestServer server;
+  auto client = std::make_unique<http::Client>(server.options());
+  std::atomic<int> ran{0};
+  std::atomic<int> cancelled{0};
+  client->after(60s, [&, c = client.get()] {
+    ran++;
+    c->start(get("/fixed"), [&](http::Response* response, const Error* error) {
+      if (!response && error && error->status() == SBX_STATUS_CANCELLED) cancelled++;
+    });
+  });
+  const auto started = Clock::now();
+  client.reset();
+  CHECK(Clock::now() - started < 2s);
+  CHECK(ran == 1);
+  CHECK(cancelled == 1);
+}
+
 TEST_CASE("errors thrown by request callbacks abort the request and propagate") {
   TestServer server;
   http::Client client(server.options());

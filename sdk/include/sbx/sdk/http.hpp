@@ -211,6 +211,12 @@ class Client {
   // Error::internal (other curl errors).
   Response send(Request request, const CancelToken& cancel = {});
 
+  // Runs `fn` once on the loop thread after `delay` (a retry's backoff between requests, without
+  // a thread waiting for it). When the client is destroyed first, every pending `fn` runs at once
+  // during the destruction, and a request it starts then completes with Error::cancelled. `fn`
+  // must not block; exceptions it throws are ignored. Thread-safe.
+  void after(std::chrono::milliseconds delay, std::function<void()> fn);
+
  private:
   struct Loop;
   ClientOptions options_;
