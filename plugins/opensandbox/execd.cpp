@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <stop_token>
 
@@ -150,158 +151,310 @@ bool ExecdClient::ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds 
   return http_.send(std::move(request), cancel).status == 200;
 }
 
-CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
-                                const CommandRequest& command,
-                                const std::function<void(sdk::StdStream, std::string_view)>& output,
-                                const sdk::CancelToken& cancel) {
-  json::object body{{"command", command.command}};
-  if (command.cwd) body["cwd"] = *command.cwd;
-  if (command.timeout) body["timeout"] = std::max<int64_t>(1, command.timeout->count());
-  if (!command.envs.empty()) {
-    json::object envs;
-    for (const auto& [k, v] : command.envs)
-      envs[k] = v;
-    body["envs"] = std::move(envs);
+// One command over execd's event stream, from its first submission to its end: a small state
+// machine driven by the HTTP client's callbacks (loop thread), its timers (the wait between two
+// submissions after a 502) and cancel() (any thread). Kept alive by those callbacks and by the
+// cancellation hook; ends exactly once through finish().
+class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
+ public:
+  Run(ExecdClient& client, const ExecdEndpoint& endpoint, std::string sandbox_id,
+      const CommandRequest& command, OutputFn output, CommandDoneFn done)
+      : client_(client),
+        endpoint_(endpoint),
+        sandbox_id_(std::move(sandbox_id)),
+        timeout_(command.timeout),
+        // The seed's per-request budget: timeout + 60 s, and a hard cap of twice that plus 30 s
+        // on the whole stream; without a timeout only the idle timeout (execd pings every 3 s)
+        // bounds it.
+        hard_cap_(command.timeout ? 2 * (*command.timeout + 60s) + 30s : 0ms),
+        body_(request_body(command)),
+        submissions_(static_cast<int>(client.operations_.retries) + 1),
+        output_(std::move(output)),
+        done_(std::move(done)) {}
+
+  // Hooks cancellation up (it may fire at once), after the first submission.
+  void watch(const sdk::CancelToken& cancel) {
+    on_cancel_.emplace(cancel, Canceller{weak_from_this()});
   }
-  if (command.uid) body["uid"] = *command.uid;
-  const std::string body_text = json::serialize(body);
 
-  // The seed's per-request budget: timeout + 60 s, and a hard cap of twice that plus 30 s on the
-  // whole stream; without a timeout only the idle timeout (execd pings every 3 s) bounds it.
-  std::chrono::milliseconds hard_cap{0};
-  if (command.timeout) hard_cap = 2 * (*command.timeout + 60s) + 30s;
-
-  const int submissions = static_cast<int>(operations_.retries) + 1;
-  for (int attempt = 1;; ++attempt) {
-    // State shared with the loop thread's callbacks.
-    struct Shared {
-      std::mutex mutex;
-      std::string command_id;
-      long status = 0;
-      std::string error_body;
-      bool terminal = false;
-      EventStreamParser::Event last;
-      EventStreamParser parser;
-    };
-    auto shared = std::make_shared<Shared>();
-    auto request = to(endpoint, "POST", "/command");
+  // Starts one POST /command. First from start(), then from the timer after a 502.
+  void submit() {
+    auto self = shared_from_this();
+    status_ = 0;
+    error_body_.clear();
+    terminal_ = false;
+    parser_ = {};
+    started_ = std::chrono::steady_clock::now();
+    auto request = to(endpoint_, "POST", "/command");
     request.headers.emplace_back("Content-Type", "application/json");
     request.headers.emplace_back("Accept", "text/event-stream");
-    request.body = body_text;
-    request.timeout = hard_cap;
-    request.idle_timeout = seconds_ms(operations_.stream_idle_timeout_s);
-    request.on_headers = [shared](long status, const sdk::http::Headers&) {
-      std::lock_guard lock(shared->mutex);
-      shared->status = status;
-    };
-    request.on_body = [shared, &output](std::string_view bytes) {
-      std::unique_lock lock(shared->mutex);
-      if (shared->status != 200) {
-        if (shared->error_body.size() < 64 * 1024) shared->error_body.append(bytes);
-        return;
-      }
-      if (shared->terminal) return;
-      std::vector<std::pair<sdk::StdStream, std::string>> lines;
-      shared->parser.feed(bytes, [&](const EventStreamParser::Event& event) {
-        if (shared->terminal) return;
-        if (event.type == "init") {
-          shared->command_id = event.text;
-        } else if (event.type == "stdout" || event.type == "stderr") {
-          const auto stream = event.type == "stdout" ? sdk::StdStream::out : sdk::StdStream::err;
-          lines.emplace_back(stream, event.text == "\n" ? event.text : event.text + "\n");
-        } else if (event.type == "execution_complete" || event.type == "error") {
-          shared->terminal = true;
-          shared->last = event;
-        }
-      });
-      const bool terminal = shared->terminal;
-      lock.unlock();
-      for (const auto& [stream, text] : lines)
-        output(stream, text);
-      if (terminal) throw sdk::Error::cancelled(std::string(kStreamDone));
-    };
-
-    const auto started = std::chrono::steady_clock::now();
-    sdk::http::Call call = http_.start(std::move(request));
+    request.body = body_;
+    request.timeout = hard_cap_;
+    request.idle_timeout = seconds_ms(client_.operations_.stream_idle_timeout_s);
+    request.on_headers = [self](long status, const sdk::http::Headers&) { self->status_ = status; };
+    request.on_body = [self](std::string_view bytes) { self->on_body(bytes); };
+    sdk::http::Call call = client_.http_.start(
+        std::move(request),
+        [self](sdk::http::Response*, const sdk::Error* e) { self->on_finished(e); });
+    bool cancelled;
     {
-      // Cancellation: abort the stream and interrupt the command on the server (the interrupt is
-      // not waited for; the server also ends a command whose client went away).
-      std::stop_callback on_cancel(cancel, [&, shared] {
-        call.cancel();
-        std::string id;
-        {
-          std::lock_guard lock(shared->mutex);
-          id = shared->command_id;
-        }
-        if (!id.empty()) {
-          auto interrupt = to(endpoint, "DELETE", "/command?id=" + sdk::http::url_encode(id));
-          interrupt.timeout = 10s;
-          http_.start(std::move(interrupt));
-        }
-      });
-      call.wait_until(std::chrono::steady_clock::time_point::max());
+      std::lock_guard lock(mutex_);
+      ++attempt_;
+      if (!finished_) call_ = call;
+      cancelled = cancelled_;
     }
-    std::optional<sdk::Error> failure;
-    try {
-      call.get();
-    } catch (const sdk::Error& e) {
-      failure = e;
-    }
-    std::lock_guard lock(shared->mutex);
-    if (shared->terminal) {
-      const bool timed_out =
-          command.timeout && std::chrono::steady_clock::now() - started >= *command.timeout;
-      const sdk::ExitStatus status = exit_status_of(shared->last, timed_out);
-      if (shared->last.type == "error" && status.error_type == SBX_EXEC_ERROR_SANDBOX) {
-        // The command did not run (or was killed): the server's reason goes to stderr.
-        const std::string reason =
-            shared->last.traceback.value_or(shared->last.error_value.value_or(""));
-        if (!reason.empty()) output(sdk::StdStream::err, reason + "\n");
-      }
-      return {status, shared->command_id};
-    }
-    if (cancel.stop_requested()) throw sdk::Error::cancelled();
-    if (failure) {
-      if (failure->status() == SBX_STATUS_TIMEOUT && command.timeout) {
-        throw sdk::Error::timeout("OpenSandbox exec exceeded hard cap of " +
-                                  std::to_string(hard_cap.count() / 1000) +
-                                  "s; the command wedged (sandbox_id=" + sandbox_id + ")");
-      }
-      throw *failure;
-    }
-    if (shared->status == 200) {
-      throw sdk::Error::unavailable(what_of("command run", sandbox_id) +
-                                        ": the event stream ended without execution_complete "
-                                        "or error",
-                                    false);
-    }
-    sdk::http::Response response;
-    response.status = shared->status;
-    response.body = shared->error_body;
-    if (shared->status == 502 && attempt < submissions) {
-      const auto delay =
-          std::min<std::chrono::milliseconds>(250ms * (1 << std::min(attempt - 1, 4)), 2s);
-      log_.warn("Backend-connect 502 on command run (sandbox_id=", sandbox_id, "); submission ",
-                attempt, "/", submissions, ", again in ", delay.count(), " ms");
-      sdk::sleep_for(delay, cancel);
-      continue;
-    }
-    if (shared->status == 502) {
-      throw sdk::Error::unavailable(
-          "Sandbox backend unreachable through " + std::to_string(submissions) +
-              " submissions of 'command run' (proxy 502: no TCP connection to execd); the sandbox "
-              "is likely dead; sandbox_id=" +
-              sandbox_id,
-          false);
-    }
-    const ApiError error = parse_api_error(response);
-    if (shared->status == 400 && error.code == "INVALID_REQUEST_BODY") {
-      // execd refuses the command before starting it, e.g. a cwd that does not exist.
-      output(sdk::StdStream::err, error.message + "\n");
-      return {sdk::ExitStatus::sandbox_failure(), {}};
-    }
-    throw to_error(error, what_of("command run", sandbox_id), false);
+    if (cancelled) call.cancel();  // cancel() ran while this submission was being started
   }
+
+  // Aborts the stream and interrupts the command on the server (the interrupt is not waited for;
+  // the server also ends a command whose client went away). Any thread, idempotent.
+  void cancel() {
+    sdk::http::Call call;
+    std::string id;
+    bool waiting;
+    {
+      std::lock_guard lock(mutex_);
+      if (finished_ || cancelled_) return;
+      cancelled_ = true;
+      call = call_;
+      id = command_id_;
+      waiting = waiting_;
+    }
+    call.cancel();
+    if (!id.empty()) interrupt(id);
+    // Between two submissions no callback is coming to end the run: end it here.
+    if (waiting) finish(nullptr, sdk::Error::cancelled());
+  }
+
+ private:
+  struct Canceller {
+    std::weak_ptr<Run> run;
+    void operator()() const {
+      if (auto self = run.lock()) self->cancel();
+    }
+  };
+
+  static std::string request_body(const CommandRequest& command) {
+    json::object body{{"command", command.command}};
+    if (command.cwd) body["cwd"] = *command.cwd;
+    if (command.timeout) body["timeout"] = std::max<int64_t>(1, command.timeout->count());
+    if (!command.envs.empty()) {
+      json::object envs;
+      for (const auto& [k, v] : command.envs)
+        envs[k] = v;
+      body["envs"] = std::move(envs);
+    }
+    if (command.uid) body["uid"] = *command.uid;
+    return json::serialize(body);
+  }
+
+  // Loop thread. Throws kStreamDone once the terminal event is in.
+  void on_body(std::string_view bytes) {
+    if (status_ != 200) {
+      if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
+      return;
+    }
+    if (terminal_) return;
+    std::vector<std::pair<sdk::StdStream, std::string>> lines;
+    parser_.feed(bytes, [&](const EventStreamParser::Event& event) {
+      if (terminal_) return;
+      if (event.type == "init") {
+        std::lock_guard lock(mutex_);
+        command_id_ = event.text;
+      } else if (event.type == "stdout" || event.type == "stderr") {
+        const auto stream = event.type == "stdout" ? sdk::StdStream::out : sdk::StdStream::err;
+        lines.emplace_back(stream, event.text == "\n" ? event.text : event.text + "\n");
+      } else if (event.type == "execution_complete" || event.type == "error") {
+        terminal_ = true;
+        last_ = event;
+      }
+    });
+    for (const auto& [stream, text] : lines)
+      output_(stream, text);
+    if (terminal_) throw sdk::Error::cancelled(std::string(kStreamDone));
+  }
+
+  // Loop thread: one submission ended, with `error` or a response.
+  void on_finished(const sdk::Error* error) {
+    bool cancelled;
+    {
+      std::lock_guard lock(mutex_);
+      call_ = {};
+      cancelled = cancelled_;
+    }
+    if (terminal_) {
+      const bool timed_out = timeout_ && std::chrono::steady_clock::now() - started_ >= *timeout_;
+      const CommandOutcome outcome{exit_status_of(last_, timed_out), command_id()};
+      if (last_.type == "error" && outcome.status.error_type == SBX_EXEC_ERROR_SANDBOX) {
+        // The command did not run (or was killed): the server's reason goes to stderr.
+        const std::string reason = last_.traceback.value_or(last_.error_value.value_or(""));
+        if (!reason.empty()) output_(sdk::StdStream::err, reason + "\n");
+      }
+      return finish(&outcome, {});
+    }
+    if (cancelled) return finish(nullptr, sdk::Error::cancelled());
+    if (error) {
+      if (error->status() == SBX_STATUS_TIMEOUT && timeout_) {
+        return finish(
+            nullptr, sdk::Error::timeout("OpenSandbox exec exceeded hard cap of " +
+                                         std::to_string(hard_cap_.count() / 1000) +
+                                         "s; the command wedged (sandbox_id=" + sandbox_id_ + ")"));
+      }
+      return finish(nullptr, *error);
+    }
+    if (status_ == 200) {
+      return finish(nullptr, sdk::Error::unavailable(
+                                 what_of("command run", sandbox_id_) +
+                                     ": the event stream ended without execution_complete or "
+                                     "error",
+                                 false));
+    }
+    if (status_ == 502) return after_502();
+    sdk::http::Response response;
+    response.status = status_;
+    response.body = error_body_;
+    const ApiError api_error = parse_api_error(response);
+    if (status_ == 400 && api_error.code == "INVALID_REQUEST_BODY") {
+      // execd refuses the command before starting it, e.g. a cwd that does not exist.
+      output_(sdk::StdStream::err, api_error.message + "\n");
+      const CommandOutcome outcome{sdk::ExitStatus::sandbox_failure(), {}};
+      return finish(&outcome, {});
+    }
+    finish(nullptr, to_error(api_error, what_of("command run", sandbox_id_), false));
+  }
+
+  // The proxy reached no execd: submit again after a pause, or give up.
+  void after_502() {
+    int attempt;
+    {
+      std::lock_guard lock(mutex_);
+      attempt = attempt_;
+      if (attempt < submissions_) waiting_ = true;
+    }
+    if (attempt >= submissions_) {
+      return finish(nullptr,
+                    sdk::Error::unavailable(
+                        "Sandbox backend unreachable through " + std::to_string(submissions_) +
+                            " submissions of 'command run' (proxy 502: no TCP connection "
+                            "to execd); the sandbox is likely dead; sandbox_id=" +
+                            sandbox_id_,
+                        false));
+    }
+    const auto delay =
+        std::min<std::chrono::milliseconds>(250ms * (1 << std::min(attempt - 1, 4)), 2s);
+    client_.log_.warn("Backend-connect 502 on command run (sandbox_id=", sandbox_id_,
+                      "); submission ", attempt, "/", submissions_, ", again in ", delay.count(),
+                      " ms");
+    client_.http_.after(delay, [self = shared_from_this()] {
+      {
+        std::lock_guard lock(self->mutex_);
+        if (self->finished_) return;  // cancelled while waiting
+        self->waiting_ = false;
+      }
+      self->submit();
+    });
+  }
+
+  void interrupt(const std::string& id) {
+    auto request = to(endpoint_, "DELETE", "/command?id=" + sdk::http::url_encode(id));
+    request.timeout = 10s;
+    client_.http_.start(
+        std::move(request), [log = client_.log_, id, sandbox = sandbox_id_](
+                                sdk::http::Response* response, const sdk::Error* error) {
+          if (error) {
+            log.debug("interrupting command ", id, " of sandbox ", sandbox, ": ", error->what());
+          } else if (response->status >= 300 && response->status != 404) {
+            log.debug("interrupting command ", id, " of sandbox ", sandbox, ": HTTP ",
+                      response->status);
+          }
+        });
+  }
+
+  std::string command_id() {
+    std::lock_guard lock(mutex_);
+    return command_id_;
+  }
+
+  void finish(const CommandOutcome* outcome, const std::optional<sdk::Error>& error) {
+    CommandDoneFn done;
+    {
+      std::lock_guard lock(mutex_);
+      if (finished_) return;
+      finished_ = true;
+      done = std::move(done_);
+    }
+    done(outcome, error ? &*error : nullptr);
+  }
+
+  ExecdClient& client_;
+  const ExecdEndpoint endpoint_;
+  const std::string sandbox_id_;
+  const std::optional<std::chrono::milliseconds> timeout_;
+  const std::chrono::milliseconds hard_cap_;
+  const std::string body_;
+  const int submissions_;
+  const OutputFn output_;
+  CommandDoneFn done_;  // moved out by finish()
+
+  std::mutex mutex_;  // guards the members below it up to the blank line
+  int attempt_ = 0;
+  sdk::http::Call call_;  // the submission in flight; none while waiting between submissions
+  bool waiting_ = false;  // between two submissions
+  bool cancelled_ = false;
+  bool finished_ = false;
+  std::string command_id_;
+
+  // The current submission's state: loop thread only (set up by submit() before its request
+  // starts).
+  long status_ = 0;
+  std::string error_body_;
+  bool terminal_ = false;
+  EventStreamParser::Event last_;
+  EventStreamParser parser_;
+  std::chrono::steady_clock::time_point started_;
+
+  std::optional<std::stop_callback<Canceller>> on_cancel_;  // last: deregistered first
+};
+
+void ExecdClient::start(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+                        const CommandRequest& request, OutputFn output, CommandDoneFn done,
+                        const sdk::CancelToken& cancel) {
+  if (cancel.stop_requested()) {
+    const sdk::Error cancelled = sdk::Error::cancelled();
+    return done(nullptr, &cancelled);
+  }
+  auto run = std::make_shared<Run>(*this, endpoint, sandbox_id, request, std::move(output),
+                                   std::move(done));
+  run->submit();
+  run->watch(cancel);
+}
+
+CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+                                const CommandRequest& request, OutputFn output,
+                                const sdk::CancelToken& cancel) {
+  struct Result {
+    std::mutex mutex;
+    std::condition_variable ended;
+    std::optional<CommandOutcome> outcome;
+    std::optional<sdk::Error> error;
+  };
+  auto result = std::make_shared<Result>();
+  start(
+      endpoint, sandbox_id, request, std::move(output),
+      [result](const CommandOutcome* outcome, const sdk::Error* error) {
+        std::lock_guard lock(result->mutex);
+        if (outcome) {
+          result->outcome = *outcome;
+        } else {
+          result->error = *error;
+        }
+        result->ended.notify_all();
+      },
+      cancel);
+  std::unique_lock lock(result->mutex);
+  result->ended.wait(lock, [&] { return result->outcome || result->error; });
+  if (result->error) throw *result->error;
+  return *result->outcome;
 }
 
 void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandbox_id,

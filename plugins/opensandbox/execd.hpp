@@ -2,9 +2,10 @@
 // the SDK's HTTP client. Every request goes to an ExecdEndpoint (lifecycle.hpp): its absolute base
 // URL and headers.
 //
-// THREADING: ExecdClient is thread-safe; each call blocks the calling thread (an SDK pool thread)
-// until it ends, while the transfer runs on the client's one loop thread. A command's output is
-// handed to the caller's callback on that loop thread, one event at a time, in order.
+// THREADING: ExecdClient is thread-safe. Every transfer runs on the client's one loop thread.
+// start() runs a command without holding any thread while it runs: its output and its end are
+// handed to the caller's callbacks on that loop thread, in order. The other calls block the
+// calling thread (an SDK pool thread) until they end.
 // SECRETS: the endpoint's headers (access token, in server-proxy mode the API key) are never
 // logged.
 #pragma once
@@ -61,19 +62,31 @@ class EventStreamParser {
 // "exit status N" (the process did not exit by itself) is 125/"sandbox".
 sdk::ExitStatus exit_status_of(const EventStreamParser::Event& terminal, bool timed_out);
 
+// A command's output, one stdout/stderr line at a time (its text plus "\n").
+using OutputFn = std::function<void(sdk::StdStream stream, std::string_view text)>;
+// A command's end: exactly one of `outcome` and `error` is set.
+using CommandDoneFn = std::function<void(const CommandOutcome* outcome, const sdk::Error* error)>;
+
 class ExecdClient {
  public:
   ExecdClient(const ConnectionConfig& connection, const OperationConfig& operations,
               sdk::Logger log);
 
-  // Runs a command in the foreground: each stdout/stderr line goes to `output` as it arrives (the
-  // line's text plus "\n"). A 502 (the proxy reached no execd) is submitted again up to
-  // operations.retries more times (0.25 s doubling to 2 s apart), then UNAVAILABLE "backend
-  // unreachable". A cwd the sandbox refuses (400) is 125/"sandbox" with the reason on stderr.
-  // Cancellation aborts the stream and interrupts the command on the server.
+  // Starts a command in the foreground and returns at once: each stdout/stderr line goes to
+  // `output` as it arrives, then `done` runs once with how the command ended, both on the loop
+  // thread (`done` may also run on the thread that cancels, when it cancels between two
+  // submissions). A 502 (the proxy reached no execd) is submitted again up to
+  // operations.retries more times (0.25 s doubling to 2 s apart, waited for on the loop, not on
+  // a thread), then UNAVAILABLE "backend unreachable". A cwd the sandbox refuses (400) is
+  // 125/"sandbox" with the reason on stderr. Cancellation through `cancel` aborts the stream,
+  // interrupts the command on the server and ends the run with CANCELLED.
+  void start(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
+             const CommandRequest& request, OutputFn output, CommandDoneFn done,
+             const sdk::CancelToken& cancel);
+
+  // start(), waiting for the end on the calling thread (the readiness probe, the workdir).
   CommandOutcome run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
-                     const CommandRequest& request,
-                     const std::function<void(sdk::StdStream, std::string_view)>& output,
+                     const CommandRequest& request, OutputFn output,
                      const sdk::CancelToken& cancel);
 
   // GET /ping: true for 200.
@@ -90,10 +103,12 @@ class ExecdClient {
                 const std::string& path, sdk::ByteSink& sink, const sdk::CancelToken& cancel);
 
  private:
+  class Run;
+
   ConnectionConfig connection_;
   OperationConfig operations_;
   sdk::Logger log_;
-  sdk::http::Client http_;
+  sdk::http::Client http_;  // last: destroyed first, ending every run while the rest still lives
 };
 
 // Quotes a word for a POSIX shell: 'it'\''s'.

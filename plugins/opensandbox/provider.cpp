@@ -297,10 +297,10 @@ sdk::ProbeAttempt OpenSandboxProvider::run_collect(const OpenSandbox& box,
   return result;
 }
 
-sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
-                                          sdk::OutputSink& out, const sdk::CancelToken& cancel) {
-  const auto& box = as_box(sandbox);
-  check_not_paused(box);
+// What an exec asks execd for: the spec's workdir as the default cwd; a user that is a number is
+// sent as the uid, a name runs the command through `su` (execd takes no user names).
+CommandRequest OpenSandboxProvider::command_for(const OpenSandbox& box,
+                                                const sdk::ExecRequest& request) {
   CommandRequest command{.command = request.command,
                          .cwd = request.cwd ? request.cwd : box.workdir(),
                          .envs = request.env,
@@ -316,10 +316,38 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
           "su -s /bin/sh -c " + shell_quote(request.command) + " " + shell_quote(user);
     }
   }
+  return command;
+}
+
+void OpenSandboxProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest request,
+                                     sdk::ExecCompletion done) {
+  const auto& box = as_box(sandbox);
+  check_not_paused(box);
+  const CommandRequest command = command_for(box, request);
+  sdk::OutputSink* out = &done.output();
+  const sdk::CancelToken cancel = done.cancel_token();
+  auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
+  execd_.start(
+      box.execd(), box.id(), command,
+      [out](sdk::StdStream stream, std::string_view text) { out->write(stream, text); },
+      [completion](const CommandOutcome* outcome, const sdk::Error* error) {
+        if (outcome) {
+          completion->succeed(outcome->status);
+        } else {
+          completion->fail(*error);
+        }
+      },
+      cancel);
+}
+
+sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
+                                          sdk::OutputSink& out, const sdk::CancelToken& cancel) {
+  const auto& box = as_box(sandbox);
+  check_not_paused(box);
   return execd_
       .run(
-          box.execd(), box.id(), command,
-          [&](sdk::StdStream stream, std::string_view bytes) { out.write(stream, bytes); }, cancel)
+          box.execd(), box.id(), command_for(box, request),
+          [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); }, cancel)
       .status;
 }
 

@@ -1,7 +1,7 @@
 // The opensandbox provider: sandboxes of an OpenSandbox server, through its lifecycle API and each
 // sandbox's execd API (HTTP, libcurl multi through the SDK's client). Blocking style on the SDK's
-// pool: each operation holds a pool thread while its requests run on the two clients' loop
-// threads (one for the lifecycle API, one for execd).
+// pool: each operation but exec holds a pool thread while its requests run on the two clients'
+// loop threads (one for the lifecycle API, one for execd); exec holds none.
 #pragma once
 
 #include "config.hpp"
@@ -55,7 +55,10 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 // argument or a cancellation.
 bool is_retryable_create_error(const sdk::Error& error);
 
+// Blocking style on the SDK's pool for everything but exec, which holds no thread while its
+// command runs (sdk::AsyncExec): its output and end come on the execd client's loop thread.
 class OpenSandboxProvider final : public sdk::BlockingProvider,
+                                  public sdk::AsyncExec,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew {
@@ -71,6 +74,11 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
 
   std::unique_ptr<sdk::Sandbox> create(const sdk::Spec& spec,
                                        const sdk::CancelToken& cancel) override;
+  // What the host's exec calls: starts the command and returns; `done` completes on the execd
+  // client's loop thread, where the output is also written. Cancellation interrupts the command.
+  void exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest request,
+                  sdk::ExecCompletion done) override;
+  // The same, waiting on the calling thread (for BlockingProvider; the adapter calls exec_async).
   sdk::ExitStatus exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request, sdk::OutputSink& out,
                        const sdk::CancelToken& cancel) override;
   void upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request, sdk::ByteSource& source,
@@ -108,6 +116,7 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
   std::chrono::milliseconds request_timeout() const;
+  static CommandRequest command_for(const OpenSandbox& box, const sdk::ExecRequest& request);
 
   Config config_;
   sdk::Logger log_;

@@ -36,6 +36,7 @@ class BlockingAdapter final : public Provider,
         pause_(dynamic_cast<BlockingPause*>(impl_.get())),
         connect_(dynamic_cast<BlockingConnect*>(impl_.get())),
         renew_(dynamic_cast<BlockingRenew*>(impl_.get())),
+        async_exec_(dynamic_cast<AsyncExec*>(impl_.get())),
         log_(log),
         pool_(impl_->pool_options()) {}
 
@@ -49,6 +50,10 @@ class BlockingAdapter final : public Provider,
   }
 
   void exec(Sandbox& sandbox, ExecRequest request, ExecCompletion done) override {
+    if (async_exec_) {
+      async_exec_->exec_async(sandbox, std::move(request), std::move(done));
+      return;
+    }
     OutputSink& out = done.output();
     run(std::move(done),
         [this, &sandbox, &out, request = std::move(request)](const CancelToken& cancel) {
@@ -180,6 +185,7 @@ class BlockingAdapter final : public Provider,
   BlockingPause* pause_;
   BlockingConnect* connect_;
   BlockingRenew* renew_;
+  AsyncExec* async_exec_;
   Logger log_;
   ThreadPool pool_;  // last: destroyed (joined) first, while impl_ is still alive
 };

@@ -9,6 +9,7 @@
 // close of a sandbox the server already deleted, the API key's placement in direct and
 // server-proxy mode, and the create backoff's bounds.
 
+#include "../common/test_helpers.hpp"
 #include "../serve/support.hpp"
 
 #include <sbx/core/errors.hpp>
@@ -18,6 +19,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -28,6 +30,7 @@
 using namespace serve_test;
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -223,6 +226,69 @@ TEST_CASE("command submissions answered 502 are resubmitted; past the retries, u
   CHECK(f.count("POST /sandboxes/" + box.id() + "/proxy/44772/command") == 7);
   // The sequence is used up: the sandbox works again.
   CHECK(box.exec("echo back").stdout_text == "back\n");
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("an exec cancelled while it waits between two 502 submissions ends at once") {
+  // Submissions 1 and 2 meet 502s; the exec then waits 0.5 s before its third. It is cancelled
+  // in that wait: no thread is blocked in it, so the cancellation itself must end the exec.
+  Fixture f(R"([{"route": "POST /command", "actions": [{"status": 502}, {"status": 502}]}])",
+            json::object{{"operations", json::object{{"retries", 5}}}});
+  auto box = f.create();
+  const std::string route = "POST /sandboxes/" + box.id() + "/proxy/44772/command";
+  auto op = box.exec_async("echo never");
+  const auto deadline = Clock::now() + 10s;
+  while (f.count(route) < 2 && Clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(f.count(route) == 2);
+  std::this_thread::sleep_for(100ms);  // well inside the 0.5 s wait
+  const auto cancelled_at = Clock::now();
+  op.cancel();
+  CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+  const double took = seconds_since(cancelled_at);
+  MESSAGE("cancel to end: ", took, " s");
+  CHECK(took < sbx::testing::slack(0.2));
+  std::this_thread::sleep_for(800ms);  // past the third submission's time
+  CHECK(f.count(route) == 2);
+  CHECK(box.exec("echo next").stdout_text == "next\n");
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+namespace {
+size_t thread_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("200 execs in flight at once hold no thread each") {
+  Fixture f("[]");
+  auto box = f.create();
+  CHECK(box.exec("true").return_code == 0);  // every thread the plugin starts is up
+  const size_t before = thread_count();
+  constexpr int kExecs = 200;
+  std::vector<sbx::Operation<sbx::ExecResult>> ops;
+  ops.reserve(kExecs);
+  for (int i = 0; i < kExecs; ++i)
+    ops.push_back(box.exec_async("sleep 1; echo " + std::to_string(i)));
+  size_t most = 0;
+  while (std::none_of(ops.begin(), ops.end(), [](const auto& op) { return op.ready(); })) {
+    most = std::max(most, thread_count());
+    std::this_thread::sleep_for(20ms);
+  }
+  int ok = 0;
+  for (int i = 0; i < kExecs; ++i) {
+    const auto r = ops[i].get();
+    if (r.return_code == 0 && r.stdout_text == std::to_string(i) + "\n") ++ok;
+  }
+  MESSAGE("threads: ", before, " before, at most ", most, " with ", kExecs, " execs in flight");
+  CHECK(ok == kExecs);
+  CHECK(most > 0);
+  CHECK(most <= before + 1);
   box.close();
   CHECK(f.sandboxes_on_server() == 0);
 }

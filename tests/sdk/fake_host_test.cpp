@@ -22,6 +22,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 using namespace sbx::sdk;
 using namespace sbx::sdk::testing;
@@ -127,9 +129,74 @@ int64_t number_after(const std::string& text, const std::string& key) {
   return std::stoll(text.substr(at + key.size()));
 }
 
+// A blocking provider whose exec is asynchronous (sdk::AsyncExec): exec_async records the thread
+// it was called on and finishes on a thread of its own; "refuse" throws before handing `done`
+// off. Its blocking exec must never be called.
+class AsyncExecProvider final : public BlockingProvider, public AsyncExec {
+ public:
+  static constexpr const char* kId = "async-exec";
+  static constexpr const char* kDescription = "Test: exec without a pool thread";
+  static constexpr const char* kConfigSchema = R"({"type": "object"})";
+
+  AsyncExecProvider(const ProviderContext&, const boost::json::object&) {}
+  ~AsyncExecProvider() override {
+    for (auto& t : threads_)
+      t.join();
+  }
+
+  static inline std::atomic<std::thread::id> called_on{};
+
+  void exec_async(Sandbox&, ExecRequest request, ExecCompletion done) override {
+    called_on = std::this_thread::get_id();
+    if (request.command == "refuse") throw Error::invalid_argument("refused before starting");
+    std::lock_guard lock(mutex_);
+    threads_.emplace_back([done = std::move(done), command = request.command]() mutable {
+      done.output().write(StdStream::out, "async " + command);
+      done.succeed(ExitStatus::exited(7));
+    });
+  }
+  ExitStatus exec(Sandbox&, const ExecRequest&, OutputSink&, const CancelToken&) override {
+    throw Error::internal("the blocking exec was called");
+  }
+  std::unique_ptr<Sandbox> create(const Spec&, const CancelToken&) override {
+    return std::make_unique<Sandbox>("async-box");
+  }
+  void upload(Sandbox&, const UploadRequest&, ByteSource&, const CancelToken&) override {}
+  void download(Sandbox&, const std::string&, ByteSink&, const CancelToken&) override {}
+  SandboxStatus status(Sandbox&, const CancelToken&) override { return SandboxStatus::running; }
+  void close(Sandbox&, const CancelToken&) override {}
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace
 
-SBX_PLUGIN("clocked", "1.0.0", "Test plugin for the fake host", factory<ClockProvider>())
+SBX_PLUGIN("clocked", "1.0.0", "Test plugin for the fake host", factory<ClockProvider>(),
+           factory<AsyncExecProvider>())
+
+TEST_CASE(
+    "blocking adapter: a provider with AsyncExec runs exec on the caller's thread, not the "
+    "pool; a throw before the hand-off fails the exec") {
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("async-exec", "{}");
+  const FakeSandbox box = provider.create();
+  const ExecOutcome r = provider.exec(box, "hello");
+  CHECK(r.completed);
+  CHECK_FALSE(r.error);
+  CHECK(r.return_code == 7);
+  CHECK(r.stdout_text == "async hello");
+  CHECK(AsyncExecProvider::called_on.load() == std::this_thread::get_id());
+  const ExecOutcome refused = provider.exec(box, "refuse");
+  CHECK(refused.completed);
+  REQUIRE(refused.error);
+  CHECK(refused.error->status == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(refused.error->message.find("refused before starting") != std::string::npos);
+  CHECK(provider.close(box).ok());
+  provider.release(box);
+  CHECK(host.problems().empty());
+}
 
 TEST_CASE("fake host: blocking helpers drive a provider through the ABI and record its callbacks") {
   FakeHost host(&sbx_plugin_entry);

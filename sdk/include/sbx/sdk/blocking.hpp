@@ -91,6 +91,21 @@ class BlockingRenew {
   ~BlockingRenew() = default;
 };
 
+// For a BlockingProvider whose exec need not hold a thread while the command runs (its output
+// arrives on an event loop, e.g. the SDK's HTTP client): derive from this too, and the adapter
+// calls exec_async() directly on the host's calling thread instead of running
+// BlockingProvider::exec on a pool thread, so a thousand commands in flight cost no thousand
+// threads. The rules are Provider::exec's (provider.hpp): return quickly, complete `done` exactly
+// once from any thread, write output before completing; an exception thrown before `done` is
+// handed off fails the exec. BlockingProvider::exec stays for the provider's own blocking callers.
+class AsyncExec {
+ public:
+  virtual void exec_async(Sandbox& sandbox, ExecRequest request, ExecCompletion done) = 0;
+
+ protected:
+  ~AsyncExec() = default;
+};
+
 // Runs a BlockingProvider behind the asynchronous Provider interface.
 std::unique_ptr<Provider> make_blocking_adapter(std::unique_ptr<BlockingProvider> provider,
                                                 Logger log);
