@@ -74,7 +74,11 @@ const char kConfigSchemaText[] = R"json({
         "retry_max_delay_s": {"type": "number", "minimum": 0, "default": 15},
         "command_retries": {"type": "integer", "minimum": 0, "default": 0},
         "close_timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 30},
-        "stream_idle_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 60}
+        "stream_idle_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 60},
+        "background_exec": {"type": "boolean", "default": false},
+        "background_poll_initial_s": {"type": "number", "exclusiveMinimum": 0, "default": 0.25},
+        "background_poll_interval_s": {"type": "number", "exclusiveMinimum": 0, "default": 2},
+        "status_poll_timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 10}
       }
     },
     "attribution": {
@@ -215,6 +219,14 @@ OperationConfig read_operations(ObjectReader& reader) {
   o.close_timeout_s = positive(reader, "close_timeout_s", o.close_timeout_s);
   o.stream_idle_timeout_s = positive(reader, "stream_idle_timeout_s", o.stream_idle_timeout_s)
                                 .value_or(o.stream_idle_timeout_s);
+  o.background_exec = reader.boolean("background_exec", o.background_exec);
+  o.background_poll_initial_s =
+      positive(reader, "background_poll_initial_s", o.background_poll_initial_s)
+          .value_or(o.background_poll_initial_s);
+  o.background_poll_interval_s =
+      positive(reader, "background_poll_interval_s", o.background_poll_interval_s)
+          .value_or(o.background_poll_interval_s);
+  o.status_poll_timeout_s = positive(reader, "status_poll_timeout_s", o.status_poll_timeout_s);
   reader.finish();
   return o;
 }

@@ -91,6 +91,13 @@ struct OperationConfig {
   std::optional<double> close_timeout_s = 30.0;
   // An exec stream that carries no byte (not even execd's 3 s ping) this long is dead.
   double stream_idle_timeout_s = 60.0;
+  // Background mode: submit with background=true, then poll the command's status (the first poll
+  // after min(initial, interval), each pause 1.5 times the last, capped at interval), then fetch
+  // its combined log once.
+  bool background_exec = false;
+  double background_poll_initial_s = 0.25;
+  double background_poll_interval_s = 2.0;
+  std::optional<double> status_poll_timeout_s = 10.0;  // per status poll; null: request timeout
 
   sdk::RetryPolicy retry_policy() const;
 };

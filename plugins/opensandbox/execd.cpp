@@ -167,7 +167,8 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
         // on the whole stream; without a timeout only the idle timeout (execd pings every 3 s)
         // bounds it.
         hard_cap_(command.timeout ? 2 * (*command.timeout + 60s) + 30s : 0ms),
-        body_(request_body(command)),
+        background_(client.operations_.background_exec),
+        body_(request_body(command, background_)),
         submissions_(static_cast<int>(client.operations_.retries) + 1),
         output_(std::move(output)),
         done_(std::move(done)) {}
@@ -193,17 +194,13 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     request.idle_timeout = seconds_ms(client_.operations_.stream_idle_timeout_s);
     request.on_headers = [self](long status, const sdk::http::Headers&) { self->status_ = status; };
     request.on_body = [self](std::string_view bytes) { self->on_body(bytes); };
-    sdk::http::Call call = client_.http_.start(
-        std::move(request),
-        [self](sdk::http::Response*, const sdk::Error* e) { self->on_finished(e); });
-    bool cancelled;
     {
       std::lock_guard lock(mutex_);
       ++attempt_;
-      if (!finished_) call_ = call;
-      cancelled = cancelled_;
     }
-    if (cancelled) call.cancel();  // cancel() ran while this submission was being started
+    track(client_.http_.start(
+        std::move(request),
+        [self](sdk::http::Response*, const sdk::Error* e) { self->on_finished(e); }));
   }
 
   // Aborts the stream and interrupts the command on the server (the interrupt is not waited for;
@@ -234,8 +231,9 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     }
   };
 
-  static std::string request_body(const CommandRequest& command) {
+  static std::string request_body(const CommandRequest& command, bool background) {
     json::object body{{"command", command.command}};
+    if (background) body["background"] = true;
     if (command.cwd) body["cwd"] = *command.cwd;
     if (command.timeout) body["timeout"] = std::max<int64_t>(1, command.timeout->count());
     if (!command.envs.empty()) {
@@ -281,6 +279,9 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       std::lock_guard lock(mutex_);
       call_ = {};
       cancelled = cancelled_;
+    }
+    if (terminal_ && background_ && last_.type == "execution_complete" && !cancelled) {
+      return start_polling();
     }
     if (terminal_) {
       const bool timed_out = timeout_ && std::chrono::steady_clock::now() - started_ >= *timeout_;
@@ -329,7 +330,6 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     {
       std::lock_guard lock(mutex_);
       attempt = attempt_;
-      if (attempt < submissions_) waiting_ = true;
     }
     if (attempt >= submissions_) {
       return finish(nullptr,
@@ -345,14 +345,172 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     client_.log_.warn("Backend-connect 502 on command run (sandbox_id=", sandbox_id_,
                       "); submission ", attempt, "/", submissions_, ", again in ", delay.count(),
                       " ms");
-    client_.http_.after(delay, [self = shared_from_this()] {
+    after(delay, [](Run& run) { run.submit(); });
+  }
+
+  // Remembers the request in flight, for cancel(); cancels it at once when cancel() ran while it
+  // was being started.
+  void track(sdk::http::Call call) {
+    bool cancelled;
+    {
+      std::lock_guard lock(mutex_);
+      if (!finished_) call_ = call;
+      cancelled = cancelled_;
+    }
+    if (cancelled) call.cancel();
+  }
+
+  // Runs `step` on the loop after `delay`, unless the run ended meanwhile (cancel() ends it).
+  template <class Step>
+  void after(std::chrono::milliseconds delay, Step step) {
+    {
+      std::lock_guard lock(mutex_);
+      waiting_ = true;
+    }
+    client_.http_.after(delay, [self = shared_from_this(), step = std::move(step)] {
       {
         std::lock_guard lock(self->mutex_);
-        if (self->finished_) return;  // cancelled while waiting
+        if (self->finished_) return;
         self->waiting_ = false;
       }
-      self->submit();
+      step(*self);
     });
+  }
+
+  // ---- Background mode: the submission's stream ended at once; poll the status, then fetch
+  // the log.
+
+  void start_polling() {
+    if (command_id().empty()) {
+      return finish(nullptr,
+                    sdk::Error::internal(what_of("command run (background submit)", sandbox_id_) +
+                                         ": the answer carried no command id"));
+    }
+    const auto& o = client_.operations_;
+    poll_delay_ = seconds_ms(std::min(o.background_poll_initial_s, o.background_poll_interval_s));
+    if (timeout_) poll_deadline_ = std::chrono::steady_clock::now() + *timeout_ + 60s;
+    after(poll_delay_, [](Run& run) { run.poll_status(); });
+  }
+
+  void poll_status() {
+    auto self = shared_from_this();
+    auto request = to(endpoint_, "GET", "/command/status/" + sdk::http::url_encode(command_id()));
+    const auto& o = client_.operations_;
+    if (o.status_poll_timeout_s) {
+      request.timeout = seconds_ms(*o.status_poll_timeout_s);
+    } else if (client_.connection_.request_timeout_s) {
+      request.timeout = seconds_ms(*client_.connection_.request_timeout_s);
+    }
+    track(client_.http_.start(std::move(request),
+                              [self](sdk::http::Response* response, const sdk::Error* error) {
+                                self->on_status(response, error);
+                              }));
+  }
+
+  void on_status(const sdk::http::Response* response, const sdk::Error* error) {
+    if (ended_by_cancel()) return;
+    const std::string what = what_of("command status poll", sandbox_id_);
+    if (error || response->status >= 500) {
+      // A lost poll, a timed-out one or a server error: poll again, up to operations.retries
+      // times in a row.
+      if (++poll_failures_ <= client_.operations_.retries) {
+        client_.log_.warn(
+            what, " failed (", poll_failures_, "/", client_.operations_.retries,
+            "): ", error ? error->what() : "HTTP " + std::to_string(response->status));
+        return after(poll_delay_, [](Run& run) { run.poll_status(); });
+      }
+      return finish(nullptr, error ? *error : execd_error(*response, what));
+    }
+    poll_failures_ = 0;
+    if (response->status != 200) return finish(nullptr, execd_error(*response, what));
+    boost::system::error_code ec;
+    const json::value parsed = json::parse(response->body, ec);
+    const json::object* status = parsed.if_object();
+    const json::value* running = status ? status->if_contains("running") : nullptr;
+    if (!running || !running->is_bool()) {
+      return finish(nullptr, sdk::Error::internal("OpenSandbox status has no 'running' field (" +
+                                                  what + ")"));
+    }
+        // While running, execd may leave exit_code out; once finished it must be there (null when the
+    // command did not exit by itself).
+    const json::value* exit_code = status->if_contains("exit_code");
+    if (!exit_code && !running->get_bool()) {
+      return finish(nullptr, sdk::Error::internal("OpenSandbox status has no 'exit_code' field (" +
+                                                  what + ")"));
+    }
+    if (running->get_bool()) {
+      if (poll_deadline_ && std::chrono::steady_clock::now() >= *poll_deadline_) {
+        return finish(nullptr, sdk::Error::timeout(
+                                   "Timed out polling OpenSandbox background command; command " +
+                                   command_id() + " still running " +
+                                   std::to_string(timeout_->count() / 1000 + 60) +
+                                   " s after its submission (sandbox_id=" + sandbox_id_ + ")"));
+      }
+      poll_delay_ =
+          std::min(std::chrono::duration_cast<std::chrono::milliseconds>(poll_delay_ * 1.5),
+                   seconds_ms(client_.operations_.background_poll_interval_s));
+      return after(poll_delay_, [](Run& run) { run.poll_status(); });
+    }
+        if (exit_code->is_int64()) exit_code_ = exit_code->get_int64();
+    if (const auto* e = status->if_contains("error"); e && e->is_string()) {
+      status_error_ = std::string(e->get_string());
+    }
+    fetch_log();
+  }
+
+  // The command's combined stdout and stderr, as execd keeps it, to stdout.
+  void fetch_log() {
+    auto self = shared_from_this();
+    auto request =
+        to(endpoint_, "GET", "/command/" + sdk::http::url_encode(command_id()) + "/logs?cursor=0");
+    request.idle_timeout = seconds_ms(client_.operations_.stream_idle_timeout_s);
+    status_ = 0;
+    error_body_.clear();
+    request.on_headers = [self](long status, const sdk::http::Headers&) { self->status_ = status; };
+    request.on_body = [self](std::string_view bytes) {
+      if (self->status_ == 200) {
+        self->output_(sdk::StdStream::out, bytes);
+      } else if (self->error_body_.size() < 64 * 1024) {
+        self->error_body_.append(bytes);
+      }
+    };
+    track(client_.http_.start(
+        std::move(request),
+        [self](sdk::http::Response*, const sdk::Error* error) { self->on_log(error); }));
+  }
+
+  void on_log(const sdk::Error* error) {
+    if (ended_by_cancel()) return;
+    if (error) return finish(nullptr, *error);
+    if (status_ != 200) {
+      sdk::http::Response response;
+      response.status = status_;
+      response.body = error_body_;
+      return finish(nullptr, execd_error(response, what_of("command log", sandbox_id_)));
+    }
+    if (!status_error_.empty()) output_(sdk::StdStream::err, status_error_ + "\n");
+    const bool timed_out = timeout_ && std::chrono::steady_clock::now() - started_ >= *timeout_;
+    sdk::ExitStatus status = sdk::ExitStatus::exited(0);
+    if (exit_code_ && *exit_code_ >= 0 && *exit_code_ <= 255) {
+      status = sdk::ExitStatus::exited(static_cast<int32_t>(*exit_code_));
+    } else if (exit_code_ || !status_error_.empty()) {
+      // Killed (-1), or no exit code but an error: the timeout when it had passed.
+      status = timed_out ? sdk::ExitStatus::timed_out() : sdk::ExitStatus::sandbox_failure();
+    }
+    const CommandOutcome outcome{status, command_id()};
+    finish(&outcome, {});
+  }
+
+  // After a request of the background steps ended: true (and the run ended) if cancel() ran.
+  bool ended_by_cancel() {
+    bool cancelled;
+    {
+      std::lock_guard lock(mutex_);
+      call_ = {};
+      cancelled = cancelled_;
+    }
+    if (cancelled) finish(nullptr, sdk::Error::cancelled());
+    return cancelled;
   }
 
   void interrupt(const std::string& id) {
@@ -391,6 +549,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   const std::string sandbox_id_;
   const std::optional<std::chrono::milliseconds> timeout_;
   const std::chrono::milliseconds hard_cap_;
+  const bool background_;
   const std::string body_;
   const int submissions_;
   const OutputFn output_;
@@ -412,6 +571,13 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   EventStreamParser::Event last_;
   EventStreamParser parser_;
   std::chrono::steady_clock::time_point started_;
+
+  // Background mode's polling state: loop thread only.
+  std::chrono::milliseconds poll_delay_{0};
+  std::optional<std::chrono::steady_clock::time_point> poll_deadline_;
+  int64_t poll_failures_ = 0;
+  std::optional<int64_t> exit_code_;
+  std::string status_error_;
 
   std::optional<std::stop_callback<Canceller>> on_cancel_;  // last: deregistered first
 };

@@ -102,8 +102,10 @@ struct Fixture : ProcessesServer {
 
   // The debug log's request lines "sbx serve: <method> <target> (request": how many, and the
   // time of each (seconds of the day, from "[YYYY-MM-DD HH:MM:SS.mmm]").
-  std::vector<double> request_times(const std::string& method_and_target) const {
-    const std::string needle = "sbx serve: " + method_and_target + " (request";
+  // `prefix`: the target only starts with the one given.
+  std::vector<double> request_times(const std::string& method_and_target,
+                                    bool prefix = false) const {
+    const std::string needle = "sbx serve: " + method_and_target + (prefix ? "" : " (request");
     std::vector<double> times;
     std::istringstream lines(log_text());
     for (std::string line; std::getline(lines, line);) {
@@ -289,6 +291,50 @@ TEST_CASE("200 execs in flight at once hold no thread each") {
   CHECK(ok == kExecs);
   CHECK(most > 0);
   CHECK(most <= before + 1);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("background mode: submit, status polls with growing pauses, one log fetch") {
+  Fixture f("[]", json::object{{"operations", json::object{{"background_exec", true},
+                                                           {"background_poll_initial_s", 0.05},
+                                                           {"background_poll_interval_s", 0.2}}}});
+  auto box = f.create();
+  const auto r = box.exec("echo out; echo err >&2; sleep 1; exit 7");
+  CHECK(r.return_code == 7);
+  CHECK_FALSE(r.error_type);
+  // execd keeps one combined log: both lines come on stdout.
+  CHECK(r.stdout_text.find("out\n") != std::string::npos);
+  CHECK(r.stdout_text.find("err\n") != std::string::npos);
+  const std::string base = "/sandboxes/" + box.id() + "/proxy/44772/command";
+  CHECK(f.count("POST " + base) == 1);
+  const auto polls = f.request_times("GET " + base + "/status/", true);
+  // Pauses 0.05, 0.075, 0.1125, 0.17, then 0.2 s: at least 5 polls in 1 s, at most 1 s / 0.05.
+  CAPTURE(polls.size());
+  CHECK(polls.size() >= 5);
+  CHECK(polls.size() <= 20);
+  if (polls.size() >= 7) CHECK(polls[6] - polls[5] >= 0.15);  // capped at 0.2 s, not 0.05
+  CHECK(f.count_in_log("/logs?cursor=0 (request") == 1);
+
+  // The server's timeout ends it: 125/"timeout", found by the polls.
+  sbx::ExecOptions options;
+  options.timeout_s = 1;
+  const auto started = Clock::now();
+  const auto timed_out = box.exec("sleep 5", options);
+  MESSAGE("background timeout 1 s: ended after ", seconds_since(started), " s");
+  CHECK(timed_out.return_code == 125);
+  CHECK(timed_out.error_type == std::optional<std::string>("timeout"));
+  CHECK(seconds_since(started) < 4);
+
+  // Cancelled while it polls: the command is interrupted on the server.
+  auto op = box.exec_async("sleep 30");
+  std::this_thread::sleep_for(500ms);
+  op.cancel();
+  CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+  const auto deadline = Clock::now() + 5s;
+  while (f.count_in_log("DELETE " + base + "?id=") == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  CHECK(f.count_in_log("DELETE " + base + "?id=") == 1);
   box.close();
   CHECK(f.sandboxes_on_server() == 0);
 }
