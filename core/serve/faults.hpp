@@ -1,7 +1,7 @@
 // Fault injection for tests of OpenSandbox clients (docs/serve.md, "Fault injection"): a plan read
 // from the config file's `serve.faults` (never from a request or the environment) that makes
 // chosen routes answer an error status, reset the connection, wait before serving, or cut an
-// event stream after N events.
+// event stream (or a download) after N events (pieces).
 //
 //   "faults": [
 //     {"route": "POST /sandboxes", "actions": [{"status": 503}, {"status": 503}]},

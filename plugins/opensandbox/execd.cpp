@@ -4,7 +4,9 @@
 
 #include <boost/json.hpp>
 
+#include <strings.h>
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <condition_variable>
@@ -301,7 +303,10 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
                                          std::to_string(hard_cap_.count() / 1000) +
                                          "s; the command wedged (sandbox_id=" + sandbox_id_ + ")"));
       }
-      return finish(nullptr, *error);
+      // The transport's words, with what was running where.
+      return finish(nullptr, sdk::Error(error->status(),
+                                        what_of("command run", sandbox_id_) + ": " + error->what(),
+                                        error->details()));
     }
     if (status_ == 200) {
       return finish(nullptr, sdk::Error::unavailable(
@@ -431,7 +436,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       return finish(nullptr, sdk::Error::internal("OpenSandbox status has no 'running' field (" +
                                                   what + ")"));
     }
-        // While running, execd may leave exit_code out; once finished it must be there (null when the
+    // While running, execd may leave exit_code out; once finished it must be there (null when the
     // command did not exit by itself).
     const json::value* exit_code = status->if_contains("exit_code");
     if (!exit_code && !running->get_bool()) {
@@ -451,7 +456,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
                    seconds_ms(client_.operations_.background_poll_interval_s));
       return after(poll_delay_, [](Run& run) { run.poll_status(); });
     }
-        if (exit_code->is_int64()) exit_code_ = exit_code->get_int64();
+    if (exit_code->is_int64()) exit_code_ = exit_code->get_int64();
     if (const auto* e = status->if_contains("error"); e && e->is_string()) {
       status_error_ = std::string(e->get_string());
     }
@@ -658,27 +663,73 @@ void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandb
 void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
                            const std::string& path, sdk::ByteSink& sink,
                            const sdk::CancelToken& cancel) {
-  auto request = to(endpoint, "GET", "/files/download?path=" + sdk::http::url_encode(path));
-  request.idle_timeout = seconds_ms(operations_.stream_idle_timeout_s);
-  request.pull_body_limit = 256 * 1024;
-  auto status = std::make_shared<std::atomic<long>>(0);
-  request.on_headers = [status](long code, const sdk::http::Headers&) { status->store(code); };
-  sdk::http::Call call = http_.start(std::move(request));
-  std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
-  std::string chunk, error_body;
-  for (bool done = false; !done;) {
-    done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
-    if (chunk.empty()) continue;
-    if (status->load() == 200) {
-      sink.write(chunk);
-    } else if (error_body.size() < 64 * 1024) {
-      error_body += chunk;
+  const std::string what = what_of("download of " + path, sandbox_id);
+  uint64_t delivered = 0;         // bytes handed to the sink
+  std::optional<uint64_t> total;  // the file's size, from the first answer's Content-Length
+  for (int64_t resumes = 0;; ++resumes) {
+    auto request = to(endpoint, "GET", "/files/download?path=" + sdk::http::url_encode(path));
+    request.idle_timeout = seconds_ms(operations_.stream_idle_timeout_s);
+    request.pull_body_limit = 256 * 1024;
+    // A resume asks for the rest; the client checks the 206's Content-Range against it.
+    if (delivered > 0) request.range = sdk::http::ByteRange{delivered, std::nullopt, total};
+    struct Head {
+      std::atomic<long> status{0};
+      std::atomic<int64_t> length{-1};
+    };
+    auto head = std::make_shared<Head>();
+    request.on_headers = [head](long code, const sdk::http::Headers& headers) {
+      for (const auto& [name, value] : headers) {
+        if (name.size() == 14 && strncasecmp(name.c_str(), "content-length", 14) == 0) {
+          int64_t n = -1;
+          std::from_chars(value.data(), value.data() + value.size(), n);
+          head->length.store(n);
+        }
+      }
+      head->status.store(code);
+    };
+    sdk::http::Call call = http_.start(std::move(request));
+    std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
+    std::string chunk, error_body;
+    for (bool done = false; !done;) {
+      done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
+      if (chunk.empty()) continue;
+      const long status = head->status.load();
+      if (status == 200 || status == 206) {
+        if (!total && status == 200 && head->length.load() >= 0) {
+          total = static_cast<uint64_t>(head->length.load());
+        }
+        sink.write(chunk);
+        delivered += chunk.size();
+      } else if (error_body.size() < 64 * 1024) {
+        error_body += chunk;
+      }
     }
-  }
-  sdk::http::Response response = finish(call, cancel);
-  if (response.status != 200) {
-    response.body = std::move(error_body);
-    throw execd_error(response, what_of("download of " + path, sandbox_id));
+    sdk::http::Response response;
+    try {
+      response = finish(call, cancel);
+    } catch (const sdk::Error& e) {
+      // Cut mid-way (the connection lost, or silent past the idle timeout) after some of the
+      // file arrived: ask for the rest, up to operations.retries times. Never a cancellation.
+      const long status = head->status.load();
+      const bool cut = (status == 200 || status == 206) && delivered > 0 &&
+                       (e.status() == SBX_STATUS_UNAVAILABLE || e.status() == SBX_STATUS_TIMEOUT);
+      if (!cut || resumes >= operations_.retries) {
+        throw sdk::Error(e.status(), what + ": " + e.what(), e.details());
+      }
+      log_.warn(what, " was cut after ", delivered, " bytes (", e.what(), "); resuming there (",
+                resumes + 1, "/", operations_.retries, ")");
+      continue;
+    }
+    if (response.status != 200 && response.status != 206) {
+      response.body = std::move(error_body);
+      throw execd_error(response, what);
+    }
+    if (total && delivered != *total) {
+      throw sdk::Error::unavailable(what + ": " + std::to_string(delivered) + " of " +
+                                        std::to_string(*total) + " bytes arrived",
+                                    false);
+    }
+    return;
   }
 }
 

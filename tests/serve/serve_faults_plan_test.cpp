@@ -271,8 +271,8 @@ TEST_CASE("the plan's errors name the JSON path") {
   CHECK(plan_error(R"([{"route": "GET /health", "actions": [7]}])") ==
         "sbx.json: $.serve.faults[0].actions[0]: expected an action object, got number");
   CHECK(plan_error(R"([{"route": "GET /health", "actions": [{"cut_after_events": 2}]}])")
-            .starts_with("sbx.json: $.serve.faults[0].actions[0].cut_after_events: only an "
-                         "event-stream route"));
+            .starts_with("sbx.json: $.serve.faults[0].actions[0].cut_after_events: only a "
+                         "streamed route (POST /command, GET /files/download) can be cut"));
   CHECK(plan_error(R"([{"route": "POST /command", "actions": [{"cut_after_events": -2}]}])")
             .starts_with("sbx.json: $.serve.faults[0].actions[0].cut_after_events: must be"));
   // Windows.
