@@ -426,15 +426,72 @@ boost::json::object resource_map(const sdk::Resources& r) {
 
 namespace {
 
-const std::set<std::string> kOptionKeys = {"extensions", "image_auth",        "network_policy",
-                                           "platform",   "skip_health_check", "snapshot_id",
-                                           "volumes"};
+const std::set<std::string> kOptionKeys = {
+    "extensions",        "image_auth",        "network_policy", "platform",
+    "resource_requests", "skip_health_check", "snapshot_id",    "volumes"};
 
 std::string join(const std::set<std::string>& keys) {
   std::string out;
   for (const auto& key : keys)
     out += (out.empty() ? "" : ", ") + key;
   return out;
+}
+
+// A number, or a string holding one (the seed coerces with float() and int()); `integral` refuses
+// fractions.
+std::optional<double> resource_number(const boost::json::value& value, bool integral) {
+  double out = 0;
+  if (value.is_number()) {
+    out = value.to_number<double>();
+  } else if (value.is_string()) {
+    const std::string_view text = value.get_string();
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  if (!std::isfinite(out) || out < 0 || (integral && std::trunc(out) != out)) return std::nullopt;
+  return out;
+}
+
+// provider_options.resource_requests: SandboxResources' keys, validated as the seed's
+// SandboxResources.from_mapping (its unknown-keys message), formatted as resourceLimits are.
+sdk::Resources read_resource_requests(const boost::json::object& m) {
+  static const std::set<std::string> kKeys = {"cpu", "disk_gib", "gpu", "gpu_type", "memory_mib"};
+  std::set<std::string> unknown;
+  for (const auto& item : m) {
+    if (!kKeys.contains(std::string(item.key()))) unknown.insert(std::string(item.key()));
+  }
+  if (!unknown.empty()) {
+    throw sdk::Error::invalid_argument("Unknown sandbox resource keys: " + join(unknown) +
+                                       ". Expected keys: " + join(kKeys));
+  }
+  sdk::Resources r;
+  for (const auto& item : m) {
+    const std::string key(item.key());
+    const auto& value = item.value();
+    if (value.is_null()) continue;
+    if (key == "gpu_type") {
+      if (!value.is_string()) {
+        throw sdk::Error::invalid_argument(
+            "provider_options.resource_requests.gpu_type must be a "
+            "string");
+      }
+      r.gpu_type = std::string(value.get_string());
+      continue;
+    }
+    const auto number = resource_number(value, key != "cpu");
+    if (!number) {
+      throw sdk::Error::invalid_argument("Invalid sandbox resource " + key + ": " +
+                                         boost::json::serialize(value) +
+                                         " (provider_options.resource_requests)");
+    }
+    if (key == "cpu") r.cpu = *number;
+    if (key == "memory_mib") r.memory_mib = static_cast<int64_t>(*number);
+    if (key == "disk_gib") r.disk_gib = static_cast<int64_t>(*number);
+    if (key == "gpu") r.gpu = static_cast<int64_t>(*number);
+  }
+  return r;
 }
 
 const boost::json::object& mapping(const boost::json::value& value, std::string_view key) {
@@ -575,6 +632,8 @@ SandboxOptions SandboxOptions::parse(const boost::json::object& options) {
       out.image_auth = mapping(value, key);
     } else if (key == "network_policy") {
       out.network_policy = mapping(value, key);
+    } else if (key == "resource_requests") {
+      out.resource_requests = read_resource_requests(mapping(value, key));
     } else if (key == "platform") {
       out.platform = read_platform(mapping(value, key));
     } else if (key == "snapshot_id") {

@@ -151,7 +151,8 @@ boost::json::object resource_map(const sdk::Resources& resources);
 struct SandboxOptions {
   std::optional<boost::json::object> image_auth;  // {username, password}; a secret
   std::optional<boost::json::object> network_policy;
-  std::optional<boost::json::object> platform;  // {os, arch}
+  std::optional<sdk::Resources> resource_requests;  // sent as resourceRequests
+  std::optional<boost::json::object> platform;      // {os, arch}
   std::optional<std::string> snapshot_id;
   boost::json::array volumes;
   std::optional<bool> skip_health_check;

@@ -127,6 +127,9 @@ json::object create_request(const Config& config, const sdk::Spec& spec,
   if (entrypoint.empty()) throw sdk::Error::invalid_argument("spec.entrypoint must not be empty");
   body["entrypoint"] = std::move(entrypoint);
   body["resourceLimits"] = resource_map(spec.resources);
+  if (options.resource_requests) {
+    body["resourceRequests"] = resource_map(*options.resource_requests);
+  }
   if (spec.ttl) body["timeout"] = ttl_seconds(*spec.ttl);
   json::object env;
   for (const auto& [k, v] : spec.env)

@@ -186,7 +186,7 @@ TEST_CASE("image pull policy: both extension keys, user values kept") {
 TEST_CASE("provider_options: unknown keys, platform and volumes") {
   CHECK(message_of([] { os::SandboxOptions::parse(obj(R"({"zeta": 1, "alpha": 2})")); }) ==
         "Unknown OpenSandbox provider option(s): alpha, zeta. Supported: extensions, image_auth, "
-        "network_policy, platform, skip_health_check, snapshot_id, volumes");
+        "network_policy, platform, resource_requests, skip_health_check, snapshot_id, volumes");
   CHECK(message_of([] { os::SandboxOptions::parse(obj(R"({"skip_health_check": "true"})")); }) ==
         "provider_options.skip_health_check must be a boolean, got string");
   CHECK(message_of([] { os::SandboxOptions::parse(obj(R"({"platform": "linux"})")); }) ==
@@ -253,6 +253,36 @@ TEST_CASE("create request: image, entrypoint, resources, TTL, metadata, extensio
   none.provider_options["snapshot_id"] = "snap-1";
   CHECK(os::create_request(config, none, {}).at("snapshotId") == "snap-1");
   CHECK(!os::create_request(config, none, {}).contains("image"));
+}
+
+TEST_CASE("create request: resource_requests as the seed's example, validated as resources") {
+  auto config = parse("{}");
+  sbx::sdk::Spec spec;
+  spec.image = "busybox";
+  spec.resources.cpu = 1;
+  spec.resources.memory_mib = 8192;
+  spec.resources.disk_gib = 30;
+  spec.provider_options["resource_requests"] =
+      obj(R"({"cpu": "0.5", "memory_mib": 2048, "disk_gib": "30"})");
+  const auto body = os::create_request(config, spec, {});
+  CHECK(json::serialize(body.at("resourceLimits")) ==
+        R"({"cpu":"1","memory":"8192Mi","ephemeral-storage":"30Gi"})");
+  CHECK(json::serialize(body.at("resourceRequests")) ==
+        R"({"cpu":"0.5","memory":"2048Mi","ephemeral-storage":"30Gi"})");
+  CHECK(message_of([] { os::SandboxOptions::parse(obj(R"({"resource_requests": 2})")); }) ==
+        "provider_options.resource_requests must be a mapping, got number");
+  CHECK(message_of([] {
+          os::SandboxOptions::parse(obj(R"({"resource_requests": {"cpus": 1, "ram": 2}})"));
+        }) ==
+        "Unknown sandbox resource keys: cpus, ram. Expected keys: cpu, disk_gib, gpu, "
+        "gpu_type, memory_mib");
+  CHECK(message_of([] {
+          os::SandboxOptions::parse(obj(R"({"resource_requests": {"memory_mib": "4096.5"}})"));
+        }) ==
+        "Invalid sandbox resource memory_mib: \"4096.5\" (provider_options.resource_requests)");
+  sbx::sdk::Spec plain;
+  plain.image = "busybox";
+  CHECK(!os::create_request(config, plain, {}).contains("resourceRequests"));
 }
 
 TEST_CASE("TTL: whole seconds, rounded up, at least the server's 60 s") {
