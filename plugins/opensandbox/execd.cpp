@@ -337,13 +337,14 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       attempt = attempt_;
     }
     if (attempt >= submissions_) {
-      return finish(nullptr,
-                    sdk::Error::unavailable(
-                        "Sandbox backend unreachable through " + std::to_string(submissions_) +
-                            " submissions of 'command run' (proxy 502: no TCP connection "
-                            "to execd); the sandbox is likely dead; sandbox_id=" +
-                            sandbox_id_,
-                        false));
+      return finish(
+          nullptr,
+          sdk::Error(SBX_STATUS_UNAVAILABLE,
+                     "Sandbox backend unreachable through " + std::to_string(submissions_) +
+                         " submissions of 'command run' (proxy 502: no TCP connection "
+                         "to execd); the sandbox is likely dead; sandbox_id=" +
+                         sandbox_id_,
+                     sdk::ErrorDetails{.retryable = false, .http_status = 502}));
     }
     const auto delay =
         std::min<std::chrono::milliseconds>(250ms * (1 << std::min(attempt - 1, 4)), 2s);

@@ -197,16 +197,47 @@ std::string LifecycleClient::state(const std::string& id, std::chrono::milliseco
   if (response.status != 200) {
     throw_answer(response, "OpenSandbox get sandbox " + id);
   }
+  return parse_sandbox_status(response.body, "OpenSandbox get sandbox " + id).state;
+}
+
+void LifecycleClient::status_async(
+    const std::string& id, std::chrono::milliseconds timeout,
+    std::function<void(const SandboxStatusInfo*, const sdk::Error*)> done) {
+  sdk::http::Request request;
+  request.target = "/sandboxes/" + sdk::http::url_encode(id);
+  request.timeout = timeout;
+  http_.start(std::move(request),
+              [id, done = std::move(done)](sdk::http::Response* response, const sdk::Error* error) {
+                if (error) return done(nullptr, error);
+                try {
+                  if (response->status != 200)
+                    throw_answer(*response, "OpenSandbox get sandbox " + id);
+                  const SandboxStatusInfo status =
+                      parse_sandbox_status(response->body, "OpenSandbox get sandbox " + id);
+                  done(&status, nullptr);
+                } catch (const sdk::Error& e) {
+                  done(nullptr, &e);
+                }
+              });
+}
+
+SandboxStatusInfo parse_sandbox_status(const std::string& body, const std::string& what) {
   boost::system::error_code ec;
-  const auto answer = json::parse(response.body, ec);
+  const auto answer = json::parse(body, ec);
   if (ec || !answer.is_object()) {
-    throw sdk::Error::internal("OpenSandbox get sandbox " + id +
-                               ": the answer is not a JSON object");
+    throw sdk::Error::internal(what + ": the answer is not a JSON object");
   }
+  SandboxStatusInfo out;
   const auto* status = answer.get_object().if_contains("status");
-  if (!status || !status->is_object()) return {};
-  const auto* state = status->get_object().if_contains("state");
-  return state && state->is_string() ? std::string(state->get_string()) : std::string();
+  if (!status || !status->is_object()) return out;
+  const auto text = [&](const char* key) {
+    const auto* v = status->get_object().if_contains(key);
+    return v && v->is_string() ? std::string(v->get_string()) : std::string();
+  };
+  out.state = text("state");
+  out.reason = text("reason");
+  out.message = text("message");
+  return out;
 }
 
 void LifecycleClient::remove(const std::string& id, std::chrono::milliseconds timeout,

@@ -14,6 +14,7 @@
 
 #include <boost/json/object.hpp>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,17 @@ struct ExecdEndpoint {
   sdk::http::Headers headers;
 };
 
+// A sandbox's status as GET /sandboxes/{id} answers it ("" for what is absent).
+struct SandboxStatusInfo {
+  std::string state;
+  std::string reason;
+  std::string message;
+};
+
+// Reads the status object of a GET /sandboxes/{id} answer body; INTERNAL when the body is not a
+// JSON object. `what` names the request in that error.
+SandboxStatusInfo parse_sandbox_status(const std::string& body, const std::string& what);
+
 class LifecycleClient {
  public:
   explicit LifecycleClient(const ConnectionConfig& connection);
@@ -63,6 +75,14 @@ class LifecycleClient {
   // GET /sandboxes/{id} → status.state ("" when absent). NOT_FOUND for 404.
   std::string state(const std::string& id, std::chrono::milliseconds timeout,
                     const sdk::CancelToken& cancel);
+  // GET /sandboxes/{id} without a thread waiting: `done` runs once on the client's loop thread (or
+  // on the calling thread when the client is closing) with the status, or with the error.
+  void status_async(const std::string& id, std::chrono::milliseconds timeout,
+                    std::function<void(const SandboxStatusInfo*, const sdk::Error*)> done);
+  // Runs `fn` on the client's loop thread after `delay` (sdk::http::Client::after).
+  void after(std::chrono::milliseconds delay, std::function<void()> fn) {
+    http_.after(delay, std::move(fn));
+  }
   // DELETE /sandboxes/{id}; a sandbox already gone (404) is success.
   void remove(const std::string& id, std::chrono::milliseconds timeout,
               const sdk::CancelToken& cancel);

@@ -1,5 +1,7 @@
 #include "provider.hpp"
 
+#include "diagnosis.hpp"
+
 #include <sbx/abi/ext/connect.h>
 #include <sbx/sdk/retry.hpp>
 
@@ -333,12 +335,16 @@ void OpenSandboxProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   execd_.start(
       box.execd(), box.id(), command,
       [out](sdk::StdStream stream, std::string_view text) { out->write(stream, text); },
-      [completion](const CommandOutcome* outcome, const sdk::Error* error) {
-        if (outcome) {
-          completion->succeed(outcome->status);
-        } else {
-          completion->fail(*error);
-        }
+      [this, completion, id = box.id()](const CommandOutcome* outcome, const sdk::Error* error) {
+        if (outcome) return completion->succeed(outcome->status);
+        if (!is_backend_502(*error)) return completion->fail(*error);
+        // The sandbox may have died of memory: its status says so for a few seconds.
+        diagnose_after_502(lifecycle_, id, *error, [this, completion](const sdk::Error& e) {
+          if (std::string_view(e.what()).starts_with("Sandbox was OOM-killed")) {
+            log_.warn(e.what());
+          }
+          completion->fail(e);
+        });
       },
       cancel);
 }

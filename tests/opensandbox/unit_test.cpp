@@ -3,6 +3,7 @@
 // policy extensions, TTL rounding, the state mapping, the event stream parser and the retry
 // classification of create failures.
 #include "config.hpp"
+#include "diagnosis.hpp"
 #include "execd.hpp"
 #include "lifecycle.hpp"
 #include "provider.hpp"
@@ -417,4 +418,35 @@ TEST_CASE("RFC 3339 times for renew") {
         std::optional<int64_t>(1'796'081'279'680));
   CHECK(!os::parse_rfc3339("yesterday"));
   CHECK(!os::parse_rfc3339("2026-12-01T01:00:00"));
+}
+
+TEST_CASE("post-502 diagnosis: an OOM kill in the status's reason or message, any spelling") {
+  const auto oom = os::oom_error({"Failed", "FAILED", "container OOMKilled (exit 137)"}, "sb-1");
+  REQUIRE(oom);
+  CHECK(oom->status() == SBX_STATUS_UNAVAILABLE);
+  CHECK_FALSE(oom->retryable());
+  CHECK(std::string(oom->what()) ==
+        "Sandbox was OOM-killed. OpenSandbox status: state='Failed', reason='FAILED', "
+        "message='container OOMKilled (exit 137)'; sandbox_id=sb-1");
+  CHECK(os::oom_error({"Failed", "OOM_Killed", ""}, "s"));
+  CHECK(os::oom_error({"Failed", "", "Out Of Memory: killed process 12"}, "s"));
+  CHECK(os::oom_error({"Failed", "oom-killed", ""}, "s"));
+  CHECK_FALSE(os::oom_error({"Failed", "FAILED", "exit code 1"}, "s"));
+  CHECK_FALSE(os::oom_error({"Running", "CONTAINER_RUNNING", "zoomkilled"}, "s"));
+  const std::string long_message(900, 'm');
+  const auto cut = os::oom_error({"Failed", "OOMKilled", long_message}, "s");
+  REQUIRE(cut);
+  CHECK(std::string(cut->what()).size() < 800);  // the message is cut to 500 characters
+
+  CHECK(os::is_backend_502(sbx::sdk::Error(SBX_STATUS_UNAVAILABLE, "x", {.http_status = 502})));
+  CHECK_FALSE(os::is_backend_502(sbx::sdk::Error::unavailable("x")));
+
+  const auto status = os::parse_sandbox_status(
+      R"({"id":"a","status":{"state":"Failed","reason":"OOMKilled","message":"m"}})", "get");
+  CHECK(status.state == "Failed");
+  CHECK(status.reason == "OOMKilled");
+  CHECK(status.message == "m");
+  CHECK(os::parse_sandbox_status(R"({"id":"a"})", "get").state.empty());
+  CHECK(message_of([] { os::parse_sandbox_status("nope", "OpenSandbox get sandbox a"); }) ==
+        "OpenSandbox get sandbox a: the answer is not a JSON object");
 }
