@@ -22,14 +22,16 @@ struct Diagnosis : std::enable_shared_from_this<Diagnosis> {
   std::string sandbox_id;
   sdk::Error original;
   std::function<void(const sdk::Error&)> done;
+  sdk::CancelToken cancel;
   Clock::time_point deadline;
 
   Diagnosis(LifecycleClient& l, std::string id, sdk::Error e,
-            std::function<void(const sdk::Error&)> d, Clock::time_point until)
+            std::function<void(const sdk::Error&)> d, sdk::CancelToken c, Clock::time_point until)
       : lifecycle(l),
         sandbox_id(std::move(id)),
         original(std::move(e)),
         done(std::move(d)),
+        cancel(std::move(c)),
         deadline(until) {}
 
   std::chrono::milliseconds left() const {
@@ -46,6 +48,7 @@ struct Diagnosis : std::enable_shared_from_this<Diagnosis> {
   }
 
   void on_status(const SandboxStatusInfo* status) {
+    if (cancel.stop_requested()) return done(sdk::Error::cancelled());
     if (!status) return done(original);  // the read failed: nothing more to learn
     if (auto oom = oom_error(*status, sandbox_id)) return done(*oom);
     const std::string state = status->state;
@@ -75,9 +78,9 @@ std::optional<sdk::Error> oom_error(const SandboxStatusInfo& status,
 
 void diagnose_after_502(LifecycleClient& lifecycle, const std::string& sandbox_id,
                         sdk::Error original, std::function<void(const sdk::Error&)> done,
-                        std::chrono::milliseconds budget) {
+                        sdk::CancelToken cancel, std::chrono::milliseconds budget) {
   std::make_shared<Diagnosis>(lifecycle, sandbox_id, std::move(original), std::move(done),
-                              Clock::now() + budget)
+                              std::move(cancel), Clock::now() + budget)
       ->read();
 }
 

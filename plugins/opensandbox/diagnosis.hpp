@@ -6,6 +6,7 @@
 
 #include "lifecycle.hpp"
 
+#include <sbx/sdk/cancel.hpp>
 #include <sbx/sdk/error.hpp>
 #include <sbx/sdk/log.hpp>
 
@@ -28,8 +29,10 @@ std::optional<sdk::Error> oom_error(const SandboxStatusInfo& status, const std::
 // 0.5 s apart) and calls `done` once, on the lifecycle loop or the calling thread: with the OOM
 // error when a read says so, else with `original` (also when a read fails, or the status shows a
 // stopped or failed sandbox with a message that is not about memory).
+// A cancellation through `cancel` ends it with CANCELLED at the next read's end (at most 2 s).
 void diagnose_after_502(LifecycleClient& lifecycle, const std::string& sandbox_id,
                         sdk::Error original, std::function<void(const sdk::Error&)> done,
+                        sdk::CancelToken cancel,
                         std::chrono::milliseconds budget = std::chrono::seconds(5));
 
 }  // namespace sbx::opensandbox

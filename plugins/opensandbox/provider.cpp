@@ -335,16 +335,20 @@ void OpenSandboxProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   execd_.start(
       box.execd(), box.id(), command,
       [out](sdk::StdStream stream, std::string_view text) { out->write(stream, text); },
-      [this, completion, id = box.id()](const CommandOutcome* outcome, const sdk::Error* error) {
+      [this, completion, id = box.id(), cancel](const CommandOutcome* outcome,
+                                                const sdk::Error* error) {
         if (outcome) return completion->succeed(outcome->status);
-        if (!is_backend_502(*error)) return completion->fail(*error);
+        if (!is_backend_502(*error) || cancel.stop_requested()) return completion->fail(*error);
         // The sandbox may have died of memory: its status says so for a few seconds.
-        diagnose_after_502(lifecycle_, id, *error, [this, completion](const sdk::Error& e) {
-          if (std::string_view(e.what()).starts_with("Sandbox was OOM-killed")) {
-            log_.warn(e.what());
-          }
-          completion->fail(e);
-        });
+        diagnose_after_502(
+            lifecycle_, id, *error,
+            [this, completion](const sdk::Error& e) {
+              if (std::string_view(e.what()).starts_with("Sandbox was OOM-killed")) {
+                log_.warn(e.what());
+              }
+              completion->fail(e);
+            },
+            cancel);
       },
       cancel);
 }
