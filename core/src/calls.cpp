@@ -36,7 +36,9 @@ constexpr size_t kShards = 16;
 class CallTable {
  public:
   void* enroll(std::shared_ptr<CallCtx> ctx) {
-    const uint64_t serial = ctx->op->generation()->serial;
+    const auto& generation = ctx->op->generation();
+    const uint64_t serial = generation->serial;
+    generation->operations.fetch_add(1, std::memory_order_relaxed);
     const uint64_t seq = next_.fetch_add(1, std::memory_order_relaxed) & kSeqMask;
     const uint64_t token = (serial << kSeqBits) | seq;
     Shard& shard = shard_of(token);
@@ -54,7 +56,10 @@ class CallTable {
       if (auto it = shard.calls.find(token); it != shard.calls.end()) {
         if (it->second->kind == kind) {
           std::shared_ptr<CallCtx> ctx = take ? std::move(it->second) : it->second;
-          if (take) shard.calls.erase(it);
+          if (take) {
+            shard.calls.erase(it);
+            ctx->op->generation()->operations.fetch_sub(1, std::memory_order_relaxed);
+          }
           return ctx;
         }
         other_kind = it->second->kind;

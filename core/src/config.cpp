@@ -63,6 +63,22 @@ ProviderBlock read_block(base::json::ObjectReader& r, const std::string& name,
     block.config = std::move(copy.get_object());
   }
   block.default_metadata = r.string_map("default_metadata").value_or(StringMap{});
+  if (auto canary = r.object("canary")) {
+    Canary c;
+    if (const auto* spec = canary->value("spec"); spec && !spec->is_null()) {
+      if (!spec->is_object()) canary->fail("spec", "must be an object (a sandbox spec)");
+      try {
+        c.spec = SandboxSpec::from_json(*spec);
+      } catch (const Error& e) {
+        throw ConfigError(std::string(source) + ": " + canary->path_of("spec") + ": " + e.what());
+      }
+    }
+    c.command = canary->string("command", c.command);
+    if (c.command.empty()) canary->fail("command", "must not be empty");
+    c.timeout_s = canary->number("timeout_s", 0, 86400, true).value_or(c.timeout_s);
+    canary->finish();
+    block.canary = std::move(c);
+  }
   r.finish();
   return block;
 }

@@ -8,10 +8,13 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <map>
 #include <random>
@@ -86,16 +89,40 @@ struct Catalog {
 
 }  // namespace
 
+// Where a provider name's current generation came from: the plugin file (before any copy), its
+// identity then, and the block it was made from. What a reload compares against.
+struct Origin {
+  fs::path source;
+  detail::FileIdentity identity;
+  ProviderBlock block;
+};
+
+// A generation just made, with its origin.
+struct Made {
+  std::shared_ptr<detail::Generation> generation;
+  Origin origin;
+};
+
 struct Host::Impl {
-  Options options;
+  Options options;  // options.config is the config the host started with
   StringMap labels;
   detail::ProbeSettings probe;
 
-  std::mutex mutex;  // guards the two members below; never held while plugin code runs
+  std::mutex reload_mutex;  // one reload at a time; held while plugin code runs (not `mutex`)
+  std::mutex mutex;         // guards the members below; never held while plugin code runs
+  std::shared_ptr<const Config> config;  // the config in force (replaced by a reload)
   std::optional<std::shared_future<std::shared_ptr<const Catalog>>> catalog;
   std::map<std::string, std::shared_future<std::shared_ptr<detail::Generation>>, std::less<>>
       providers;
+  std::map<std::string, Origin, std::less<>> origins;   // of the names in `providers` that loaded
+  std::vector<std::weak_ptr<detail::Generation>> made;  // every generation made, for generations()
 
+  std::shared_ptr<const Config> current_config() {
+    std::lock_guard lock(mutex);
+    return config;
+  }
+
+  // plugin_path is the start's: a reload refuses to change it.
   std::vector<fs::path> dirs() const {
     std::vector<fs::path> out = options.plugin_dirs;
     for (const auto& p : options.config.plugin_path)
@@ -212,9 +239,9 @@ struct Host::Impl {
     return *ranked.front().second;
   }
 
-  std::vector<std::string> available_names(const Catalog& c) const {
+  std::vector<std::string> available_names(const Catalog& c, const Config& config) const {
     std::set<std::string> names;
-    for (const auto& [name, block] : options.config.providers)
+    for (const auto& [name, block] : config.providers)
       names.insert(name);
     for (const auto& f : c.files) {
       for (const auto& kind : f.info.providers)
@@ -236,11 +263,13 @@ struct Host::Impl {
     return detail::PluginLibrary::load(probed.info.path);
   }
 
-  std::shared_ptr<detail::Generation> create(const ProviderBlock& block) {
+  // The plugin file a block names and the provider id in it: the file given, or the file of the
+  // catalog that offers the id first in search order.
+  std::pair<Catalog::File, std::string> resolve(const ProviderBlock& block,
+                                                const Catalog* catalog) {
     auto [file, id] = detail::split_plugin_ref(block.plugin);
-    std::shared_ptr<detail::PluginLibrary> lib;
     if (!file.empty()) {
-      const Catalog::File probed = examine(canonical_or_same(file));
+      Catalog::File probed = examine(canonical_or_same(file));
       if (!probed.info.ok()) throw PluginLoadError(probed.info.error);
       if (id.empty()) {
         if (probed.info.providers.size() != 1) {
@@ -250,34 +279,89 @@ struct Host::Impl {
         }
         id = probed.info.providers[0].id;
       }
-      lib = load(probed);
-    } else {
-      const auto catalog = get_catalog();
-      const auto candidates = offering(*catalog, id);
-      if (candidates.empty()) {
-        throw ConfigError("provider '" + block.name + "': no plugin offers provider id '" + id +
-                          "' (searched: " + dirs_text() + ")");
-      }
-      lib = load(first_in_search_order(candidates, block.name, id));
+      return {std::move(probed), id};
     }
+    std::shared_ptr<const Catalog> scanned;
+    if (!catalog) {
+      scanned = get_catalog();
+      catalog = scanned.get();
+    }
+    const auto candidates = offering(*catalog, id);
+    if (candidates.empty()) {
+      throw ConfigError("provider '" + block.name + "': no plugin offers provider id '" + id +
+                        "' (searched: " + dirs_text() + ")");
+    }
+    return {first_in_search_order(candidates, block.name, id), id};
+  }
+
+  // Loads a fresh image of `source`: a copy under a name of its own (dlopen hands back the image
+  // already loaded for a path, so a file replaced on disk would otherwise come back as the old
+  // code), read by the probe first (a corrupt or foreign file is refused without being loaded
+  // here), loaded, then unlinked (the mapping stays; nothing is left on disk).
+  std::shared_ptr<detail::PluginLibrary> load_copy(const fs::path& source) const {
+    const fs::path pattern = fs::temp_directory_path() / (source.stem().string() + "-XXXXXX.so");
+    std::string name = pattern.string();
+    const int fd = ::mkstemps(name.data(), 3);
+    if (fd < 0)
+      throw PluginLoadError(source.string() +
+                            ": cannot make a copy to load: " + std::strerror(errno));
+    ::close(fd);
+    const fs::path copy = name;
+    struct Unlink {
+      fs::path path;
+      ~Unlink() {
+        std::error_code ec;
+        fs::remove(path, ec);
+      }
+    } unlink{copy};
+    std::error_code ec;
+    fs::copy_file(source, copy, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw PluginLoadError(source.string() + ": cannot copy it to load: " + ec.message());
+    std::string why;
+    const auto identity = detail::identity_of(copy, &why);
+    if (!identity) throw PluginLoadError(source.string() + ": cannot read its copy: " + why);
+    detail::ProbeSettings uncached = probe;
+    uncached.cache_file.clear();  // a copy is read once: nothing to cache
+    PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
+    if (!info.ok()) {
+      // Name the file the operator replaced, not the copy.
+      std::string error = info.error;
+      if (const auto at = error.find(copy.string()); at != std::string::npos) {
+        error.replace(at, copy.string().size(), source.string());
+      }
+      throw PluginLoadError(error);
+    }
+    return detail::PluginLibrary::load(copy);
+  }
+
+  // A generation for `block`. `reuse`: the library of the name's current generation, when the
+  // plugin file has not changed; otherwise the file is loaded by its path (`fresh`: from a copy).
+  Made create(const ProviderBlock& block, const Catalog* catalog = nullptr, bool fresh = false,
+              std::shared_ptr<detail::PluginLibrary> reuse = {}) {
+    auto [probed, id] = resolve(block, catalog);
+    std::shared_ptr<detail::PluginLibrary> lib = reuse;
+    if (!lib) lib = fresh ? load_copy(probed.info.path) : load(probed);
     const sbx_provider_factory* factory = lib->factory(id);
     if (!factory) {
-      throw ConfigError("provider '" + block.name + "': " + lib->path().string() +
+      throw ConfigError("provider '" + block.name + "': " + probed.info.path.string() +
                         " does not offer provider id '" + id + "'");
     }
-    return detail::make_generation(lib, *factory, block, labels, options.deadlines);
+    Made made{detail::make_generation(lib, *factory, block, labels, options.deadlines),
+              Origin{probed.info.path, probed.identity, block}};
+    made.generation->source_path = probed.info.path.string();
+    return made;
   }
 
   // The block behind a provider name: a configured one, or a provider id with its default config.
   ProviderBlock block_for(std::string_view name) {
-    if (auto it = options.config.providers.find(std::string(name));
-        it != options.config.providers.end()) {
+    const auto config = current_config();
+    if (auto it = config->providers.find(std::string(name)); it != config->providers.end()) {
       return it->second;
     }
     const auto catalog = get_catalog();
     if (name.empty() || offering(*catalog, name).empty()) {
       std::string available;
-      for (const auto& n : available_names(*catalog))
+      for (const auto& n : available_names(*catalog, *config))
         available += (available.empty() ? "" : ", ") + n;
       // A plugin file that did not load may be the one meant: say which and why.
       std::string broken;
@@ -314,6 +398,7 @@ Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
     detail::require_utf8(v, "the value of label " + k);
   }
   impl_->options = std::move(options);
+  impl_->config = std::make_shared<const Config>(impl_->options.config);
   impl_->labels = impl_->options.config.labels;
   for (const auto& [k, v] : impl_->options.labels)
     impl_->labels[k] = v;
@@ -334,8 +419,8 @@ Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
 
 Host::~Host() = default;
 
-const Config& Host::config() const {
-  return impl_->options.config;
+Config Host::config() const {
+  return *impl_->current_config();
 }
 const StringMap& Host::labels() const {
   return impl_->labels;
@@ -353,13 +438,14 @@ std::vector<PluginInfo> Host::plugins() {
 
 std::vector<ProviderInfo> Host::providers() {
   const auto catalog = impl_->get_catalog();
+  const auto config = impl_->current_config();
   std::vector<ProviderInfo> out;
-  for (const auto& [name, block] : impl_->options.config.providers) {
+  for (const auto& [name, block] : config->providers) {
     out.push_back({name, block.plugin, true});
   }
   for (const auto& f : catalog->files) {
     for (const auto& kind : f.info.providers) {
-      if (!impl_->options.config.providers.count(kind.id)) {
+      if (!config->providers.count(kind.id)) {
         out.push_back({kind.id, f.info.path.string() + "#" + kind.id, false});
       }
     }
@@ -384,7 +470,13 @@ Provider Host::provider(std::string_view name) {
   impl_->providers.emplace(std::string(name), promise.get_future().share());
   lock.unlock();
   try {
-    auto generation = impl_->create(impl_->block_for(name));
+    Made made = impl_->create(impl_->block_for(name));
+    auto generation = made.generation;
+    {
+      std::lock_guard record(impl_->mutex);
+      impl_->origins.insert_or_assign(std::string(name), std::move(made.origin));
+      impl_->made.push_back(generation);
+    }
     promise.set_value(generation);
     return Provider(generation);
   } catch (...) {
@@ -396,7 +488,8 @@ Provider Host::provider(std::string_view name) {
 }
 
 Provider Host::default_provider() {
-  const Config& c = impl_->options.config;
+  const auto current = impl_->current_config();
+  const Config& c = *current;
   if (c.default_provider) return provider(*c.default_provider);
   if (c.providers.size() == 1) return provider(c.providers.begin()->first);
   if (c.providers.empty() && !Impl::offering(*impl_->get_catalog(), kDefaultProviderId).empty()) {
@@ -408,6 +501,187 @@ Provider Host::default_provider() {
   throw InvalidArgumentError(
       "no provider named: name one (configured: " + (names.empty() ? "none" : names) +
       "), or set \"default_provider\" in the config");
+}
+
+// ---- Reload ------------------------------------------------------------------------------------
+
+namespace {
+
+std::string list_text(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names)
+    out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+// The canary of a new generation: create, run the command, close. Throws what failed, saying at
+// which step.
+void run_canary(const std::shared_ptr<detail::Generation>& generation, const Canary& canary) {
+  Provider provider(generation);
+  Sandbox box;
+  try {
+    box = provider.create(canary.spec);
+  } catch (const Error& e) {
+    throw_error(Error(e.status(), std::string("canary create: ") + e.what()));
+  }
+  ExecOptions options;
+  options.timeout_s = canary.timeout_s;
+  ExecResult result;
+  try {
+    result = box.exec(canary.command, options);
+  } catch (const Error& e) {
+    throw_error(Error(e.status(), std::string("canary exec: ") + e.what()));
+  }
+  try {
+    box.close();
+  } catch (const Error& e) {
+    throw_error(Error(e.status(), std::string("canary close: ") + e.what()));
+  }
+  if (result.return_code != 0) {
+    std::string detail = result.stderr_text.substr(0, 300);
+    while (!detail.empty() && (detail.back() == '\n' || detail.back() == '\r'))
+      detail.pop_back();
+    throw InternalError("canary exec: '" + canary.command + "' exited " +
+                        std::to_string(result.return_code) +
+                        (result.error_type ? " (" + *result.error_type + ")" : std::string()) +
+                        (detail.empty() ? std::string() : ": " + detail));
+  }
+}
+
+}  // namespace
+
+ReloadReport Host::reload(Config next) {
+  std::lock_guard one_at_a_time(impl_->reload_mutex);
+  const auto current = impl_->current_config();
+  const auto refuse = [](const std::string& why) -> void {
+    throw ReloadError("reload refused, nothing changed: " + why);
+  };
+  // What the host reads only at start.
+  if (next.plugin_path != current->plugin_path) {
+    refuse("plugin_path changed; it applies at the next start");
+  }
+  if (next.labels != current->labels) refuse("labels changed; they apply at the next start");
+  if (next.deadlines.has_value() != current->deadlines.has_value()) {
+    refuse("deadlines changed; they apply at the next start");
+  }
+
+  // Plugin files may have been replaced, added or removed since the last scan.
+  const auto catalog = impl_->scan();
+  std::map<std::string, Origin, std::less<>> origins;
+  std::map<std::string, std::shared_ptr<detail::Generation>, std::less<>> loaded;
+  {
+    std::lock_guard lock(impl_->mutex);
+    origins = impl_->origins;
+    for (const auto& [name, future] : impl_->providers) {
+      if (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      try {
+        loaded[name] = future.get();
+      } catch (...) {  // a failed first load: nothing to compare against
+      }
+    }
+  }
+
+  ReloadReport report;
+  std::vector<Made> built;
+  for (const auto& [name, block] : next.providers) {
+    const auto before = current->providers.find(name);
+    const auto origin = origins.find(name);
+    const auto generation = loaded.find(name);
+    const bool is_loaded = origin != origins.end() && generation != loaded.end();
+    // The file the block names now, and whether it is the one the current generation runs.
+    bool same_file = false;
+    std::string step = "load";
+    try {
+      if (is_loaded) {
+        auto [probed, id] = impl_->resolve(block, catalog.get());
+        same_file =
+            probed.info.path == origin->second.source && probed.identity == origin->second.identity;
+      }
+      const bool same_block = before != current->providers.end() &&
+                              before->second.same_provider(block) && is_loaded &&
+                              origin->second.block.same_provider(block);
+      if (before == current->providers.end()) {
+        report.added.push_back(name);
+      } else if (same_block && same_file) {
+        report.unchanged.push_back(name);
+        continue;
+      } else if (!is_loaded && before->second.same_provider(block)) {
+        report.unchanged.push_back(name);  // never loaded: the next use loads it as configured
+        continue;
+      } else {
+        report.changed.push_back(name);
+      }
+      Made made = impl_->create(block, catalog.get(), /*fresh=*/true,
+                                same_file ? generation->second->library : nullptr);
+      step = "canary";
+      if (block.canary) run_canary(made.generation, *block.canary);
+      built.push_back(std::move(made));
+    } catch (const Error& e) {
+      // The new generations made so far are dropped here, unused: their libraries unload.
+      refuse("provider '" + name + "' (" + block.plugin + "): " + step + ": " + e.what());
+    } catch (const std::exception& e) {
+      refuse("provider '" + name + "' (" + block.plugin + "): " + step + ": " + e.what());
+    }
+  }
+  for (const auto& [name, block] : current->providers) {
+    if (!next.providers.count(name)) report.removed.push_back(name);
+  }
+
+  // All built: put them in service at once.
+  {
+    std::lock_guard lock(impl_->mutex);
+    for (Made& made : built) {
+      std::promise<std::shared_ptr<detail::Generation>> ready;
+      ready.set_value(made.generation);
+      impl_->providers.insert_or_assign(made.generation->name, ready.get_future().share());
+      impl_->origins.insert_or_assign(made.generation->name, std::move(made.origin));
+      impl_->made.push_back(made.generation);
+    }
+    for (const auto& name : report.removed) {
+      if (auto it = impl_->providers.find(name); it != impl_->providers.end()) {
+        impl_->providers.erase(it);
+      }
+      if (auto it = impl_->origins.find(name); it != impl_->origins.end()) {
+        impl_->origins.erase(it);
+      }
+    }
+    std::promise<std::shared_ptr<const Catalog>> scanned;
+    scanned.set_value(catalog);
+    impl_->catalog = scanned.get_future().share();
+    impl_->config = std::make_shared<const Config>(std::move(next));
+  }
+  detail::logger()->info("reload: added {}; changed {}; removed {}; unchanged {}",
+                         list_text(report.added), list_text(report.changed),
+                         list_text(report.removed), list_text(report.unchanged));
+  return report;
+}
+
+std::vector<GenerationInfo> Host::generations() {
+  std::vector<GenerationInfo> out;
+  std::lock_guard lock(impl_->mutex);
+  std::erase_if(impl_->made, [](const auto& weak) { return weak.expired(); });
+  for (const auto& weak : impl_->made) {
+    const auto generation = weak.lock();
+    if (!generation) continue;
+    GenerationInfo info;
+    info.name = generation->name;
+    info.serial = generation->serial;
+    info.provider_id = generation->provider_id;
+    info.plugin_file = generation->source_path;
+    info.plugin_version = generation->library->plugin().version;
+    info.sandboxes = generation->sandboxes.load(std::memory_order_relaxed);
+    info.operations = generation->operations.load(std::memory_order_relaxed);
+    if (auto it = impl_->providers.find(generation->name);
+        it != impl_->providers.end() &&
+        it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      try {
+        info.current = it->second.get() == generation;
+      } catch (...) {
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 }  // namespace sbx

@@ -112,11 +112,16 @@ struct Generation {
   sbx_provider* provider = nullptr;
   std::string name;
   std::string provider_id;
-  std::string plugin_path;
+  std::string plugin_path;  // the file loaded (a copy after a reload: unlinked once loaded)
+  std::string source_path;  // the plugin file it came from
   StringMap default_metadata;
   StringMap labels;
   Deadlines deadlines;
   uint64_t serial = 0;  // names this generation in reports about callback tokens (calls.cpp)
+  // For Host::generations(): sandboxes of this generation the host holds (SandboxState), and
+  // operations started on it that the plugin has not completed (calls.cpp).
+  std::atomic<int64_t> sandboxes{0};
+  std::atomic<int64_t> operations{0};
 
   ~Generation() {
     if (provider) provider->destroy(provider);
@@ -146,8 +151,13 @@ struct SandboxState {
   std::vector<int64_t> ports;
   std::atomic<bool> closed{false};
 
+  SandboxState(std::shared_ptr<Generation> of, sbx_sandbox* sandbox)
+      : generation(std::move(of)), handle(sandbox) {
+    generation->sandboxes.fetch_add(1, std::memory_order_relaxed);
+  }
   ~SandboxState() {
     if (handle) generation->provider->release_sandbox(generation->provider, handle);
+    generation->sandboxes.fetch_sub(1, std::memory_order_relaxed);
   }
 };
 

@@ -13,7 +13,8 @@
 //       "docker": {
 //         "plugin": "local_docker",                 // provider id, or "path/x.so[#id]"
 //         "config": {"exec": {"default_timeout_s": 60}},
-//         "default_metadata": {"team": "infra"}
+//         "default_metadata": {"team": "infra"},
+//         "canary": {"spec": {"image": "x"}, "command": "true"}  // optional: checked on reload
 //       }
 //     }
 //   }
@@ -39,6 +40,14 @@
 
 namespace sbx {
 
+// A check a new generation of a provider must pass before a reload puts it in service
+// (Host::reload): create a sandbox from `spec`, run `command` (exit 0 within `timeout_s`), close.
+struct Canary {
+  SandboxSpec spec;
+  std::string command = "true";
+  double timeout_s = 60;
+};
+
 struct ProviderBlock {
   std::string name;
   // A provider id, or a plugin file path (relative: to the config file's directory) with an
@@ -49,6 +58,15 @@ struct ProviderBlock {
   // Where `config` sits, e.g. "sbx.json: $.providers.a.config", so that a plugin's complaint about
   // "$.root" reads "sbx.json: $.providers.a.config.root". Empty for a block made from a bare id.
   std::string config_path;
+  // "canary": {"spec": {...}, "command": "true", "timeout_s": 60}; only reloads run it.
+  std::optional<Canary> canary;
+
+  // Whether a provider made from `other` would be the same one (plugin, config, default
+  // metadata; the canary and the config path are not part of the provider).
+  bool same_provider(const ProviderBlock& other) const {
+    return plugin == other.plugin && config == other.config &&
+           default_metadata == other.default_metadata;
+  }
 };
 
 // The `serve` section: settings of `sbx serve` (docs/serve.md, docs/config.md). Every field is

@@ -94,6 +94,9 @@ SBX_DEFINE_ERROR(CreateVerificationError, CreateError, SBX_STATUS_CREATE_VERIFIC
 SBX_DEFINE_ERROR(ConfigError, InvalidArgumentError, SBX_STATUS_INVALID_ARGUMENT)
 // A plugin file the host refuses (not a plugin, corrupt, other ABI major, failed init).
 SBX_DEFINE_ERROR(PluginLoadError, FailedPreconditionError, SBX_STATUS_FAILED_PRECONDITION)
+// A reload the host refused as a whole (Host::reload): the message names the provider block, the
+// step that failed (load, config, init, canary) and why; nothing was changed.
+SBX_DEFINE_ERROR(ReloadError, FailedPreconditionError, SBX_STATUS_FAILED_PRECONDITION)
 
 #undef SBX_DEFINE_ERROR
 

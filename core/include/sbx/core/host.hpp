@@ -49,6 +49,26 @@ struct PluginInfo {
   bool ok() const { return error.empty(); }
 };
 
+// What a reload did, by provider block name.
+struct ReloadReport {
+  std::vector<std::string> added;      // new blocks: a generation made and in service
+  std::vector<std::string> changed;    // a new generation in service; the old one drains
+  std::vector<std::string> removed;    // no longer served by name; their sandboxes drain
+  std::vector<std::string> unchanged;  // kept as they were
+};
+
+// One provider generation: a provider instance and the plugin image it runs on.
+struct GenerationInfo {
+  std::string name;         // the provider block's name
+  uint64_t serial = 0;      // unique in this process
+  std::string provider_id;  // e.g. "local_docker"
+  std::string plugin_file;  // the plugin file it was loaded from (before any copy)
+  std::string plugin_version;
+  bool current = false;    // Host::provider(name) hands out this one
+  int64_t sandboxes = 0;   // sandboxes of it this process holds
+  int64_t operations = 0;  // operations started on it that the plugin has not completed
+};
+
 struct ProviderInfo {
   std::string name;         // block name, or the provider id for unconfigured providers
   std::string plugin;       // as configured
@@ -79,7 +99,8 @@ class Host {
   Host(const Host&) = delete;
   Host& operator=(const Host&) = delete;
 
-  const Config& config() const;
+  // The config in force: the one given at start, or the last one a reload put in service.
+  Config config() const;
 
   // Every plugin file found, usable or not, as a probe process read it (none is loaded here).
   std::vector<PluginInfo> plugins();
@@ -95,6 +116,23 @@ class Host {
   // blocks) the project's default provider id, local_docker, when a plugin offers it.
   Provider default_provider();
   static constexpr const char* kDefaultProviderId = "local_docker";
+
+  // Puts `next` in service, all or nothing (docs/hot-swap.md). Blocks added, and blocks whose
+  // plugin, config or default metadata changed, or whose plugin file changed on disk (a replaced
+  // file, or another file now first in search order), each get a new generation: loaded from a
+  // copy of the file under a name of its own (so a replaced file is really loaded again), checked
+  // by the probe, initialised, configured, then put through the block's canary when it has one.
+  // Only when every one of them is ready are they put in service together: from then on
+  // provider(name) hands out the new generation, while every Sandbox and Provider handed out
+  // before keeps working on the generation that made it; an old generation's library is unloaded
+  // after its last sandbox and operation are gone. Removed blocks stop being served by name.
+  // Throws ReloadError ("reload refused, nothing changed: provider 'x' (plugin): load|canary:
+  // why") when any step fails: the old generations stay in service and nothing changed. Refuses
+  // changes to plugin_path, labels and deadlines (read at start). One reload runs at a time.
+  ReloadReport reload(Config next);
+
+  // Every generation this host made that is still alive: the current ones and those draining.
+  std::vector<GenerationInfo> generations();
 
   // The labels every sandbox gets: sbx.run (this process's run id), sbx.host, plus configured ones.
   const StringMap& labels() const;
