@@ -9,10 +9,13 @@
 //      sides alternate (which goes first too) for R rounds; medians.
 //                                          target: python / plugin >= 10x CPU per exec
 //   2. threads with 1,000 execs in flight (plugin only, in a child process): E sandboxes (created
-//      2 at a time), then K execs started at once with Sandbox::exec_async (`echo started; sleep
-//      H`, K/E per sandbox); /proc/self/task is counted every 50 ms while they run. An exec is in
-//      flight from its first output line to its completion; the figure is the most threads seen
-//      while all K were in flight at once.                              target: <= 8 threads
+//      2 at a time), then K execs started at once with Sandbox::exec_async, K/E per sandbox, each
+//      printing a line and then sleeping until one common moment, H s after the submission (an
+//      exec that starts later ends at once); /proc/self/task is counted every 50 ms while they
+//      run. An exec is in flight from its first output line to its completion; the figure is the
+//      most threads seen while all K were in flight at once.           target: <= 8 threads
+//      H must exceed the time the server needs to start K execs: about 45 s for 1,000 on a
+//      2-core machine, so H is 90 s (--hold).
 //
 // Usage: opensandbox_vs_python [--quick] [--check] [--image IMAGE] [--sandboxes S] [--execs N]
 //          [--rounds R] [--exec-sandboxes E] [--in-flight K] [--hold H] [--python PATH]
@@ -42,6 +45,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -72,7 +76,7 @@ struct Options {
   int rounds = 3;           // R
   int exec_sandboxes = 10;  // E
   int in_flight = 1000;     // K
-  double hold_s = 10;       // H: how long each of the K execs sleeps
+  double hold_s = 90;       // H: the K execs end H s after their submission
   std::string python;       // empty: the build tree's venv
   // Set in the child processes the benchmark starts: "plugin" (part 1) or "threads" (part 2),
   // with the plugin's host config file.
@@ -127,7 +131,6 @@ Options parse_args(int argc, char** argv) {
   if (o.quick) {
     o.execs = std::min(o.execs, 20);
     o.rounds = std::min(o.rounds, 1);
-    o.hold_s = std::min(o.hold_s, 5.0);
   }
   if (o.sandboxes < 1 || o.execs < 1 || o.rounds < 1 || o.exec_sandboxes < 1 ||
       o.in_flight < o.exec_sandboxes || o.hold_s <= 0)
@@ -166,7 +169,7 @@ int thread_count() {
   return n;
 }
 
-// A number of seconds as `sleep` takes it ("10", "2.5").
+// A number of seconds as text, without trailing zeros ("90", "2.5").
 std::string seconds_text(double s) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", s);
@@ -296,7 +299,13 @@ json::object threads_workload(const Options& o, const sbx::Provider& provider) {
     std::atomic<int> completed{0};  // execs whose operation completed (however)
   };
   const auto flight = std::make_shared<Flight>(o.in_flight);
-  const std::string command = "echo started; sleep " + seconds_text(o.hold_s);
+  // The moment every exec ends (the containers share this machine's clock).
+  const auto release = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count() +
+                       static_cast<long>(std::ceil(o.hold_s));
+  const std::string command = "echo started; t=$((" + std::to_string(release) +
+                              " - $(date +%s))); if [ $t -gt 0 ]; then sleep $t; fi";
   std::vector<sbx::Operation<sbx::ExecResult>> ops;
   const auto start = Clock::now();
   for (int i = 0; i < o.in_flight; ++i) {
@@ -669,7 +678,7 @@ int run_benchmark(const Options& o, const fs::path& self) {
   std::printf("%s; Python side: %s\n", versions().c_str(), python.c_str());
   std::printf(
       "image %s; 1: S=%d sandboxes x N=%d 'echo hi', R=%d round(s); 2: E=%d sandboxes, "
-      "K=%d execs of 'echo started; sleep %g'%s\n",
+      "K=%d execs (a line, then sleep until submission + %g s)%s\n",
       o.image.c_str(), o.sandboxes, o.execs, o.rounds, o.exec_sandboxes, o.in_flight, o.hold_s,
       o.quick ? " (--quick)" : "");
   std::fflush(stdout);
