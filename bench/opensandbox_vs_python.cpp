@@ -51,11 +51,13 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -171,6 +173,25 @@ int thread_count() {
     if (entry->d_name[0] != '.') ++n;
   closedir(dir);
   return n;
+}
+
+// This process's threads by name (/proc/self/task/*/comm): "name xCOUNT, ..." (most first), to
+// say which threads there are.
+std::string thread_names() {
+  std::map<std::string, int> names;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::string name;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    ++names[name];
+  }
+  std::vector<std::pair<int, std::string>> by_count;
+  for (const auto& [name, count] : names)
+    by_count.emplace_back(count, name);
+  std::sort(by_count.rbegin(), by_count.rend());
+  std::string text;
+  for (const auto& [count, name] : by_count)
+    text += (text.empty() ? "" : ", ") + name + " x" + std::to_string(count);
+  return text;
 }
 
 // A number of seconds as text, without trailing zeros ("90", "2.5").
@@ -295,6 +316,7 @@ json::object plugin_workload(const Options& o, const sbx::Provider& provider) {
 json::object threads_workload(const Options& o, const sbx::Provider& provider) {
   std::vector<sbx::Sandbox> boxes = create_sandboxes(provider, bench_spec(o), o.exec_sandboxes, 2);
   const int idle_threads = thread_count();
+  const std::string idle_names = thread_names();
 
   // What the continuations and output callbacks (plugin threads) count; shared with them, so
   // it outlives any callback even if this function leaves early.
@@ -327,12 +349,16 @@ json::object threads_workload(const Options& o, const sbx::Provider& provider) {
 
   int max_threads = 0, max_threads_all = -1, peak_in_flight = 0, samples_all = 0;
   double all_started_ms = -1;
+  std::string max_names;  // the threads by name at the first sample with the most
   const auto deadline = start + std::chrono::seconds(1200);
   while (flight->completed < o.in_flight && Clock::now() < deadline) {
     const int threads = thread_count();
     const int started = flight->started;  // read before `completed`: never over-counts
     const int completed = flight->completed;
-    max_threads = std::max(max_threads, threads);
+    if (threads > max_threads) {
+      max_threads = threads;
+      max_names = thread_names();
+    }
     peak_in_flight = std::max(peak_in_flight, started - completed);
     if (started == o.in_flight && all_started_ms < 0) all_started_ms = ms_since(start);
     if (started == o.in_flight && completed == 0) {  // all K in flight at this moment
@@ -370,6 +396,8 @@ json::object threads_workload(const Options& o, const sbx::Provider& provider) {
   json::object result;
   result["side"] = "threads";
   result["idle_threads"] = idle_threads;
+  result["idle_thread_names"] = idle_names;
+  result["max_thread_names"] = max_names;
   result["max_threads"] = max_threads;
   result["max_threads_all_in_flight"] = max_threads_all;
   result["samples_all_in_flight"] = samples_all;
@@ -652,6 +680,10 @@ bool report_threads(const Options& o, const json::object& t) {
                 number(t, "peak_in_flight"));
   std::printf("   max threads while any was running: %.0f; after all completed: %.0f\n",
               number(t, "max_threads"), number(t, "threads_after"));
+  std::printf("   threads by name, idle: %s\n",
+              std::string(t.at("idle_thread_names").as_string()).c_str());
+  std::printf("   threads by name, at the most: %s\n",
+              std::string(t.at("max_thread_names").as_string()).c_str());
   const double all_started_s = number(t, "all_started_ms") / 1000;
   std::printf("   submitting took %.0f ms; ", number(t, "submit_ms"));
   if (all_started_s >= 0)
