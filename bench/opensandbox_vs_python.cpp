@@ -290,7 +290,8 @@ json::object plugin_workload(const Options& o, const sbx::Provider& provider) {
           const sbx::ExecResult r = boxes[b].exec("echo hi");
           if (r.return_code != 0 || r.stdout_text != "hi\n")
             errors[b] = "echo hi in " + boxes[b].id() + ": exit code " +
-                        std::to_string(r.return_code) + ", stdout '" + r.stdout_text + "'";
+                        std::to_string(r.return_code) + " " + r.error_type.value_or("") +
+                        ", stdout '" + r.stdout_text + "', stderr '" + r.stderr_text + "'";
         }
       } catch (const std::exception& e) {
         errors[b] = e.what();
