@@ -643,8 +643,11 @@ bool report_cpu(const Options& o, const std::vector<Round>& rounds) {
   const double python_per_exec = med(false, "cpu_ms") / execs;
   const double ratio = python_per_exec / plugin_per_exec;
   const bool ok = ratio >= 10;
-  std::printf("\n1. client CPU, medians of %zu round(s)  %10s %10s %9s\n", rounds.size(), "plugin",
-              "python", "py/plugin");
+  std::printf("\n1. client CPU (Python side: Python %s, opensandbox %s)\n",
+              std::string(rounds[0].python.at("python").as_string()).c_str(),
+              std::string(rounds[0].python.at("sdk").as_string()).c_str());
+  std::printf("medians of %zu round(s)%21s %10s %10s %9s\n", rounds.size(), "", "plugin", "python",
+              "py/plugin");
   print_figure("CPU per exec, whole workload (ms)", plugin_per_exec, python_per_exec,
                ok ? "target >= 10x: PASS" : "target >= 10x: FAIL");
   print_figure("  of which user (ms)", med(true, "user_cpu_ms") / execs,
@@ -739,6 +742,11 @@ int run_benchmark(const Options& o, const fs::path& self) {
   ServeChild server(sbx, dir / "serve.json", dir / "serve.log");
   std::ofstream(dir / "cpu.json") << plugin_config(server.port(), 100);
   std::ofstream(dir / "threads.json") << plugin_config(server.port(), o.in_flight + 16);
+  std::printf(
+      "sbx serve on 127.0.0.1:%d (sbx.run=%s), local_docker exec.concurrency %d; plugin: "
+      "direct mode, no key, no probe, create.retries 0, max_connections 100 (part 2: %d)\n",
+      server.port(), server.run_label().c_str(), concurrency, o.in_flight + 16);
+  std::fflush(stdout);
 
   std::vector<Round> rounds;
   std::optional<json::object> threads;
