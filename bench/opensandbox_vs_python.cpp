@@ -433,11 +433,19 @@ int child_main(const Options& o) {
 
 // ---- In the benchmark process -------------------------------------------------------------------
 
+// Set by SIGINT or SIGTERM: the running child is stopped and the benchmark unwinds (stopping the
+// server, which closes what the child left).
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int) {
+  g_interrupted = 1;
+}
+
 // Runs `argv` (stderr shared with this process), returns the JSON object of the last line of its
 // stdout that is one. Throws with the child's own message when it reports {"error"}, exits
 // non-zero or outlives `timeout_s` (then it is killed; the server's stop closes what it left).
 json::object run_child(const std::string& what, const std::vector<std::string>& argv,
                        double timeout_s) {
+  if (g_interrupted) throw std::runtime_error(what + ": interrupted");
   int out[2];
   if (pipe(out) != 0) throw std::runtime_error("pipe failed");
   const pid_t pid = fork();
@@ -467,8 +475,8 @@ json::object run_child(const std::string& what, const std::vector<std::string>& 
       if (n <= 0) break;
       text.append(buf, static_cast<size_t>(n));
     }
-    if (!killed && Clock::now() > deadline) {
-      kill(pid, SIGKILL);
+    if (!killed && (g_interrupted || Clock::now() > deadline)) {
+      kill(pid, g_interrupted ? SIGTERM : SIGKILL);
       killed = true;
     }
   }
@@ -476,6 +484,7 @@ json::object run_child(const std::string& what, const std::vector<std::string>& 
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (killed && g_interrupted) throw std::runtime_error(what + ": interrupted");
   if (killed) throw std::runtime_error(what + ": killed after " + std::to_string(timeout_s) + " s");
   std::optional<json::object> result;
   for (size_t at = 0; at < text.size();) {
@@ -704,6 +713,10 @@ bool report_threads(const Options& o, const json::object& t) {
 
 int run_benchmark(const Options& o, const fs::path& self) {
   raise_file_limit();
+  struct sigaction action {};
+  action.sa_handler = on_signal;  // no SA_RESTART: poll() in run_child returns at once
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   const fs::path sbx = self.parent_path() / "sbx";
   if (access(sbx.c_str(), X_OK) != 0) throw std::runtime_error(sbx.string() + " is not built");
   const fs::path python = python_interpreter(o);

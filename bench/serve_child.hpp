@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +33,8 @@ class ServeChild {
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
+      // Should the benchmark die without stopping it, the server gets SIGTERM all the same.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
       dup2(out[1], 1);
       dup2(err, 2);
       execl(sbx.c_str(), sbx.c_str(), "serve", "--config", config.c_str(), "--provider",
