@@ -553,23 +553,18 @@ struct Round {
 // Part 1: R rounds of both sides on the same server, alternating which goes first.
 std::vector<Round> measure_cpu(const Options& o, const fs::path& self, const fs::path& python,
                                const fs::path& plugin_config, int port) {
-  const std::vector<std::string> plugin_argv = {self.string(),
-                                                "--child",
-                                                "plugin",
-                                                "--config",
-                                                plugin_config.string(),
-                                                "--image",
-                                                o.image,
-                                                "--sandboxes",
-                                                std::to_string(o.sandboxes),
-                                                "--execs",
-                                                std::to_string(o.execs)};
-  const std::vector<std::string> python_argv = {
-      python.string(), SBX_BENCH_PYTHON_WORKLOAD,
-      "--domain",      "127.0.0.1:" + std::to_string(port),
-      "--image",       o.image,
-      "--sandboxes",   std::to_string(o.sandboxes),
-      "--execs",       std::to_string(o.execs)};
+  // The same workload arguments on both sides.
+  const std::vector<std::string> workload = {"--image",     o.image,
+                                             "--sandboxes", std::to_string(o.sandboxes),
+                                             "--execs",     std::to_string(o.execs)};
+  auto with_workload = [&](std::vector<std::string> argv) {
+    argv.insert(argv.end(), workload.begin(), workload.end());
+    return argv;
+  };
+  const auto plugin_argv =
+      with_workload({self.string(), "--child", "plugin", "--config", plugin_config.string()});
+  const auto python_argv = with_workload({python.string(), SBX_BENCH_PYTHON_WORKLOAD, "--domain",
+                                          "127.0.0.1:" + std::to_string(port)});
   const double timeout_s = 300 + 5.0 * o.execs;
   std::vector<Round> rounds;
   for (int r = 0; r < o.rounds; ++r) {
