@@ -17,6 +17,7 @@
 #include <sbx/sbx.hpp>
 
 #include "bench_util.hpp"
+#include "serve_child.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -41,8 +42,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -64,6 +65,7 @@ using sbx::bench::Clock;
 using sbx::bench::median;
 using sbx::bench::ms_since;
 using sbx::bench::percentile;
+using sbx::bench::ServeChild;
 using sbx::bench::throughput;
 
 struct Options {
@@ -137,64 +139,6 @@ void raise_file_limit() {
     setrlimit(RLIMIT_NOFILE, &limit);
   }
 }
-
-// ---- sbx serve, as a child process
-// ---------------------------------------------------------------
-
-class ServeChild {
- public:
-  ServeChild(const fs::path& sbx, const fs::path& config, const fs::path& log) {
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) die("pipe failed");
-    const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (err < 0) die("cannot open " + log.string());
-    pid_ = fork();
-    if (pid_ < 0) die("fork failed");
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      dup2(err, 2);
-      execl(sbx.c_str(), sbx.c_str(), "serve", "--config", config.c_str(), "--provider", "docker",
-            "--listen", "127.0.0.1:0", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    close(err);
-    stdout_fd_ = out[0];
-    std::string line;
-    char c = 0;
-    while (read(stdout_fd_, &c, 1) == 1 && c != '\n')
-      line.push_back(c);
-    const auto at = line.find("127.0.0.1:");
-    if (at == std::string::npos) {
-      stop();
-      die("sbx serve did not start: '" + line + "' (its log: " + log.string() + ")");
-    }
-    port_ = std::stoi(line.substr(at + 10));
-  }
-  ~ServeChild() { stop(); }
-  ServeChild(const ServeChild&) = delete;
-  ServeChild& operator=(const ServeChild&) = delete;
-
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-
-  // SIGTERM (a graceful stop: the server closes what it created) and its exit status.
-  int stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
-    close(stdout_fd_);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  int port_ = 0;
-};
 
 // A field of /proc/PID/status as a number: "VmRSS" (KiB), "Threads".
 double proc_status(pid_t pid, const std::string& field) {
