@@ -626,5 +626,12 @@ class TestProcessesProvider final : public sdk::Provider,
 }  // namespace
 }  // namespace sbx::test_processes
 
-SBX_PLUGIN("test_processes", "0.1.0", "Test-only provider: sandboxes as host processes",
+// The version string: tests/core/reload_test.cpp builds a second copy with another one, to see a
+// replaced plugin file really loaded again.
+#ifndef SBX_TEST_PROCESSES_VERSION
+#define SBX_TEST_PROCESSES_VERSION "0.1.0"
+#endif
+
+SBX_PLUGIN("test_processes", SBX_TEST_PROCESSES_VERSION,
+           "Test-only provider: sandboxes as host processes",
            sbx::sdk::factory<sbx::test_processes::TestProcessesProvider>())
