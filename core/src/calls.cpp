@@ -156,7 +156,10 @@ class DeadlineTimer {
     {
       std::lock_guard lock(mutex_);
       const Key key{at, next_key_++};
-      earliest = queue_.empty() || key < queue_.begin()->first;
+      // The thread only needs waking when this is due before it wakes anyway. An operation that
+      // ends leaves the thread's plan as it was (a wake-up for nothing, later), so a stream of
+      // short operations, each due later than the last, costs no wake-up each.
+      earliest = at < wakeup_at_;
       queue_.emplace(key, std::move(entry));
       keys_[id].push_back(key);
       if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -179,13 +182,15 @@ class DeadlineTimer {
   void run() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      if (queue_.empty()) {
-        wake_.wait(lock);
-        continue;
-      }
-      const Clock::time_point next = queue_.begin()->first.first;
-      if (Clock::now() < next) {
-        wake_.wait_until(lock, next);
+      const auto now = Clock::now();
+      if (wakeup_at_ <= now) wakeup_at_ = Clock::time_point::max();  // that plan is done
+      if (!queue_.empty()) wakeup_at_ = std::min(wakeup_at_, queue_.begin()->first.first);
+      if (queue_.empty() || now < queue_.begin()->first.first) {
+        if (wakeup_at_ == Clock::time_point::max()) {
+          wake_.wait(lock);
+        } else {
+          wake_.wait_until(lock, wakeup_at_);
+        }
         continue;
       }
       auto node = queue_.extract(queue_.begin());
@@ -228,6 +233,8 @@ class DeadlineTimer {
 
   std::mutex mutex_;
   std::condition_variable wake_;
+  // When the thread wakes next (max: only when notified); schedule() notifies for earlier ones.
+  Clock::time_point wakeup_at_ = Clock::time_point::max();
   std::map<Key, Entry> queue_;
   std::unordered_map<uint64_t, std::vector<Key>> keys_;  // by operation timer id
   uint64_t next_key_ = 0;

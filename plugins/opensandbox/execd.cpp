@@ -48,10 +48,6 @@ sdk::http::Request to(const ExecdEndpoint& endpoint, std::string method, std::st
   return request;
 }
 
-// The marker thrown from the body callback once the terminal event is in: the rest of the stream
-// (execd holds it open about a second more) is not waited for.
-constexpr std::string_view kStreamDone = "opensandbox: event stream complete";
-
 }  // namespace
 
 std::string shell_quote(std::string_view word) {
@@ -248,7 +244,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     return json::serialize(body);
   }
 
-  // Loop thread. Throws kStreamDone once the terminal event is in.
+  // Loop thread.
   void on_body(std::string_view bytes) {
     if (status_ != 200) {
       if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
@@ -271,7 +267,17 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     });
     for (const auto& [stream, text] : lines)
       output_(stream, text);
-    if (terminal_) throw sdk::Error::cancelled(std::string(kStreamDone));
+    if (terminal_) {
+      // The rest of the stream (execd holds it open about a second more) is not waited for: the
+      // transfer is ended, and on_finished() reads the terminal event. (Not by throwing from here,
+      // which costs an unwind per command.)
+      sdk::http::Call call;
+      {
+        std::lock_guard lock(mutex_);
+        call = call_;
+      }
+      call.cancel();
+    }
   }
 
   // Loop thread: one submission ended, with `error` or a response.
