@@ -1,6 +1,7 @@
 // sbx serve: an OpenSandbox-compatible server over one provider (core/serve, docs/serve.md).
 // SIGINT/SIGTERM stop it gracefully: no new connection, running commands given --grace to finish,
-// the sandboxes it created closed within --grace, exit 0.
+// the sandboxes it created closed within --grace, exit 0. SIGHUP (or POST /admin/reload, or
+// `sbx reload`) reloads the config and replaced plugin files (docs/hot-swap.md).
 
 #include "commands.hpp"
 #include "shared.hpp"
@@ -9,10 +10,16 @@
 #include <faults.hpp>
 #include <server.hpp>
 
-#include <spdlog/spdlog.h>
+#include <sbx/core/errors.hpp>
 
+#include <spdlog/spdlog.h>
+#include <boost/json.hpp>
+
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -125,6 +132,80 @@ int serve(ServeFields& f, const Global& g) {
       "true";  // every sandbox it creates: `sbx reap --label sbx.serve`
   sbx::Host host(std::move(host_options));
   sbx::Provider provider = f.provider.pick(host);
+
+  // Hot swap (docs/hot-swap.md): new sandboxes come from the host's current generation of the
+  // served block; a reload re-reads the config file (or, without one, the config in force) and
+  // checks replaced plugin files.
+  const std::string served = provider.name();
+  struct ReloadLog {
+    std::mutex mutex;
+    int64_t reloads = 0;
+    int64_t refused = 0;
+    boost::json::object last;
+  };
+  auto reload_log = std::make_shared<ReloadLog>();
+  options.admin = sbx::serve::Options::Admin{
+      .provider = [&host, served] { return host.provider(served); },
+      .reload =
+          [&host, config, served, reload_log] {
+            const auto started = std::chrono::system_clock::now();
+            auto note = [&](boost::json::object outcome) {
+              outcome["at_unix_ms"] =
+                  std::chrono::duration_cast<std::chrono::milliseconds>(started.time_since_epoch())
+                      .count();
+              std::lock_guard lock(reload_log->mutex);
+              ++(outcome.at("ok").as_bool() ? reload_log->reloads : reload_log->refused);
+              reload_log->last = std::move(outcome);
+            };
+            try {
+              sbx::Config next = config ? sbx::Config::load(*config) : host.config();
+              const sbx::Config now = host.config();
+              if (now.providers.count(served) && !next.providers.count(served)) {
+                throw sbx::ReloadError("reload refused, nothing changed: provider '" + served +
+                                       "' is the one this server serves; it cannot be removed");
+              }
+              const sbx::ReloadReport report = host.reload(std::move(next));
+              auto names = [](const std::vector<std::string>& v) {
+                boost::json::array out;
+                for (const auto& n : v)
+                  out.emplace_back(n);
+                return out;
+              };
+              boost::json::object body{{"ok", true},
+                                       {"added", names(report.added)},
+                                       {"changed", names(report.changed)},
+                                       {"removed", names(report.removed)},
+                                       {"unchanged", names(report.unchanged)}};
+              note(body);
+              return body;
+            } catch (const std::exception& e) {
+              note(boost::json::object{{"ok", false}, {"error", e.what()}});
+              throw;
+            }
+          },
+      .providers =
+          [&host, served, reload_log] {
+            boost::json::array generations;
+            for (const sbx::GenerationInfo& g : host.generations()) {
+              generations.push_back(boost::json::object{{"name", g.name},
+                                                        {"generation", g.serial},
+                                                        {"provider_id", g.provider_id},
+                                                        {"plugin_file", g.plugin_file},
+                                                        {"plugin_version", g.plugin_version},
+                                                        {"current", g.current},
+                                                        {"sandboxes", g.sandboxes},
+                                                        {"operations", g.operations}});
+            }
+            std::lock_guard lock(reload_log->mutex);
+            return boost::json::object{
+                {"served", served},
+                {"generations", std::move(generations)},
+                {"reloads", reload_log->reloads},
+                {"reloads_refused", reload_log->refused},
+                {"last_reload", reload_log->last.empty() ? boost::json::value(nullptr)
+                                                         : boost::json::value(reload_log->last)}};
+          },
+  };
 
   std::optional<sbx::serve::Server> made;
   try {

@@ -67,7 +67,7 @@ constexpr std::array kExecdRoutes{
     RouteInfo{"GET /files/search", 1, false},
     RouteInfo{"POST /files/replace", 1, false},
     RouteInfo{"POST /files/upload", 1, false},
-        RouteInfo{"GET /files/download", 1, true},  // cut after N pieces of 64 KiB
+    RouteInfo{"GET /files/download", 1, true},  // cut after N pieces of 64 KiB
     RouteInfo{"GET /directories/list", 1, false},
     RouteInfo{"POST /directories", 1, false},
     RouteInfo{"DELETE /directories", 1, false},
@@ -158,7 +158,7 @@ FaultAction read_action(const boost::json::value& value, const std::string& path
     a.delay = std::chrono::milliseconds(*r.integer("delay_ms", 0, 3600 * 1000));
   } else {
     if (!route.stream) {
-            r.fail("cut_after_events",
+      r.fail("cut_after_events",
              "only a streamed route (POST /command, GET /files/download) can be cut, not " +
                  std::string(route.key));
     }

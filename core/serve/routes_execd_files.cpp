@@ -606,7 +606,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
     return;
   }
-    op.then([state, id = entry->id, file, path, range, version, reply,
+  op.then([state, id = entry->id, file, path, range, version, reply,
            open_stream](sbx::Operation<void>& done) {
     Request shape;
     shape.version(version);
@@ -660,7 +660,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     pump->file = file;
     pump->offset = first;
     pump->left = length;
-        pump->sink = open_stream(std::move(head), false);
+    pump->sink = open_stream(std::move(head), false);
     if (state->options.faults) {  // the fault plan's cut_after_events: N pieces (faults.hpp)
       if (const auto n = state->options.faults->stream_cut("GET /files/download", id)) {
         pump->sink->cut_after(*n);

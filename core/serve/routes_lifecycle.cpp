@@ -439,7 +439,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
 
   sbx::Operation<sbx::Sandbox> op;
   try {
-    op = state->provider.create_async(std::move(read->spec));
+    op = state->current_provider().create_async(std::move(read->spec));
   } catch (...) {
     {
       std::lock_guard lock(state->mutex);

@@ -22,9 +22,9 @@ namespace {
 
 Response unsupported(const Request& request, const Server::State& state, const char* what,
                      const char* extension) {
-  return error_response(
-      request, http::status::not_implemented, "SANDBOX::API_NOT_SUPPORTED",
-      "Provider '" + state.provider.name() + "' cannot " + what + " (" + extension + ").");
+  return error_response(request, http::status::not_implemented, "SANDBOX::API_NOT_SUPPORTED",
+                        "Provider '" + state.current_provider().name() + "' cannot " + what + " (" +
+                            extension + ").");
 }
 
 // A failed provider call of an operation: the statuses with a meaning of their own as for every
@@ -52,7 +52,7 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
     reply(not_found(request, id));
     return;
   }
-  if (!state->provider.supports("sbx.pause/1")) {
+  if (!state->current_provider().supports("sbx.pause/1")) {
     reply(unsupported(request, *state, pause ? "pause sandboxes" : "resume sandboxes",
                       "sbx.pause/1"));
     return;
@@ -163,7 +163,7 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
     reply(not_found(request, id));
     return;
   }
-  if (!state->provider.supports("sbx.renew/1")) {
+  if (!state->current_provider().supports("sbx.renew/1")) {
     reply(unsupported(request, *state, "renew sandboxes", "sbx.renew/1"));
     return;
   }

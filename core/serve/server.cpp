@@ -241,6 +241,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (route_lifecycle(state_, req, reply)) return;
       if (route_sandbox_ops(state_, req, reply)) return;
       if (route_metrics(state_, req, reply)) return;
+      if (route_admin(state_, req, reply)) return;
       reply(json_response(req, http::status::not_found,
                           boost::json::object{{"detail", "Not Found"}}));
     } catch (const std::exception& e) {
@@ -786,6 +787,14 @@ Server::~Server() {
     if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
     state_->state_dir_lock = -1;
   }
+  // Reloads still running finish first (their plugin code is not interrupted).
+  std::vector<std::thread> reloads;
+  {
+    std::lock_guard lock(state_->mutex);
+    reloads.swap(state_->reloads);
+  }
+  for (auto& t : reloads)
+    t.join();
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
   // The handlers still queued hold the state: destroy them (a continuation a plugin completes
@@ -807,6 +816,22 @@ bool Server::run() {
       spdlog::info("sbx serve: signal {}: stopping", signal);
       stop();
     });
+  }
+  // SIGHUP: a reload, as POST /admin/reload (its outcome is logged).
+  std::optional<asio::signal_set> hangups;
+  if (state->options.handle_signals && state->options.admin) {
+    hangups.emplace(state->ioc, SIGHUP);
+    struct OnHangup {
+      std::shared_ptr<State> state;
+      asio::signal_set* set;
+      void operator()(beast::error_code ec, int) const {
+        if (ec) return;
+        spdlog::info("sbx serve: SIGHUP: reloading");
+        start_reload(state, [](bool, boost::json::object) {});
+        set->async_wait(*this);
+      }
+    };
+    hangups->async_wait(OnHangup{state, &*hangups});
   }
   asio::post(state->control, [state] {
     accept(state);

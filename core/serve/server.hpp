@@ -1,6 +1,7 @@
 // sbx::serve::Server: an OpenSandbox-compatible HTTP server (Boost.Beast over Asio) in front of one
 // sbx::Provider. It serves GET /health and the lifecycle routes (create, get, list, delete, pause,
-// resume, renew-expiration, endpoints), each at the root and under /v1 (README.md, docs/serve.md).
+// resume, renew-expiration, endpoints), each at the root and under /v1 (README.md, docs/serve.md),
+// and, with Options::admin, POST /admin/reload and GET /admin/providers (docs/hot-swap.md).
 //
 // THREADING: one io_context run by Options::threads threads; every connection has its own strand.
 // Provider calls are the asynchronous host API (Operation<T>::then): their continuations run on a
@@ -14,10 +15,13 @@
 
 #include <sbx/core/provider.hpp>
 
+#include <boost/json/object.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +58,19 @@ struct Options {
   std::chrono::milliseconds stream_stall_timeout{120000};
   std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
   std::string temp_root;                    // where the server's temp dir goes ("": the system's)
+
+  // Hot swap (docs/hot-swap.md), set by `sbx serve` from its host. Unset: the /admin routes
+  // answer 404, SIGHUP is ignored, and every sandbox comes from the provider given.
+  struct Admin {
+    // The provider new sandboxes go to: the host's current generation of the served block.
+    std::function<sbx::Provider()> provider;
+    // Reloads (re-reading the config file); returns the report. Throws sbx::Error (ReloadError
+    // for a refused reload). Runs plugin code (loads, canaries): called on a thread of its own.
+    std::function<boost::json::object()> reload;
+    // GET /admin/providers: the generations, the last reload and the reload counts.
+    std::function<boost::json::object()> providers;
+  };
+  std::optional<Admin> admin;
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace sbx::serve {
@@ -119,8 +120,13 @@ class ServeContext : public boost::asio::io_context {
 };
 
 struct Server::State {
-  sbx::Provider provider;
+  sbx::Provider provider;  // the provider given; see current_provider()
   Options options;
+  // The provider new sandboxes go to: the host's current generation with Options::admin (a
+  // reload may have replaced it), else `provider`.
+  sbx::Provider current_provider() const {
+    return options.admin && options.admin->provider ? options.admin->provider() : provider;
+  }
   // Declared before what uses it, so destroyed after. ~Server shuts it down first: that destroys
   // the handlers a stop leaves queued (a cancelled timer's, an idle connection's read), each
   // holding the state, and so ends the cycle that kept the state, its sandboxes and the provider
@@ -149,6 +155,8 @@ struct Server::State {
   bool stopping = false;
   bool finished = false;
   bool all_closed = true;
+  std::vector<std::thread> reloads;  // Options::admin reloads, each on its own thread; joined by
+                                     // ~Server
 
   State(sbx::Provider p, Options o);
 
@@ -195,6 +203,11 @@ Response method_not_allowed(const Request& request);
 bool route_health(const std::shared_ptr<Server::State>& state, const Request& request,
                   const Reply& reply);
 // POST /metrics/events: the SDKs' create-latency telemetry, accepted with 204 (routes_metrics.cpp).
+bool route_admin(const std::shared_ptr<Server::State>& state, const Request& request,
+                 const Reply& reply);
+// Starts a reload on a thread of its own (Options::admin); `done` gets the answer (any thread).
+void start_reload(const std::shared_ptr<Server::State>& state,
+                  std::function<void(bool ok, boost::json::object body)> done);
 bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
                    const Reply& reply);
 bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
