@@ -178,9 +178,18 @@ TEST_CASE("image pull policy: both extension keys, user values kept") {
                              {"opensandbox.extensions.image-pull-policy", "Never"}});
   CHECK(os::resolve_extensions({{"imagePullPolicy", "bogus"}}, std::nullopt) ==
         os::KeyValues{{"imagePullPolicy", "bogus"}});  // no config policy: untouched
+  // The message names the extensions key and the value given (the seed's text in the middle).
   CHECK(message_of([] {
           os::resolve_extensions({{"imagePullPolicy", "bogus"}}, os::PullPolicy::always);
-        }) == "image_pull_policy must be one of: Always, IfNotPresent, Never");
+        }) ==
+        "provider_options.extensions.imagePullPolicy: image_pull_policy must be one of: Always, "
+        "IfNotPresent, Never; got 'bogus'");
+  CHECK(message_of([] {
+          os::resolve_extensions({{"opensandbox.extensions.image-pull-policy", "always"}},
+                                 os::PullPolicy::never);
+        }) ==
+        "provider_options.extensions.opensandbox.extensions.image-pull-policy: image_pull_policy "
+        "must be one of: Always, IfNotPresent, Never; got 'always'");
 }
 
 TEST_CASE("provider_options: unknown keys, platform and volumes") {
