@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -136,8 +137,8 @@ sdk::http::ClientOptions client_options(const ConnectionConfig& connection, std:
   return options;
 }
 
-LifecycleClient::LifecycleClient(const ConnectionConfig& connection)
-    : connection_(connection), http_([&] {
+LifecycleClient::LifecycleClient(const ConnectionConfig& connection, sdk::Logger log)
+    : connection_(connection), log_(log), http_([&] {
         auto options = client_options(connection, connection.base_url() + "/v1");
         if (connection.api_key) {
           options.default_headers.emplace_back(std::string(kApiKeyHeader), *connection.api_key);
@@ -149,10 +150,23 @@ sdk::http::Response LifecycleClient::send(sdk::http::Request request,
                                           const sdk::CancelToken& cancel) {
   // Connect failures (nothing sent) are tried again up to connect_retries times at once, as the
   // seed's transport does; anything else is the caller's to judge.
+  // Each attempt is logged at debug: method, path (the query too: ids and the metadata filter,
+  // no secret), status or error, milliseconds. Never a header: the API key travels in one.
   for (int64_t attempt = 0;; ++attempt) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto elapsed_ms = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - start)
+          .count();
+    };
     try {
-      return http_.send(request, cancel);
+      auto response = http_.send(request, cancel);
+      log_.debug("opensandbox: ", request.method, " /v1", request.target, " -> ", response.status,
+                 " in ", elapsed_ms(), " ms");
+      return response;
     } catch (const sdk::Error& e) {
+      log_.debug("opensandbox: ", request.method, " /v1", request.target, " failed in ",
+                 elapsed_ms(), " ms: ", e.what());
       if (attempt >= connection_.connect_retries || !e.retryable() || e.may_have_run() ||
           e.status() != SBX_STATUS_UNAVAILABLE) {
         throw;

@@ -11,6 +11,7 @@
 
 #include <sbx/sdk/error.hpp>
 #include <sbx/sdk/http.hpp>
+#include <sbx/sdk/log.hpp>
 
 #include <boost/json/object.hpp>
 
@@ -53,7 +54,8 @@ struct ExecdEndpoint {
 
 class LifecycleClient {
  public:
-  explicit LifecycleClient(const ConnectionConfig& connection);
+  // `log`: every request is logged at debug (method, path, status, milliseconds; never a header).
+  LifecycleClient(const ConnectionConfig& connection, sdk::Logger log);
 
   // POST /sandboxes; returns the new sandbox's id. Throws sdk::Error: CREATE_FAILED (retryable as
   // is_retryable_create_answer says) for an error answer, INVALID_ARGUMENT for a 422, the HTTP
@@ -85,6 +87,7 @@ class LifecycleClient {
   sdk::http::Response send(sdk::http::Request request, const sdk::CancelToken& cancel);
 
   ConnectionConfig connection_;
+  sdk::Logger log_;
   sdk::http::Client http_;
 };
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <sstream>
 
 namespace sbx::opensandbox {
 
@@ -161,7 +162,7 @@ OpenSandboxProvider::OpenSandboxProvider(const sdk::ProviderContext& context,
                             std::getenv("OPEN_SANDBOX_API_KEY"))),
       log_(context.log),
       attribution_(attribution_metadata(config_.attribution)),
-      lifecycle_(config_.connection),
+      lifecycle_(config_.connection, context.log),
       execd_(config_.connection, config_.operations, context.log) {
   log_.debug("opensandbox: server ", config_.connection.base_url(), ", ",
              config_.connection.use_server_proxy ? "server-proxy" : "direct", " execd, API key ",
@@ -176,19 +177,31 @@ std::chrono::milliseconds OpenSandboxProvider::request_timeout() const {
 std::unique_ptr<sdk::Sandbox> OpenSandboxProvider::create(const sdk::Spec& spec,
                                                           const sdk::CancelToken& cancel) {
   const json::object body = create_request(config_, spec, attribution_);
+  log_ttl(spec);
   const bool skip_health_check =
       config_.create.skip_health_check ||
       SandboxOptions::parse(spec.provider_options).skip_health_check.value_or(false);
   std::unique_ptr<OpenSandbox> box;
-  sdk::retry(
-      config_.create.retry_policy(),
-      [&] { box = create_once(spec, body, skip_health_check, cancel); }, cancel,
-      is_retryable_create_error,
-      [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
-        log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
-                  "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
-                  "; error=", error.what());
-      });
+  int attempts = 0;
+  try {
+    sdk::retry(
+        config_.create.retry_policy(),
+        [&] {
+          ++attempts;
+          box = create_once(spec, body, skip_health_check, cancel);
+        },
+        cancel, is_retryable_create_error,
+        [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
+          log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
+                    "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
+                    "; error=", error.what());
+        });
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED || (attempts <= 1 && !is_retryable_create_error(e))) {
+      throw;
+    }
+    throw final_create_error(e, attempts);
+  }
   return box;
 }
 
@@ -203,12 +216,14 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
   if (config_.create.timeout_s) create_timeout = seconds_ms(*config_.create.timeout_s);
   const std::string id = lifecycle_.create(body, create_timeout, cancel);
   log_.debug("opensandbox: created sandbox ", id);
+  std::string step = "endpoint fetch";
   try {
     std::chrono::milliseconds budget = seconds_ms(config_.create.connect_attempt_timeout_s);
     if (config_.create.timeout_s) budget = seconds_ms(*config_.create.timeout_s);
     if (spec.ready_timeout) budget = *spec.ready_timeout;
     auto box = std::make_unique<OpenSandbox>(
-        id, connect_execd(id, budget, skip_health_check, cancel), spec.workdir);
+        id, connect_execd(id, budget, skip_health_check, true, step, cancel), spec.workdir);
+    step = "workdir";
     if (spec.workdir) {
       const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
                                     seconds_ms(config_.probe.timeout_s), cancel);
@@ -218,6 +233,7 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
                                         made.stderr_text.substr(0, 200));
       }
     }
+    step = "probe";
     sdk::run_readiness_probe(
         config_.probe, id,
         [&](std::chrono::milliseconds timeout) {
@@ -228,22 +244,57 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
   } catch (...) {
     // The sandbox exists on the server but is not usable: delete it (a cancelled create too),
     // then report the original failure.
-    try {
-      const auto close_timeout = config_.operations.close_timeout_s
-                                     ? seconds_ms(*config_.operations.close_timeout_s)
-                                     : 0ms;
-      lifecycle_.remove(id, close_timeout, {});
-    } catch (const std::exception& e) {
-      log_.warn("Failed to clean up OpenSandbox sandbox after create probe failure; sandbox_id=",
-                id, "; error=", e.what());
-    }
+    cleanup_failed_create(id, step, std::current_exception());
     throw;
+  }
+}
+
+void OpenSandboxProvider::cleanup_failed_create(const std::string& id, const std::string& step,
+                                                const std::exception_ptr& failure) {
+  std::string what = "create " + step + " failure";
+  try {
+    std::rethrow_exception(failure);
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED) what = "create cancelled during the " + step;
+  } catch (...) {
+  }
+  try {
+    const auto close_timeout =
+        config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
+    lifecycle_.remove(id, close_timeout, {});
+    log_.debug("opensandbox: deleted sandbox ", id, " after ", what);
+  } catch (const std::exception& e) {
+    log_.warn("Failed to clean up OpenSandbox sandbox after ", what, "; sandbox_id=", id,
+              "; error=", e.what());
+  }
+}
+
+sdk::Error OpenSandboxProvider::final_create_error(const sdk::Error& last, int attempts) {
+  return sdk::Error(last.status(),
+                    "OpenSandbox create failed after " + std::to_string(attempts) +
+                        (attempts == 1 ? " attempt" : " attempts") + "; last error: " + last.what(),
+                    last.details());
+}
+
+void OpenSandboxProvider::log_ttl(const sdk::Spec& spec) const {
+  if (!spec.ttl) return;
+  const int64_t sent = ttl_seconds(*spec.ttl);
+  if (sent * 1000 == spec.ttl->count()) return;
+  std::ostringstream asked;
+  asked << static_cast<double>(spec.ttl->count()) / 1000;
+  if (sent == kMinTtlSeconds && spec.ttl->count() < kMinTtlSeconds * 1000) {
+    log_.info("opensandbox: TTL ", asked.str(), " s is under the server's minimum of ",
+              kMinTtlSeconds, " s; sending timeout ", sent, " s");
+  } else {
+    log_.info("opensandbox: TTL ", asked.str(), " s rounded up to whole seconds; sending timeout ",
+              sent, " s");
   }
 }
 
 ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
                                                  std::chrono::milliseconds budget,
-                                                 bool skip_health_check,
+                                                 bool skip_health_check, bool after_create,
+                                                 std::string& step,
                                                  const sdk::CancelToken& cancel) {
   // The endpoint, then execd's /ping until it answers 200, within `budget`. With
   // skip_health_check only the endpoint is fetched (retried the same way: the seed's reconnect
@@ -252,20 +303,32 @@ ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
   const auto poll = seconds_ms(config_.create.connect_poll_s);
   std::optional<ExecdEndpoint> endpoint;
   std::string last_error = "no attempt";
+  step = "endpoint fetch";
   for (;;) {
     sdk::throw_if_cancelled(cancel);
     const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (remaining <= 0ms) {
-      throw sdk::Error::create_failed(
-          "Timed out connecting to OpenSandbox sandbox after create; sandbox_id=" + id +
-              ", timeout_s=" + std::to_string(budget.count() / 1000) +
-              "; last error: " + last_error,
-          true);
+      std::ostringstream message;
+      message << "Timed out connecting to OpenSandbox sandbox "
+              << (after_create ? "after create" : "on connect") << ", "
+              << (endpoint ? "waiting for execd's /ping to answer 200"
+                           : "fetching its execd endpoint (GET /v1/sandboxes/" + id +
+                                 "/endpoints/" + std::to_string(kExecdPort) + ")")
+              << "; sandbox_id=" << id
+              << ", timeout_s=" << static_cast<double>(budget.count()) / 1000
+              << "; last error: " << last_error;
+      // Within create a timeout is a failed attempt (retryable, as the seed's); on connect the
+      // sandbox exists but does not answer in time.
+      if (after_create) throw sdk::Error::create_failed(message.str(), true);
+      throw sdk::Error(SBX_STATUS_TIMEOUT, message.str());
     }
     const auto attempt = std::min(remaining, seconds_ms(config_.create.connect_attempt_timeout_s));
     try {
-      if (!endpoint) endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
+      if (!endpoint) {
+        endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
+        if (!skip_health_check) step = "health check";
+      }
       if (skip_health_check || execd_.ping(*endpoint, attempt, cancel)) {
         return *endpoint;
       }
@@ -419,8 +482,9 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
   if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
     throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
   }
+  std::string step;
   auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
-                                config_.create.skip_health_check, cancel);
+                                config_.create.skip_health_check, false, step, cancel);
   auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
   box->set_paused(status == sdk::SandboxStatus::paused);
   sdk::Connected out;

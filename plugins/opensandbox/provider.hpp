@@ -12,9 +12,11 @@
 #include <sbx/sdk/plugin.hpp>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace sbx::opensandbox {
 
@@ -102,8 +104,20 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   std::unique_ptr<OpenSandbox> create_once(const sdk::Spec& spec, const boost::json::object& body,
                                            bool skip_health_check, const sdk::CancelToken& cancel);
   // The execd endpoint, then /ping until 200 (unless `skip_health_check`), within `budget`.
+  // The timeout's message says whether it came `after_create` or on connect and names the step
+  // that timed out; `step` is set to the step under way ("endpoint fetch", "health check").
   ExecdEndpoint connect_execd(const std::string& id, std::chrono::milliseconds budget,
-                              bool skip_health_check, const sdk::CancelToken& cancel);
+                              bool skip_health_check, bool after_create, std::string& step,
+                              const sdk::CancelToken& cancel);
+  // Deletes a sandbox whose create failed at `step` (the error of that step is `failure`); a
+  // failure of the delete is logged and swallowed.
+  void cleanup_failed_create(const std::string& id, const std::string& step,
+                             const std::exception_ptr& failure);
+  // The error a create reports after `attempts` attempts ended with `last`: the same status and
+  // details, the message naming the attempts and the last error.
+  static sdk::Error final_create_error(const sdk::Error& last, int attempts);
+  // Logs at info a TTL the create request changes (under the server's minimum, or fractional).
+  void log_ttl(const sdk::Spec& spec) const;
   // Runs a command to its end, collecting its output (for the probe and the workdir).
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);

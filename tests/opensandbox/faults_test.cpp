@@ -7,7 +7,8 @@
 // Cases: create retried after 503s (and given up, leaving nothing), a 400 not retried, 502s on
 // command submission resubmitted (and given up: "backend unreachable"), a cut command stream,
 // close of a sandbox the server already deleted, the API key's placement in direct and
-// server-proxy mode, and the create backoff's bounds.
+// server-proxy mode, and the create backoff's bounds; the create path's messages and logs (the
+// plugin's log is read from a sink on the host's "sbx" logger).
 
 #include "../serve/support.hpp"
 
@@ -17,9 +18,12 @@
 #include <sbx/core/sandbox.hpp>
 
 #include <doctest/doctest.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +36,53 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr const char* kKey = "faults-test-key-0123456789";
+
+// The host's log lines (the plugin's included), for the whole process: a sink on the "sbx" logger,
+// which every provider logger copies when made (at debug, so the plugin's debug lines come).
+class LinesSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> lines() {
+    std::lock_guard lock(mutex_);
+    return lines_;
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    lines_.clear();
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+LinesSink& host_log() {
+  static auto* const sink = [] {
+    auto* s = new std::shared_ptr<LinesSink>(std::make_shared<LinesSink>());
+    auto base = spdlog::get("sbx");
+    if (!base) {
+      base = std::make_shared<spdlog::logger>("sbx");
+      spdlog::register_logger(base);
+    }
+    base->sinks().push_back(*s);
+    base->set_level(spdlog::level::debug);
+    return s;
+  }();
+  return **sink;
+}
+
+// The host log's lines that contain `part`.
+std::vector<std::string> host_lines(const std::string& part) {
+  std::vector<std::string> out;
+  for (auto& line : host_log().lines()) {
+    if (line.find(part) != std::string::npos) out.push_back(std::move(line));
+  }
+  return out;
+}
 
 // `sbx serve` over test_processes with `faults` as its fault plan (debug log: every request),
 // and a host whose provider "os" is the opensandbox plugin pointed at it with `plugin` merged
@@ -72,6 +123,7 @@ struct Fixture : ProcessesServer {
         target = value;
       }
     }
+    host_log().clear();  // made before the first host: its loggers copy the sink and the level
     json::object host_config{
         {"providers",
          json::object{{"os", json::object{{"plugin", "opensandbox"}, {"config", config}}}}}};
@@ -164,6 +216,9 @@ TEST_CASE("create answers 503 more often than the retries: a clear error, no san
   // NeMo Gym's SandboxCreateError: the plugin reports a create that ran out of retries as
   // CREATE_FAILED, with the last answer in the message.
   CHECK(status == SBX_STATUS_CREATE_FAILED);
+  // How many attempts were made, then the last error.
+  CHECK(message.find("OpenSandbox create failed after 2 attempts; last error: ") !=
+        std::string::npos);
   CHECK(message.find("HTTP 503") != std::string::npos);
   CHECK(message.find("GENERAL::INJECTED_FAULT") != std::string::npos);
   CHECK(f.count("POST /v1/sandboxes") == 2);  // the first attempt and one retry
@@ -349,4 +404,176 @@ TEST_CASE("create backoff: the waits between attempts stay within retry_delay_s/
   }
   box.close();
   CHECK(f.sandboxes_on_server() == 0);
+}
+
+// --- the create path's messages and logs ------------------------------------------------------
+
+namespace {
+
+std::string create_error(Fixture& f, sbx::SandboxSpec spec, sbx_status* status = nullptr) {
+  try {
+    f.host->provider("os").create(std::move(spec));
+  } catch (const sbx::Error& e) {
+    if (status) *status = e.status();
+    return e.what();
+  }
+  FAIL("the create succeeded");
+  return {};
+}
+
+sbx::SandboxSpec spec_with_ready_timeout(double seconds) {
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.ready_timeout_s = seconds;
+  return spec;
+}
+
+// "<text>sandbox_id=<id>..." -> <id> (up to ',' or ';').
+std::string id_after(const std::string& text, const std::string& marker = "sandbox_id=") {
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return {};
+  const auto begin = at + marker.size();
+  return text.substr(begin, text.find_first_of(",;", begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("a health check that times out after create: the step, the id; the cleanup names it") {
+  // /ping fails for 30 s after each create; the sandbox's ready_timeout is 1 s. The cleanup's
+  // DELETE fails once, so the sandbox stays and the warning is logged (the test deletes it).
+  Fixture f(R"([{"route": "GET /ping", "fail_for_s": 30, "status": 503},
+                {"route": "DELETE /sandboxes/{id}", "actions": [{"status": 503}]}])",
+            json::object{{"create", json::object{{"retries", 0}}}});
+  sbx_status status = SBX_STATUS_OK;
+  const auto message = create_error(f, spec_with_ready_timeout(1), &status);
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_CREATE_FAILED);
+  CHECK(message.find("OpenSandbox create failed after 1 attempt; last error: Timed out "
+                     "connecting to OpenSandbox sandbox after create, waiting for execd's /ping "
+                     "to answer 200; sandbox_id=") != std::string::npos);
+  CHECK(message.find("timeout_s=1;") != std::string::npos);
+  const std::string id = id_after(message);
+  REQUIRE(!id.empty());
+  const auto warned = host_lines(
+      "Failed to clean up OpenSandbox sandbox after create health "
+      "check failure; sandbox_id=" +
+      id + "; error=");
+  CHECK(warned.size() == 1);
+  CHECK(host_lines("after create probe failure").empty());
+  // The failed cleanup left it: remove it here.
+  REQUIRE(f.sandboxes_on_server() == 1);
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("an endpoint fetch that times out after create: named, and the sandbox deleted") {
+  Fixture f(R"([{"route": "GET /sandboxes/{id}/endpoints/{port}", "fail_for_s": 30,
+                 "status": 503}])",
+            json::object{{"create", json::object{{"retries", 0}}}});
+  const auto message = create_error(f, spec_with_ready_timeout(1));
+  CAPTURE(message);
+  const std::string id = id_after(message);
+  REQUIRE(!id.empty());
+  CHECK(message.find("Timed out connecting to OpenSandbox sandbox after create, fetching its execd "
+                     "endpoint (GET /v1/sandboxes/" +
+                     id + "/endpoints/44772); sandbox_id=" + id) != std::string::npos);
+  CHECK(message.find("HTTP 503") != std::string::npos);  // the last error
+  CHECK(host_lines("opensandbox: deleted sandbox " + id + " after create endpoint fetch failure")
+            .size() == 1);
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a health check that times out on connect says so: TIMEOUT, not 'after create'") {
+  // The create skips the health check (its provider option), so only connect meets the failing
+  // /ping; connect's budget is create.connect_attempt_timeout_s.
+  Fixture f(R"([{"route": "GET /ping", "fail_for_s": 30, "status": 503}])",
+            json::object{{"create", json::object{{"connect_attempt_timeout_s", 1}}}});
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.provider_options = json::object{{"skip_health_check", true}};
+  auto box = f.host->provider("os").create(std::move(spec));
+  std::string message;
+  sbx_status status = SBX_STATUS_OK;
+  try {
+    f.host->provider("os").connect(R"({"sandbox_id":")" + box.id() + R"("})");
+  } catch (const sbx::Error& e) {
+    message = e.what();
+    status = e.status();
+  }
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_TIMEOUT);
+  CHECK(message.find("Timed out connecting to OpenSandbox sandbox on connect, waiting for execd's "
+                     "/ping to answer 200; sandbox_id=" +
+                     box.id() + ", timeout_s=1;") != std::string::npos);
+  CHECK(message.find("after create") == std::string::npos);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a TTL under the server's minimum is logged once at info, and 60 s is what is sent") {
+  // The first POST is refused: the retry must not log the TTL again.
+  Fixture f(R"([{"route": "POST /sandboxes", "actions": [{"status": 503}]}])");
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 10;
+  auto box = f.host->provider("os").create(std::move(spec));
+  CHECK(f.count("POST /v1/sandboxes") == 2);
+  CHECK(host_lines("opensandbox: TTL 10 s is under the server's minimum of 60 s; sending "
+                   "timeout 60 s")
+            .size() == 1);
+  CHECK(host_lines("opensandbox: TTL").size() == 1);
+  const auto r = request(f.port(), "GET", "/v1/sandboxes/" + box.id());
+  REQUIRE(r.status == 200);
+  const auto answer = r.json();
+  const auto& o = answer.as_object();
+  const long long lifetime_us = parse_time_us(std::string(o.at("expiresAt").as_string())) -
+                                parse_time_us(std::string(o.at("createdAt").as_string()));
+  CHECK(lifetime_us == 60'000'000);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a bad pull policy in the extensions: the key and the value, no request sent") {
+  Fixture f("[]");
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.provider_options =
+      json::object{{"extensions", json::object{{"imagePullPolicy", "Sometimes"}}}};
+  sbx_status status = SBX_STATUS_OK;
+  const auto message = create_error(f, std::move(spec), &status);
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(message.find("provider_options.extensions.imagePullPolicy: image_pull_policy must be one "
+                     "of: Always, IfNotPresent, Never; got 'Sometimes'") != std::string::npos);
+  CHECK(f.count("POST /v1/sandboxes") == 0);
+}
+
+TEST_CASE("every lifecycle request is logged at debug: method, path, status, ms; never the key") {
+  Fixture f("[]", {}, true);
+  auto box = f.create();
+  CHECK(box.exec("echo logged").stdout_text == "logged\n");
+  const std::string id = box.id();
+  box.close();
+  CHECK(f.sandboxes_on_server(true) == 0);
+
+  auto logged = [&](const std::string& request_and_status, size_t times) {
+    const auto lines = host_lines("opensandbox: " + request_and_status + " in ");
+    CAPTURE(request_and_status);
+    REQUIRE(lines.size() == times);
+    for (const auto& line : lines) {  // "... in <digits> ms" at the end
+      const std::string ms = line.substr(line.rfind(" in ") + 4);
+      CAPTURE(line);
+      CHECK(ms.size() > 3);
+      CHECK(ms.substr(ms.size() - 3) == " ms");
+      CHECK(ms.find_first_not_of("0123456789") == ms.size() - 3);
+    }
+  };
+  logged("POST /v1/sandboxes -> 202", 1);
+  logged("GET /v1/sandboxes/" + id + "/endpoints/44772 -> 200", 1);
+  logged("DELETE /v1/sandboxes/" + id + " -> 204", 1);
+  // The key is in no line of the host's log.
+  CHECK(host_lines(kKey).empty());
+  CHECK(!host_log().lines().empty());
 }
