@@ -68,9 +68,10 @@ class LifecycleClient {
   // DELETE /sandboxes/{id}; a sandbox already gone (404) is success.
   void remove(const std::string& id, std::chrono::milliseconds timeout,
               const sdk::CancelToken& cancel);
-  // GET /sandboxes/{id}/endpoints/{port}[?use_server_proxy=true], made into an ExecdEndpoint: the
-  // endpoint gets the connection's scheme when it has none; headers are the connection's (the API
-  // key only in server-proxy mode) with the endpoint's own on top.
+  // GET /sandboxes/{id}/endpoints/{port}[?use_server_proxy=true], made into an ExecdEndpoint (of
+  // execd's port for the plugin's own calls, of any port for sbx.endpoint/1): the endpoint gets
+  // the connection's scheme when it has none; headers are the connection's (the API key only in
+  // server-proxy mode) with the endpoint's own on top.
   ExecdEndpoint endpoint(const std::string& id, uint16_t port, std::chrono::milliseconds timeout,
                          const sdk::CancelToken& cancel);
   // POST /sandboxes/{id}/pause or /resume (`pause` false). A 409 (not running / not paused) is

@@ -429,16 +429,32 @@ void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& 
 }
 
 void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  remove_sandbox(sandbox.id(), cancel);
+}
+
+void OpenSandboxProvider::remove_sandbox(const std::string& id, const sdk::CancelToken& cancel) {
   const auto timeout =
       config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
   sdk::retry(
-      config_.operations.retry_policy(), [&] { lifecycle_.remove(sandbox.id(), timeout, cancel); },
-      cancel, {},
+      config_.operations.retry_policy(), [&] { lifecycle_.remove(id, timeout, cancel); }, cancel,
+      {},
       [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
-        log_.warn("Retrying OpenSandbox close of ", sandbox.id(), " after attempt ", attempt,
+        log_.warn("Retrying OpenSandbox close of ", id, " after attempt ", attempt,
                   "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
                   "; error=", error.what());
       });
+}
+
+sdk::Endpoint OpenSandboxProvider::endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                                            const sdk::CancelToken& cancel) {
+  ExecdEndpoint found;
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] { found = lifecycle_.endpoint(sandbox.id(), port, request_timeout(), cancel); }, cancel);
+  sdk::Endpoint out{std::move(found.base_url), {}};
+  for (auto& [name, value] : found.headers)
+    out.headers[name] = std::move(value);
+  return out;
 }
 
 std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {

@@ -58,6 +58,7 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 bool is_retryable_create_error(const sdk::Error& error);
 
 class OpenSandboxProvider final : public sdk::BlockingProvider,
+                                  public sdk::BlockingEndpoint,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew {
@@ -82,6 +83,11 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
 
+  // sbx.endpoint/1: GET the sandbox's endpoint for `port` (the same request and handling as
+  // execd's endpoint: scheme from the connection when it has none, the connection's headers under
+  // the endpoint's own; the API key only in server-proxy mode), retried as status is.
+  sdk::Endpoint endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                         const sdk::CancelToken& cancel) override;
   // sbx.pause/1: POST pause / resume; pausing a paused sandbox or resuming a running one changes
   // nothing. While this handle knows the sandbox paused, exec, upload and download fail at once
   // with FAILED_PRECONDITION.
@@ -118,6 +124,8 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   static sdk::Error final_create_error(const sdk::Error& last, int attempts);
   // Logs at info a TTL the create request changes (under the server's minimum, or fractional).
   void log_ttl(const sdk::Spec& spec) const;
+  // DELETE /v1/sandboxes/{id} within close_timeout_s, retried by operations.*; 404 is success.
+  void remove_sandbox(const std::string& id, const sdk::CancelToken& cancel);
   // Runs a command to its end, collecting its output (for the probe and the workdir).
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);

@@ -8,7 +8,7 @@
 // command submission resubmitted (and given up: "backend unreachable"), a cut command stream,
 // close of a sandbox the server already deleted, the API key's placement in direct and
 // server-proxy mode, and the create backoff's bounds; the create path's messages and logs (the
-// plugin's log is read from a sink on the host's "sbx" logger).
+// plugin's log is read from a sink on the host's "sbx" logger); the endpoint extension.
 
 #include "../serve/support.hpp"
 
@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -550,9 +551,16 @@ TEST_CASE("a bad pull policy in the extensions: the key and the value, no reques
   CHECK(f.count("POST /v1/sandboxes") == 0);
 }
 
-TEST_CASE("every lifecycle request is logged at debug: method, path, status, ms; never the key") {
+TEST_CASE("every lifecycle request is logged at debug: method, path, status, ms; never a secret") {
   Fixture f("[]", {}, true);
-  auto box = f.create();
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.ports = {44772};
+  auto box = f.host->provider("os").create(std::move(spec));
+  const auto endpoint = box.endpoint(44772);
+  REQUIRE(endpoint.headers.count("X-EXECD-ACCESS-TOKEN") == 1);
+  const std::string token = endpoint.headers.at("X-EXECD-ACCESS-TOKEN");
   CHECK(box.exec("echo logged").stdout_text == "logged\n");
   const std::string id = box.id();
   box.close();
@@ -571,9 +579,66 @@ TEST_CASE("every lifecycle request is logged at debug: method, path, status, ms;
     }
   };
   logged("POST /v1/sandboxes -> 202", 1);
-  logged("GET /v1/sandboxes/" + id + "/endpoints/44772 -> 200", 1);
+  logged("GET /v1/sandboxes/" + id + "/endpoints/44772 -> 200", 2);  // create's, the extension's
   logged("DELETE /v1/sandboxes/" + id + " -> 204", 1);
-  // The key is in no line of the host's log.
+  // No secret in any line of the host's log.
   CHECK(host_lines(kKey).empty());
+  CHECK(host_lines(token).empty());
   CHECK(!host_log().lines().empty());
+}
+
+// --- sbx.endpoint/1 ---------------------------------------------------------------------------
+
+// `sbx serve` hands out its gateway path for every port, but serves only execd (44772) there:
+// another port's path answers 502 NOT_SUPPORTED. So the endpoint of 44772 is checked by using it,
+// that of another port by its form and by that answer.
+TEST_CASE(
+    "endpoint: the server's URL with a scheme, the endpoint's headers, the key only proxied") {
+  for (const bool proxy : {false, true}) {
+    CAPTURE(proxy);
+    Fixture f("[]", json::object{{"connection", json::object{{"use_server_proxy", proxy}}}}, true);
+    sbx::SandboxSpec spec;
+    spec.image = "local/busybox:latest";
+    spec.ttl_s = 600;
+    spec.ports = {44772, 8080};
+    auto box = f.host->provider("os").create(std::move(spec));
+    const std::string origin = "http://127.0.0.1:" + std::to_string(f.port());
+    const std::string prefix = (proxy ? "/v1/sandboxes/" : "/sandboxes/") + box.id() + "/proxy/";
+
+    const auto execd = box.endpoint(44772);
+    CHECK(execd.url == origin + prefix + "44772");
+    REQUIRE(execd.headers.count("X-EXECD-ACCESS-TOKEN") == 1);
+    // The API key goes with a proxied endpoint only (direct: the sandbox runs untrusted code).
+    CHECK(execd.headers.count("OPEN-SANDBOX-API-KEY") == (proxy ? 1u : 0u));
+    if (proxy) CHECK(execd.headers.at("OPEN-SANDBOX-API-KEY") == kKey);
+    // Usable as handed out: execd's /ping through it, with exactly its headers.
+    REQUIRE(execd.url.rfind(origin, 0) == 0);
+    const std::map<std::string, std::string> headers(execd.headers.begin(), execd.headers.end());
+    CHECK(request(f.port(), "GET", execd.url.substr(origin.size()) + "/ping", std::nullopt, headers)
+              .status == 200);
+    // Without them, refused (the headers are what makes the endpoint usable).
+    CHECK(request(f.port(), "GET", execd.url.substr(origin.size()) + "/ping").status == 401);
+
+    const auto other = box.endpoint(8080);
+    CHECK(other.url == origin + prefix + "8080");
+    CHECK(other.headers == execd.headers);
+    const auto r =
+        request(f.port(), "GET", other.url.substr(origin.size()) + "/", std::nullopt, headers);
+    CHECK(r.status == 502);
+    CHECK(r.body.find("serves execd (port 44772) on its gateway, not port 8080") !=
+          std::string::npos);
+
+    // A sandbox gone behind the plugin's back: NOT_FOUND.
+    REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id(), std::nullopt,
+                    {{"OPEN-SANDBOX-API-KEY", kKey}})
+                .status == 204);
+    try {
+      box.endpoint(8080);
+      FAIL("endpoint of a deleted sandbox must fail");
+    } catch (const sbx::Error& e) {
+      CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    }
+    box.close();
+    CHECK(f.sandboxes_on_server(true) == 0);
+  }
 }
