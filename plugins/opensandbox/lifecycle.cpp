@@ -175,6 +175,66 @@ sdk::http::Response LifecycleClient::send(sdk::http::Request request,
   }
 }
 
+std::string metadata_filter(const KeyValues& pairs) {
+  std::string query;
+  for (const auto& [k, v] : pairs) {
+    if (!query.empty()) query += '&';
+    query += sdk::http::url_encode(k) + "=" + sdk::http::url_encode(v);
+  }
+  return sdk::http::url_encode(query);
+}
+
+ListPage parse_list_page(std::string_view body) {
+  boost::system::error_code ec;
+  const json::value answer = json::parse(body, ec);
+  const json::object* object = !ec && answer.is_object() ? &answer.get_object() : nullptr;
+  const json::value* items = object ? object->if_contains("items") : nullptr;
+  if (!items || !items->is_array()) {
+    throw sdk::Error::internal("OpenSandbox list sandboxes: the answer has no items array");
+  }
+  ListPage page;
+  for (const auto& item : items->get_array()) {
+    if (!item.is_object()) continue;
+    const auto& o = item.get_object();
+    const auto* id = o.if_contains("id");
+    if (!id || !id->is_string() || id->get_string().empty()) continue;
+    ListedSandbox out;
+    out.id = std::string(id->get_string());
+    if (const auto* status = o.if_contains("status"); status && status->is_object()) {
+      const auto* state = status->get_object().if_contains("state");
+      if (state && state->is_string()) out.state = std::string(state->get_string());
+    }
+    if (const auto* metadata = o.if_contains("metadata"); metadata && metadata->is_object()) {
+      for (const auto& m : metadata->get_object()) {
+        if (m.value().is_string())
+          out.metadata[std::string(m.key())] = std::string(m.value().get_string());
+      }
+    }
+    if (const auto* created = o.if_contains("createdAt"); created && created->is_string()) {
+      out.created_unix_ms = parse_rfc3339(created->get_string()).value_or(0);
+    }
+    page.items.push_back(std::move(out));
+  }
+  if (const auto* pagination = object->if_contains("pagination");
+      pagination && pagination->is_object()) {
+    const auto* next = pagination->get_object().if_contains("hasNextPage");
+    page.has_next_page = next && next->is_bool() && next->get_bool();
+  }
+  return page;
+}
+
+ListPage LifecycleClient::list_page(const std::string& filter, int64_t page, int64_t page_size,
+                                    std::chrono::milliseconds timeout,
+                                    const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.target = "/sandboxes?" + (filter.empty() ? std::string() : "metadata=" + filter + "&") +
+                   "page=" + std::to_string(page) + "&pageSize=" + std::to_string(page_size);
+  request.timeout = timeout;
+  const auto response = send(std::move(request), cancel);
+  if (response.status != 200) throw_answer(response, "OpenSandbox list sandboxes");
+  return parse_list_page(response.body);
+}
+
 std::string LifecycleClient::create(const json::object& body, std::chrono::milliseconds timeout,
                                     const sdk::CancelToken& cancel) {
   sdk::http::Request request;

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sbx::opensandbox {
 
@@ -52,6 +53,30 @@ struct ExecdEndpoint {
   sdk::http::Headers headers;
 };
 
+// One sandbox of a list answer: id, status.state ("" when absent), metadata (string values),
+// createdAt (Unix ms, 0 when absent or unreadable).
+struct ListedSandbox {
+  std::string id;
+  std::string state;
+  KeyValues metadata;
+  int64_t created_unix_ms = 0;
+};
+
+// One page of GET /sandboxes.
+struct ListPage {
+  std::vector<ListedSandbox> items;
+  bool has_next_page = false;
+};
+
+// The `metadata` query value of a list filtered by `pairs` (every pair ANDed): the pairs as a
+// query of their own ("k=v&k2=v2", each key and value percent-encoded), percent-encoded again as
+// one parameter value, as the lifecycle spec asks. Empty for no pairs.
+std::string metadata_filter(const KeyValues& pairs);
+
+// Reads a list answer's body. Items without a string id are skipped; throws INTERNAL when the body
+// is not an object with an `items` array.
+ListPage parse_list_page(std::string_view body);
+
 class LifecycleClient {
  public:
   // `log`: every request is logged at debug (method, path, status, milliseconds; never a header).
@@ -74,6 +99,10 @@ class LifecycleClient {
   // server-proxy mode) with the endpoint's own on top.
   ExecdEndpoint endpoint(const std::string& id, uint16_t port, std::chrono::milliseconds timeout,
                          const sdk::CancelToken& cancel);
+  // GET /sandboxes?metadata=<filter>&page=<page>&pageSize=<page_size> (`filter` as
+  // metadata_filter makes it; empty: no filter).
+  ListPage list_page(const std::string& filter, int64_t page, int64_t page_size,
+                     std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
   // POST /sandboxes/{id}/pause or /resume (`pause` false). A 409 (not running / not paused) is
   // success when the sandbox already is in the state asked for (read back), else
   // FAILED_PRECONDITION; NOT_FOUND for a sandbox that is gone.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <sstream>
 
 namespace sbx::opensandbox {
@@ -445,6 +446,14 @@ void OpenSandboxProvider::remove_sandbox(const std::string& id, const sdk::Cance
       });
 }
 
+bool matches_selector(const KeyValues& selector, const KeyValues& metadata) {
+  for (const auto& [k, v] : selector) {
+    const auto it = metadata.find(k);
+    if (it == metadata.end() || (!v.empty() && it->second != v)) return false;
+  }
+  return true;
+}
+
 sdk::Endpoint OpenSandboxProvider::endpoint(sdk::Sandbox& sandbox, uint16_t port,
                                             const sdk::CancelToken& cancel) {
   ExecdEndpoint found;
@@ -455,6 +464,73 @@ sdk::Endpoint OpenSandboxProvider::endpoint(sdk::Sandbox& sandbox, uint16_t port
   for (auto& [name, value] : found.headers)
     out.headers[name] = std::move(value);
   return out;
+}
+
+std::vector<sdk::SandboxInfo> OpenSandboxProvider::list(const KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  // The server filters by exact pairs; a key wanted with any value is checked here only. Every
+  // item is checked here as well: a server that ignored the filter must not make reap delete
+  // sandboxes the selector does not name.
+  KeyValues exact;
+  for (const auto& [k, v] : selector) {
+    if (!v.empty()) exact[k] = v;
+  }
+  const std::string filter = metadata_filter(exact);
+  constexpr int64_t kPageSize = 200;    // the server's cap
+  constexpr int64_t kMaxPages = 10000;  // bounds a server that always says there is more
+  std::vector<sdk::SandboxInfo> out;
+  std::set<std::string> seen;  // pages shift while sandboxes come and go: no id twice
+  for (int64_t page = 1;; ++page) {
+    ListPage answer;
+    sdk::retry(
+        config_.operations.retry_policy(),
+        [&] { answer = lifecycle_.list_page(filter, page, kPageSize, request_timeout(), cancel); },
+        cancel);
+    for (auto& item : answer.items) {
+      if (!matches_selector(selector, item.metadata) || !seen.insert(item.id).second) continue;
+      out.push_back(sdk::SandboxInfo{.id = std::move(item.id),
+                                     .status = to_sandbox_status(item.state),
+                                     .labels = std::move(item.metadata),
+                                     .created_unix_ms = item.created_unix_ms});
+    }
+    if (!answer.has_next_page || answer.items.empty()) break;
+    if (page >= kMaxPages) {
+      log_.warn("opensandbox: list stopped after ", kMaxPages, " pages of ", kPageSize,
+                " sandboxes");
+      break;
+    }
+  }
+  log_.debug("opensandbox: listed ", out.size(), " sandboxes");
+  return out;
+}
+
+std::vector<sdk::SandboxInfo> OpenSandboxProvider::reap(const KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  std::vector<sdk::SandboxInfo> removed;
+  std::string failures;
+  size_t failed = 0;
+  for (auto& info : list(selector, cancel)) {
+    sdk::throw_if_cancelled(cancel);
+    try {
+      remove_sandbox(info.id, cancel);  // a sandbox already gone (404) counts as removed
+      info.status = sdk::SandboxStatus::stopped;
+      removed.push_back(std::move(info));
+    } catch (const sdk::Error& e) {
+      if (e.status() == SBX_STATUS_CANCELLED) throw;
+      if (++failed <= 3) failures += std::string(failures.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (failed > 0) {
+    log_.warn("opensandbox: reap removed ", removed.size(), " sandboxes; ", failed,
+              " could not be removed");
+    throw sdk::Error(SBX_STATUS_INTERNAL,
+                     "OpenSandbox reap removed " + std::to_string(removed.size()) +
+                         " sandboxes but " + std::to_string(failed) +
+                         " could not be removed: " + failures,
+                     sdk::ErrorDetails{.retryable = true});
+  }
+  log_.info("opensandbox: reaped ", removed.size(), " sandboxes");
+  return removed;
 }
 
 std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {

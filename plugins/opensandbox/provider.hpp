@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sbx::opensandbox {
 
@@ -57,8 +58,13 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 // argument or a cancellation.
 bool is_retryable_create_error(const sdk::Error& error);
 
+// Whether a sandbox's metadata matches a list/reap selector: every pair's key present with the
+// same value, or with any value when the selector's value is empty.
+bool matches_selector(const KeyValues& selector, const KeyValues& metadata);
+
 class OpenSandboxProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingEndpoint,
+                                  public sdk::BlockingListReap,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew {
@@ -88,6 +94,16 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   // the endpoint's own; the API key only in server-proxy mode), retried as status is.
   sdk::Endpoint endpoint(sdk::Sandbox& sandbox, uint16_t port,
                          const sdk::CancelToken& cancel) override;
+  // sbx.list-reap/1: list is GET /v1/sandboxes filtered by the selector's pairs with a value (the
+  // server's metadata filter), every page, each item checked against the whole selector here too
+  // (an empty value: the key with any value). Reap deletes each listed sandbox (404: already gone,
+  // removed) and completes with those removed; when some could not be removed it fails, naming how
+  // many and the first errors.
+  std::vector<sdk::SandboxInfo> list(const KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+  std::vector<sdk::SandboxInfo> reap(const KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+
   // sbx.pause/1: POST pause / resume; pausing a paused sandbox or resuming a running one changes
   // nothing. While this handle knows the sandbox paused, exec, upload and download fail at once
   // with FAILED_PRECONDITION.

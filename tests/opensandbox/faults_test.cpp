@@ -8,7 +8,8 @@
 // command submission resubmitted (and given up: "backend unreachable"), a cut command stream,
 // close of a sandbox the server already deleted, the API key's placement in direct and
 // server-proxy mode, and the create backoff's bounds; the create path's messages and logs (the
-// plugin's log is read from a sink on the host's "sbx" logger); the endpoint extension.
+// plugin's log is read from a sink on the host's "sbx" logger); the endpoint extension; list and
+// reap by metadata.
 
 #include "../serve/support.hpp"
 
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -641,4 +643,94 @@ TEST_CASE(
     box.close();
     CHECK(f.sandboxes_on_server(true) == 0);
   }
+}
+
+// --- sbx.list-reap/1 --------------------------------------------------------------------------
+
+namespace {
+
+sbx::Sandbox create_with(Fixture& f, std::map<std::string, std::string> metadata) {
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  for (auto& [k, v] : metadata)
+    spec.metadata[k] = v;
+  return f.host->provider("os").create(std::move(spec));
+}
+
+std::set<std::string> ids_of(const std::vector<sbx::SandboxInfo>& infos) {
+  std::set<std::string> out;
+  for (const auto& i : infos)
+    out.insert(i.id);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("list by metadata: exact pairs, a key with any value, encoded keys; reap only those") {
+  Fixture f("[]");
+  const auto& provider = f.host->provider("os");
+  auto a = create_with(f, {{"example.com/team", "red"}, {"job", "a.1"}});
+  auto b = create_with(f, {{"example.com/team", "blue"}, {"job", "a.1"}});
+  auto c = create_with(f, {{"job", "c"}});
+
+  const auto red = provider.list({{"example.com/team", "red"}});
+  REQUIRE(red.size() == 1);
+  CHECK(red[0].id == a.id());
+  CHECK(red[0].status == sbx::SandboxStatus::running);
+  CHECK(red[0].labels.at("example.com/team") == "red");
+  CHECK(red[0].labels.at("job") == "a.1");
+  CHECK(red[0].created_unix_ms > 0);
+  CHECK(ids_of(provider.list({{"example.com/team", ""}})) == std::set{a.id(), b.id()});
+  CHECK(ids_of(provider.list({{"job", "a.1"}, {"example.com/team", ""}})) ==
+        std::set{a.id(), b.id()});
+  CHECK(ids_of(provider.list({{"job", "a.1"}, {"example.com/team", "blue"}})) == std::set{b.id()});
+  CHECK(provider.list({{"job", "nothing"}}).empty());
+  CHECK(provider.list({{"no-such-key", ""}}).empty());
+  CHECK(ids_of(provider.list({})) == std::set{a.id(), b.id(), c.id()});
+
+  const auto reaped = provider.reap({{"example.com/team", ""}});
+  CHECK(ids_of(reaped) == std::set{a.id(), b.id()});
+  for (const auto& r : reaped)
+    CHECK(r.status == sbx::SandboxStatus::stopped);
+  CHECK(f.count("DELETE /v1/sandboxes/" + a.id()) == 1);
+  CHECK(f.count("DELETE /v1/sandboxes/" + b.id()) == 1);
+  CHECK(f.count("DELETE /v1/sandboxes/" + c.id()) == 0);
+  CHECK(f.sandboxes_on_server() == 1);
+  CHECK(c.exec("echo still").stdout_text == "still\n");
+  CHECK(provider.reap({{"example.com/team", ""}}).empty());  // nothing left to match
+  a.detach();
+  b.detach();
+  c.close();
+  CHECK(f.sandboxes_on_server() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("reap: a 404 counts as removed; a delete that keeps failing fails the reap") {
+  // operations.retries 0: one DELETE per sandbox. The first DELETE is answered 404 (the sandbox
+  // stays: the fault lied), the second 500.
+  Fixture f(R"([{"route": "DELETE /sandboxes/{id}",
+                 "actions": [{"status": 404, "code": "DOCKER::SANDBOX_NOT_FOUND"},
+                             {"status": 500}]}])",
+            json::object{{"operations", json::object{{"retries", 0}}}});
+  const auto& provider = f.host->provider("os");
+  auto a = create_with(f, {{"reap", "one"}});
+  const auto reaped = provider.reap({{"reap", "one"}});
+  REQUIRE(reaped.size() == 1);
+  CHECK(reaped[0].id == a.id());
+  CHECK(f.sandboxes_on_server() == 1);  // the 404 was injected: still there
+  std::string message;
+  try {
+    provider.reap({{"reap", "one"}});
+  } catch (const sbx::Error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("OpenSandbox reap removed 0 sandboxes but 1 could not be removed") !=
+        std::string::npos);
+  CHECK(message.find("HTTP 500") != std::string::npos);
+  // The fault sequence is used up: the third reap removes it.
+  CHECK(ids_of(provider.reap({{"reap", "one"}})) == std::set{a.id()});
+  CHECK(f.sandboxes_on_server() == 0);
+  a.detach();
 }
