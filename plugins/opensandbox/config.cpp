@@ -671,16 +671,21 @@ SandboxOptions SandboxOptions::parse(const boost::json::object& options) {
 KeyValues resolve_extensions(KeyValues extensions, std::optional<PullPolicy> config_policy) {
   if (!config_policy) return extensions;
   std::string policy(to_string(*config_policy));
+  std::string_view from;  // the extensions key the policy came from
   for (const auto key : {kPullPolicyKey, kPullPolicyAnnotationKey}) {
     if (const auto it = extensions.find(std::string(key));
         it != extensions.end() && !it->second.empty()) {
       policy = it->second;
+      from = key;
       break;
     }
   }
   if (!parse_pull_policy(policy)) {
+    // The seed's message, with the key and the value given (only an extension can be wrong here:
+    // the config's policy was validated when the config was read).
     throw sdk::Error::invalid_argument(
-        "image_pull_policy must be one of: Always, IfNotPresent, Never");
+        "provider_options.extensions." + std::string(from) +
+        ": image_pull_policy must be one of: Always, IfNotPresent, Never; got '" + policy + "'");
   }
   extensions.try_emplace(std::string(kPullPolicyKey), policy);
   extensions.try_emplace(std::string(kPullPolicyAnnotationKey), policy);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -136,8 +137,8 @@ sdk::http::ClientOptions client_options(const ConnectionConfig& connection, std:
   return options;
 }
 
-LifecycleClient::LifecycleClient(const ConnectionConfig& connection)
-    : connection_(connection), http_([&] {
+LifecycleClient::LifecycleClient(const ConnectionConfig& connection, sdk::Logger log)
+    : connection_(connection), log_(log), http_([&] {
         auto options = client_options(connection, connection.base_url() + "/v1");
         if (connection.api_key) {
           options.default_headers.emplace_back(std::string(kApiKeyHeader), *connection.api_key);
@@ -149,16 +150,89 @@ sdk::http::Response LifecycleClient::send(sdk::http::Request request,
                                           const sdk::CancelToken& cancel) {
   // Connect failures (nothing sent) are tried again up to connect_retries times at once, as the
   // seed's transport does; anything else is the caller's to judge.
+  // Each attempt is logged at debug: method, path (the query too: ids and the metadata filter,
+  // no secret), status or error, milliseconds. Never a header: the API key travels in one.
   for (int64_t attempt = 0;; ++attempt) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto elapsed_ms = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - start)
+          .count();
+    };
     try {
-      return http_.send(request, cancel);
+      auto response = http_.send(request, cancel);
+      log_.debug("opensandbox: ", request.method, " /v1", request.target, " -> ", response.status,
+                 " in ", elapsed_ms(), " ms");
+      return response;
     } catch (const sdk::Error& e) {
+      log_.debug("opensandbox: ", request.method, " /v1", request.target, " failed in ",
+                 elapsed_ms(), " ms: ", e.what());
       if (attempt >= connection_.connect_retries || !e.retryable() || e.may_have_run() ||
           e.status() != SBX_STATUS_UNAVAILABLE) {
         throw;
       }
     }
   }
+}
+
+std::string metadata_filter(const KeyValues& pairs) {
+  std::string query;
+  for (const auto& [k, v] : pairs) {
+    if (!query.empty()) query += '&';
+    query += sdk::http::url_encode(k) + "=" + sdk::http::url_encode(v);
+  }
+  return sdk::http::url_encode(query);
+}
+
+ListPage parse_list_page(std::string_view body) {
+  boost::system::error_code ec;
+  const json::value answer = json::parse(body, ec);
+  const json::object* object = !ec && answer.is_object() ? &answer.get_object() : nullptr;
+  const json::value* items = object ? object->if_contains("items") : nullptr;
+  if (!items || !items->is_array()) {
+    throw sdk::Error::internal("OpenSandbox list sandboxes: the answer has no items array");
+  }
+  ListPage page;
+  for (const auto& item : items->get_array()) {
+    if (!item.is_object()) continue;
+    const auto& o = item.get_object();
+    const auto* id = o.if_contains("id");
+    if (!id || !id->is_string() || id->get_string().empty()) continue;
+    ListedSandbox out;
+    out.id = std::string(id->get_string());
+    if (const auto* status = o.if_contains("status"); status && status->is_object()) {
+      const auto* state = status->get_object().if_contains("state");
+      if (state && state->is_string()) out.state = std::string(state->get_string());
+    }
+    if (const auto* metadata = o.if_contains("metadata"); metadata && metadata->is_object()) {
+      for (const auto& m : metadata->get_object()) {
+        if (m.value().is_string())
+          out.metadata[std::string(m.key())] = std::string(m.value().get_string());
+      }
+    }
+    if (const auto* created = o.if_contains("createdAt"); created && created->is_string()) {
+      out.created_unix_ms = parse_rfc3339(created->get_string()).value_or(0);
+    }
+    page.items.push_back(std::move(out));
+  }
+  if (const auto* pagination = object->if_contains("pagination");
+      pagination && pagination->is_object()) {
+    const auto* next = pagination->get_object().if_contains("hasNextPage");
+    page.has_next_page = next && next->is_bool() && next->get_bool();
+  }
+  return page;
+}
+
+ListPage LifecycleClient::list_page(const std::string& filter, int64_t page, int64_t page_size,
+                                    std::chrono::milliseconds timeout,
+                                    const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.target = "/sandboxes?" + (filter.empty() ? std::string() : "metadata=" + filter + "&") +
+                   "page=" + std::to_string(page) + "&pageSize=" + std::to_string(page_size);
+  request.timeout = timeout;
+  const auto response = send(std::move(request), cancel);
+  if (response.status != 200) throw_answer(response, "OpenSandbox list sandboxes");
+  return parse_list_page(response.body);
 }
 
 std::string LifecycleClient::create(const json::object& body, std::chrono::milliseconds timeout,

@@ -11,6 +11,7 @@
 
 #include <sbx/sdk/error.hpp>
 #include <sbx/sdk/http.hpp>
+#include <sbx/sdk/log.hpp>
 
 #include <boost/json/object.hpp>
 
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sbx::opensandbox {
 
@@ -63,9 +65,34 @@ struct SandboxStatusInfo {
 // JSON object. `what` names the request in that error.
 SandboxStatusInfo parse_sandbox_status(const std::string& body, const std::string& what);
 
+// One sandbox of a list answer: id, status.state ("" when absent), metadata (string values),
+// createdAt (Unix ms, 0 when absent or unreadable).
+struct ListedSandbox {
+  std::string id;
+  std::string state;
+  KeyValues metadata;
+  int64_t created_unix_ms = 0;
+};
+
+// One page of GET /sandboxes.
+struct ListPage {
+  std::vector<ListedSandbox> items;
+  bool has_next_page = false;
+};
+
+// The `metadata` query value of a list filtered by `pairs` (every pair ANDed): the pairs as a
+// query of their own ("k=v&k2=v2", each key and value percent-encoded), percent-encoded again as
+// one parameter value, as the lifecycle spec asks. Empty for no pairs.
+std::string metadata_filter(const KeyValues& pairs);
+
+// Reads a list answer's body. Items without a string id are skipped; throws INTERNAL when the body
+// is not an object with an `items` array.
+ListPage parse_list_page(std::string_view body);
+
 class LifecycleClient {
  public:
-  explicit LifecycleClient(const ConnectionConfig& connection);
+  // `log`: every request is logged at debug (method, path, status, milliseconds; never a header).
+  LifecycleClient(const ConnectionConfig& connection, sdk::Logger log);
 
   // POST /sandboxes; returns the new sandbox's id. Throws sdk::Error: CREATE_FAILED (retryable as
   // is_retryable_create_answer says) for an error answer, INVALID_ARGUMENT for a 422, the HTTP
@@ -86,11 +113,16 @@ class LifecycleClient {
   // DELETE /sandboxes/{id}; a sandbox already gone (404) is success.
   void remove(const std::string& id, std::chrono::milliseconds timeout,
               const sdk::CancelToken& cancel);
-  // GET /sandboxes/{id}/endpoints/{port}[?use_server_proxy=true], made into an ExecdEndpoint: the
-  // endpoint gets the connection's scheme when it has none; headers are the connection's (the API
-  // key only in server-proxy mode) with the endpoint's own on top.
+  // GET /sandboxes/{id}/endpoints/{port}[?use_server_proxy=true], made into an ExecdEndpoint (of
+  // execd's port for the plugin's own calls, of any port for sbx.endpoint/1): the endpoint gets
+  // the connection's scheme when it has none; headers are the connection's (the API key only in
+  // server-proxy mode) with the endpoint's own on top.
   ExecdEndpoint endpoint(const std::string& id, uint16_t port, std::chrono::milliseconds timeout,
                          const sdk::CancelToken& cancel);
+  // GET /sandboxes?metadata=<filter>&page=<page>&pageSize=<page_size> (`filter` as
+  // metadata_filter makes it; empty: no filter).
+  ListPage list_page(const std::string& filter, int64_t page, int64_t page_size,
+                     std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
   // POST /sandboxes/{id}/pause or /resume (`pause` false). A 409 (not running / not paused) is
   // success when the sandbox already is in the state asked for (read back), else
   // FAILED_PRECONDITION; NOT_FOUND for a sandbox that is gone.
@@ -105,6 +137,7 @@ class LifecycleClient {
   sdk::http::Response send(sdk::http::Request request, const sdk::CancelToken& cancel);
 
   ConnectionConfig connection_;
+  sdk::Logger log_;
   sdk::http::Client http_;
 };
 

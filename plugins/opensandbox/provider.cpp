@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <set>
+#include <sstream>
 
 namespace sbx::opensandbox {
 
@@ -166,7 +168,7 @@ OpenSandboxProvider::OpenSandboxProvider(const sdk::ProviderContext& context,
                             std::getenv("OPEN_SANDBOX_API_KEY"))),
       log_(context.log),
       attribution_(attribution_metadata(config_.attribution)),
-      lifecycle_(config_.connection),
+      lifecycle_(config_.connection, context.log),
       execd_(config_.connection, config_.operations, context.log) {
   log_.debug("opensandbox: server ", config_.connection.base_url(), ", ",
              config_.connection.use_server_proxy ? "server-proxy" : "direct", " execd, API key ",
@@ -181,19 +183,31 @@ std::chrono::milliseconds OpenSandboxProvider::request_timeout() const {
 std::unique_ptr<sdk::Sandbox> OpenSandboxProvider::create(const sdk::Spec& spec,
                                                           const sdk::CancelToken& cancel) {
   const json::object body = create_request(config_, spec, attribution_);
+  log_ttl(spec);
   const bool skip_health_check =
       config_.create.skip_health_check ||
       SandboxOptions::parse(spec.provider_options).skip_health_check.value_or(false);
   std::unique_ptr<OpenSandbox> box;
-  sdk::retry(
-      config_.create.retry_policy(),
-      [&] { box = create_once(spec, body, skip_health_check, cancel); }, cancel,
-      is_retryable_create_error,
-      [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
-        log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
-                  "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
-                  "; error=", error.what());
-      });
+  int attempts = 0;
+  try {
+    sdk::retry(
+        config_.create.retry_policy(),
+        [&] {
+          ++attempts;
+          box = create_once(spec, body, skip_health_check, cancel);
+        },
+        cancel, is_retryable_create_error,
+        [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
+          log_.warn("Retrying OpenSandbox sandbox create after attempt ", attempt,
+                    "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
+                    "; error=", error.what());
+        });
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED || (attempts <= 1 && !is_retryable_create_error(e))) {
+      throw;
+    }
+    throw final_create_error(e, attempts);
+  }
   return box;
 }
 
@@ -208,12 +222,14 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
   if (config_.create.timeout_s) create_timeout = seconds_ms(*config_.create.timeout_s);
   const std::string id = lifecycle_.create(body, create_timeout, cancel);
   log_.debug("opensandbox: created sandbox ", id);
+  std::string step = "endpoint fetch";
   try {
     std::chrono::milliseconds budget = seconds_ms(config_.create.connect_attempt_timeout_s);
     if (config_.create.timeout_s) budget = seconds_ms(*config_.create.timeout_s);
     if (spec.ready_timeout) budget = *spec.ready_timeout;
     auto box = std::make_unique<OpenSandbox>(
-        id, connect_execd(id, budget, skip_health_check, cancel), spec.workdir);
+        id, connect_execd(id, budget, skip_health_check, true, step, cancel), spec.workdir);
+    step = "workdir";
     if (spec.workdir) {
       const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
                                     seconds_ms(config_.probe.timeout_s), cancel);
@@ -223,6 +239,7 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
                                         made.stderr_text.substr(0, 200));
       }
     }
+    step = "probe";
     sdk::run_readiness_probe(
         config_.probe, id,
         [&](std::chrono::milliseconds timeout) {
@@ -233,22 +250,57 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
   } catch (...) {
     // The sandbox exists on the server but is not usable: delete it (a cancelled create too),
     // then report the original failure.
-    try {
-      const auto close_timeout = config_.operations.close_timeout_s
-                                     ? seconds_ms(*config_.operations.close_timeout_s)
-                                     : 0ms;
-      lifecycle_.remove(id, close_timeout, {});
-    } catch (const std::exception& e) {
-      log_.warn("Failed to clean up OpenSandbox sandbox after create probe failure; sandbox_id=",
-                id, "; error=", e.what());
-    }
+    cleanup_failed_create(id, step, std::current_exception());
     throw;
+  }
+}
+
+void OpenSandboxProvider::cleanup_failed_create(const std::string& id, const std::string& step,
+                                                const std::exception_ptr& failure) {
+  std::string what = "create " + step + " failure";
+  try {
+    std::rethrow_exception(failure);
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED) what = "create cancelled during the " + step;
+  } catch (...) {
+  }
+  try {
+    const auto close_timeout =
+        config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
+    lifecycle_.remove(id, close_timeout, {});
+    log_.debug("opensandbox: deleted sandbox ", id, " after ", what);
+  } catch (const std::exception& e) {
+    log_.warn("Failed to clean up OpenSandbox sandbox after ", what, "; sandbox_id=", id,
+              "; error=", e.what());
+  }
+}
+
+sdk::Error OpenSandboxProvider::final_create_error(const sdk::Error& last, int attempts) {
+  return sdk::Error(last.status(),
+                    "OpenSandbox create failed after " + std::to_string(attempts) +
+                        (attempts == 1 ? " attempt" : " attempts") + "; last error: " + last.what(),
+                    last.details());
+}
+
+void OpenSandboxProvider::log_ttl(const sdk::Spec& spec) const {
+  if (!spec.ttl) return;
+  const int64_t sent = ttl_seconds(*spec.ttl);
+  if (sent * 1000 == spec.ttl->count()) return;
+  std::ostringstream asked;
+  asked << static_cast<double>(spec.ttl->count()) / 1000;
+  if (sent == kMinTtlSeconds && spec.ttl->count() < kMinTtlSeconds * 1000) {
+    log_.info("opensandbox: TTL ", asked.str(), " s is under the server's minimum of ",
+              kMinTtlSeconds, " s; sending timeout ", sent, " s");
+  } else {
+    log_.info("opensandbox: TTL ", asked.str(), " s rounded up to whole seconds; sending timeout ",
+              sent, " s");
   }
 }
 
 ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
                                                  std::chrono::milliseconds budget,
-                                                 bool skip_health_check,
+                                                 bool skip_health_check, bool after_create,
+                                                 std::string& step,
                                                  const sdk::CancelToken& cancel) {
   // The endpoint, then execd's /ping until it answers 200, within `budget`. With
   // skip_health_check only the endpoint is fetched (retried the same way: the seed's reconnect
@@ -257,20 +309,32 @@ ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
   const auto poll = seconds_ms(config_.create.connect_poll_s);
   std::optional<ExecdEndpoint> endpoint;
   std::string last_error = "no attempt";
+  step = "endpoint fetch";
   for (;;) {
     sdk::throw_if_cancelled(cancel);
     const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (remaining <= 0ms) {
-      throw sdk::Error::create_failed(
-          "Timed out connecting to OpenSandbox sandbox after create; sandbox_id=" + id +
-              ", timeout_s=" + std::to_string(budget.count() / 1000) +
-              "; last error: " + last_error,
-          true);
+      std::ostringstream message;
+      message << "Timed out connecting to OpenSandbox sandbox "
+              << (after_create ? "after create" : "on connect") << ", "
+              << (endpoint ? "waiting for execd's /ping to answer 200"
+                           : "fetching its execd endpoint (GET /v1/sandboxes/" + id +
+                                 "/endpoints/" + std::to_string(kExecdPort) + ")")
+              << "; sandbox_id=" << id
+              << ", timeout_s=" << static_cast<double>(budget.count()) / 1000
+              << "; last error: " << last_error;
+      // Within create a timeout is a failed attempt (retryable, as the seed's); on connect the
+      // sandbox exists but does not answer in time.
+      if (after_create) throw sdk::Error::create_failed(message.str(), true);
+      throw sdk::Error(SBX_STATUS_TIMEOUT, message.str());
     }
     const auto attempt = std::min(remaining, seconds_ms(config_.create.connect_attempt_timeout_s));
     try {
-      if (!endpoint) endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
+      if (!endpoint) {
+        endpoint = lifecycle_.endpoint(id, kExecdPort, attempt, cancel);
+        if (!skip_health_check) step = "health check";
+      }
       if (skip_health_check || execd_.ping(*endpoint, attempt, cancel)) {
         return *endpoint;
       }
@@ -407,16 +471,107 @@ void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& 
 }
 
 void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  remove_sandbox(sandbox.id(), cancel);
+}
+
+void OpenSandboxProvider::remove_sandbox(const std::string& id, const sdk::CancelToken& cancel) {
   const auto timeout =
       config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
   sdk::retry(
-      config_.operations.retry_policy(), [&] { lifecycle_.remove(sandbox.id(), timeout, cancel); },
-      cancel, {},
+      config_.operations.retry_policy(), [&] { lifecycle_.remove(id, timeout, cancel); }, cancel,
+      {},
       [&](int attempt, const sdk::Error& error, std::chrono::milliseconds delay) {
-        log_.warn("Retrying OpenSandbox close of ", sandbox.id(), " after attempt ", attempt,
+        log_.warn("Retrying OpenSandbox close of ", id, " after attempt ", attempt,
                   "; next_sleep_s=", static_cast<double>(delay.count()) / 1000,
                   "; error=", error.what());
       });
+}
+
+bool matches_selector(const KeyValues& selector, const KeyValues& metadata) {
+  for (const auto& [k, v] : selector) {
+    const auto it = metadata.find(k);
+    if (it == metadata.end() || (!v.empty() && it->second != v)) return false;
+  }
+  return true;
+}
+
+sdk::Endpoint OpenSandboxProvider::endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                                            const sdk::CancelToken& cancel) {
+  ExecdEndpoint found;
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] { found = lifecycle_.endpoint(sandbox.id(), port, request_timeout(), cancel); }, cancel);
+  sdk::Endpoint out{std::move(found.base_url), {}};
+  for (auto& [name, value] : found.headers)
+    out.headers[name] = std::move(value);
+  return out;
+}
+
+std::vector<sdk::SandboxInfo> OpenSandboxProvider::list(const KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  // The server filters by exact pairs; a key wanted with any value is checked here only. Every
+  // item is checked here as well: a server that ignored the filter must not make reap delete
+  // sandboxes the selector does not name.
+  KeyValues exact;
+  for (const auto& [k, v] : selector) {
+    if (!v.empty()) exact[k] = v;
+  }
+  const std::string filter = metadata_filter(exact);
+  constexpr int64_t kPageSize = 200;    // the server's cap
+  constexpr int64_t kMaxPages = 10000;  // bounds a server that always says there is more
+  std::vector<sdk::SandboxInfo> out;
+  std::set<std::string> seen;  // pages shift while sandboxes come and go: no id twice
+  for (int64_t page = 1;; ++page) {
+    ListPage answer;
+    sdk::retry(
+        config_.operations.retry_policy(),
+        [&] { answer = lifecycle_.list_page(filter, page, kPageSize, request_timeout(), cancel); },
+        cancel);
+    for (auto& item : answer.items) {
+      if (!matches_selector(selector, item.metadata) || !seen.insert(item.id).second) continue;
+      out.push_back(sdk::SandboxInfo{.id = std::move(item.id),
+                                     .status = to_sandbox_status(item.state),
+                                     .labels = std::move(item.metadata),
+                                     .created_unix_ms = item.created_unix_ms});
+    }
+    if (!answer.has_next_page || answer.items.empty()) break;
+    if (page >= kMaxPages) {
+      log_.warn("opensandbox: list stopped after ", kMaxPages, " pages of ", kPageSize,
+                " sandboxes");
+      break;
+    }
+  }
+  log_.debug("opensandbox: listed ", out.size(), " sandboxes");
+  return out;
+}
+
+std::vector<sdk::SandboxInfo> OpenSandboxProvider::reap(const KeyValues& selector,
+                                                        const sdk::CancelToken& cancel) {
+  std::vector<sdk::SandboxInfo> removed;
+  std::string failures;
+  size_t failed = 0;
+  for (auto& info : list(selector, cancel)) {
+    sdk::throw_if_cancelled(cancel);
+    try {
+      remove_sandbox(info.id, cancel);  // a sandbox already gone (404) counts as removed
+      info.status = sdk::SandboxStatus::stopped;
+      removed.push_back(std::move(info));
+    } catch (const sdk::Error& e) {
+      if (e.status() == SBX_STATUS_CANCELLED) throw;
+      if (++failed <= 3) failures += std::string(failures.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (failed > 0) {
+    log_.warn("opensandbox: reap removed ", removed.size(), " sandboxes; ", failed,
+              " could not be removed");
+    throw sdk::Error(SBX_STATUS_INTERNAL,
+                     "OpenSandbox reap removed " + std::to_string(removed.size()) +
+                         " sandboxes but " + std::to_string(failed) +
+                         " could not be removed: " + failures,
+                     sdk::ErrorDetails{.retryable = true});
+  }
+  log_.info("opensandbox: reaped ", removed.size(), " sandboxes");
+  return removed;
 }
 
 std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {
@@ -460,8 +615,9 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
   if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
     throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
   }
+  std::string step;
   auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
-                                config_.create.skip_health_check, cancel);
+                                config_.create.skip_health_check, false, step, cancel);
   auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
   box->set_paused(status == sdk::SandboxStatus::paused);
   sdk::Connected out;

@@ -12,9 +12,12 @@
 #include <sbx/sdk/plugin.hpp>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace sbx::opensandbox {
 
@@ -55,10 +58,16 @@ boost::json::object create_request(const Config& config, const sdk::Spec& spec,
 // argument or a cancellation.
 bool is_retryable_create_error(const sdk::Error& error);
 
+// Whether a sandbox's metadata matches a list/reap selector: every pair's key present with the
+// same value, or with any value when the selector's value is empty.
+bool matches_selector(const KeyValues& selector, const KeyValues& metadata);
+
 // Blocking style on the SDK's pool for everything but exec, which holds no thread while its
 // command runs (sdk::AsyncExec): its output and end come on the execd client's loop thread.
 class OpenSandboxProvider final : public sdk::BlockingProvider,
                                   public sdk::AsyncExec,
+                                  public sdk::BlockingEndpoint,
+                                  public sdk::BlockingListReap,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew {
@@ -88,6 +97,21 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
 
+  // sbx.endpoint/1: GET the sandbox's endpoint for `port` (the same request and handling as
+  // execd's endpoint: scheme from the connection when it has none, the connection's headers under
+  // the endpoint's own; the API key only in server-proxy mode), retried as status is.
+  sdk::Endpoint endpoint(sdk::Sandbox& sandbox, uint16_t port,
+                         const sdk::CancelToken& cancel) override;
+  // sbx.list-reap/1: list is GET /v1/sandboxes filtered by the selector's pairs with a value (the
+  // server's metadata filter), every page, each item checked against the whole selector here too
+  // (an empty value: the key with any value). Reap deletes each listed sandbox (404: already gone,
+  // removed) and completes with those removed; when some could not be removed it fails, naming how
+  // many and the first errors.
+  std::vector<sdk::SandboxInfo> list(const KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+  std::vector<sdk::SandboxInfo> reap(const KeyValues& selector,
+                                     const sdk::CancelToken& cancel) override;
+
   // sbx.pause/1: POST pause / resume; pausing a paused sandbox or resuming a running one changes
   // nothing. While this handle knows the sandbox paused, exec, upload and download fail at once
   // with FAILED_PRECONDITION.
@@ -110,8 +134,22 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   std::unique_ptr<OpenSandbox> create_once(const sdk::Spec& spec, const boost::json::object& body,
                                            bool skip_health_check, const sdk::CancelToken& cancel);
   // The execd endpoint, then /ping until 200 (unless `skip_health_check`), within `budget`.
+  // The timeout's message says whether it came `after_create` or on connect and names the step
+  // that timed out; `step` is set to the step under way ("endpoint fetch", "health check").
   ExecdEndpoint connect_execd(const std::string& id, std::chrono::milliseconds budget,
-                              bool skip_health_check, const sdk::CancelToken& cancel);
+                              bool skip_health_check, bool after_create, std::string& step,
+                              const sdk::CancelToken& cancel);
+  // Deletes a sandbox whose create failed at `step` (the error of that step is `failure`); a
+  // failure of the delete is logged and swallowed.
+  void cleanup_failed_create(const std::string& id, const std::string& step,
+                             const std::exception_ptr& failure);
+  // The error a create reports after `attempts` attempts ended with `last`: the same status and
+  // details, the message naming the attempts and the last error.
+  static sdk::Error final_create_error(const sdk::Error& last, int attempts);
+  // Logs at info a TTL the create request changes (under the server's minimum, or fractional).
+  void log_ttl(const sdk::Spec& spec) const;
+  // DELETE /v1/sandboxes/{id} within close_timeout_s, retried by operations.*; 404 is success.
+  void remove_sandbox(const std::string& id, const sdk::CancelToken& cancel);
   // Runs a command to its end, collecting its output (for the probe and the workdir).
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);

@@ -26,6 +26,10 @@ cat > "$work/serve.json" <<JSON
 JSON
 SBX_OS_TEST_KEY=test-key-$$-$(date +%s)
 export SBX_OS_TEST_KEY
+# Emptied here, not by the server's redirection: that happens in the child, maybe after the first
+# read below, which would then find a previous run's address (a dead port) in the file.
+: > "$work/serve.out"
+: > "$work/serve.err"
 "$sbx" serve --config "$work/serve.json" --provider docker --listen 127.0.0.1:0 \
   --api-key-env SBX_OS_TEST_KEY > "$work/serve.out" 2> "$work/serve.err" &
 server=$!

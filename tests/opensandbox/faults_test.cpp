@@ -7,7 +7,9 @@
 // Cases: create retried after 503s (and given up, leaving nothing), a 400 not retried, 502s on
 // command submission resubmitted (and given up: "backend unreachable"), a cut command stream,
 // close of a sandbox the server already deleted, the API key's placement in direct and
-// server-proxy mode, and the create backoff's bounds.
+// server-proxy mode, and the create backoff's bounds; the create path's messages and logs (the
+// plugin's log is read from a sink on the host's "sbx" logger); the endpoint extension; list and
+// reap by metadata.
 
 #include "../common/test_helpers.hpp"
 #include "../serve/support.hpp"
@@ -18,10 +20,15 @@
 #include <sbx/core/sandbox.hpp>
 
 #include <doctest/doctest.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -35,6 +42,53 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* kKey = "faults-test-key-0123456789";
+
+// The host's log lines (the plugin's included), for the whole process: a sink on the "sbx" logger,
+// which every provider logger copies when made (at debug, so the plugin's debug lines come).
+class LinesSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> lines() {
+    std::lock_guard lock(mutex_);
+    return lines_;
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    lines_.clear();
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+LinesSink& host_log() {
+  static auto* const sink = [] {
+    auto* s = new std::shared_ptr<LinesSink>(std::make_shared<LinesSink>());
+    auto base = spdlog::get("sbx");
+    if (!base) {
+      base = std::make_shared<spdlog::logger>("sbx");
+      spdlog::register_logger(base);
+    }
+    base->sinks().push_back(*s);
+    base->set_level(spdlog::level::debug);
+    return s;
+  }();
+  return **sink;
+}
+
+// The host log's lines that contain `part`.
+std::vector<std::string> host_lines(const std::string& part) {
+  std::vector<std::string> out;
+  for (auto& line : host_log().lines()) {
+    if (line.find(part) != std::string::npos) out.push_back(std::move(line));
+  }
+  return out;
+}
 
 // `sbx serve` over test_processes with `faults` as its fault plan (debug log: every request),
 // and a host whose provider "os" is the opensandbox plugin pointed at it with `plugin` merged
@@ -75,6 +129,7 @@ struct Fixture : ProcessesServer {
         target = value;
       }
     }
+    host_log().clear();  // made before the first host: its loggers copy the sink and the level
     json::object host_config{
         {"providers",
          json::object{{"os", json::object{{"plugin", "opensandbox"}, {"config", config}}}}}};
@@ -169,6 +224,9 @@ TEST_CASE("create answers 503 more often than the retries: a clear error, no san
   // NeMo Gym's SandboxCreateError: the plugin reports a create that ran out of retries as
   // CREATE_FAILED, with the last answer in the message.
   CHECK(status == SBX_STATUS_CREATE_FAILED);
+  // How many attempts were made, then the last error.
+  CHECK(message.find("OpenSandbox create failed after 2 attempts; last error: ") !=
+        std::string::npos);
   CHECK(message.find("HTTP 503") != std::string::npos);
   CHECK(message.find("GENERAL::INJECTED_FAULT") != std::string::npos);
   CHECK(f.count("POST /v1/sandboxes") == 2);  // the first attempt and one retry
@@ -223,7 +281,7 @@ TEST_CASE("command submissions answered 502 are resubmitted; past the retries, u
     status = e.status();
   }
   CAPTURE(message);
-    CHECK(status == SBX_STATUS_UNAVAILABLE);
+  CHECK(status == SBX_STATUS_UNAVAILABLE);
   CHECK(message.find("Sandbox backend unreachable through 4 submissions") != std::string::npos);
   // Before giving up, the sandbox's status was read in case it died of memory (it did not: the
   // 502 stands). It stays Running, so the reads go on for the diagnosis's 5 s, 0.5 s apart.
@@ -522,4 +580,330 @@ TEST_CASE("create backoff: the waits between attempts stay within retry_delay_s/
   }
   box.close();
   CHECK(f.sandboxes_on_server() == 0);
+}
+
+// --- the create path's messages and logs ------------------------------------------------------
+
+namespace {
+
+std::string create_error(Fixture& f, sbx::SandboxSpec spec, sbx_status* status = nullptr) {
+  try {
+    f.host->provider("os").create(std::move(spec));
+  } catch (const sbx::Error& e) {
+    if (status) *status = e.status();
+    return e.what();
+  }
+  FAIL("the create succeeded");
+  return {};
+}
+
+sbx::SandboxSpec spec_with_ready_timeout(double seconds) {
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.ready_timeout_s = seconds;
+  return spec;
+}
+
+// "<text>sandbox_id=<id>..." -> <id> (up to ',' or ';').
+std::string id_after(const std::string& text, const std::string& marker = "sandbox_id=") {
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return {};
+  const auto begin = at + marker.size();
+  return text.substr(begin, text.find_first_of(",;", begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("a health check that times out after create: the step, the id; the cleanup names it") {
+  // /ping fails for 30 s after each create; the sandbox's ready_timeout is 1 s. The cleanup's
+  // DELETE fails once, so the sandbox stays and the warning is logged (the test deletes it).
+  Fixture f(R"([{"route": "GET /ping", "fail_for_s": 30, "status": 503},
+                {"route": "DELETE /sandboxes/{id}", "actions": [{"status": 503}]}])",
+            json::object{{"create", json::object{{"retries", 0}}}});
+  sbx_status status = SBX_STATUS_OK;
+  const auto message = create_error(f, spec_with_ready_timeout(1), &status);
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_CREATE_FAILED);
+  CHECK(message.find("OpenSandbox create failed after 1 attempt; last error: Timed out "
+                     "connecting to OpenSandbox sandbox after create, waiting for execd's /ping "
+                     "to answer 200; sandbox_id=") != std::string::npos);
+  CHECK(message.find("timeout_s=1;") != std::string::npos);
+  const std::string id = id_after(message);
+  REQUIRE(!id.empty());
+  const auto warned = host_lines(
+      "Failed to clean up OpenSandbox sandbox after create health "
+      "check failure; sandbox_id=" +
+      id + "; error=");
+  CHECK(warned.size() == 1);
+  CHECK(host_lines("after create probe failure").empty());
+  // The failed cleanup left it: remove it here.
+  REQUIRE(f.sandboxes_on_server() == 1);
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("an endpoint fetch that times out after create: named, and the sandbox deleted") {
+  Fixture f(R"([{"route": "GET /sandboxes/{id}/endpoints/{port}", "fail_for_s": 30,
+                 "status": 503}])",
+            json::object{{"create", json::object{{"retries", 0}}}});
+  const auto message = create_error(f, spec_with_ready_timeout(1));
+  CAPTURE(message);
+  const std::string id = id_after(message);
+  REQUIRE(!id.empty());
+  CHECK(message.find("Timed out connecting to OpenSandbox sandbox after create, fetching its execd "
+                     "endpoint (GET /v1/sandboxes/" +
+                     id + "/endpoints/44772); sandbox_id=" + id) != std::string::npos);
+  CHECK(message.find("HTTP 503") != std::string::npos);  // the last error
+  CHECK(host_lines("opensandbox: deleted sandbox " + id + " after create endpoint fetch failure")
+            .size() == 1);
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a health check that times out on connect says so: TIMEOUT, not 'after create'") {
+  // The create skips the health check (its provider option), so only connect meets the failing
+  // /ping; connect's budget is create.connect_attempt_timeout_s.
+  Fixture f(R"([{"route": "GET /ping", "fail_for_s": 30, "status": 503}])",
+            json::object{{"create", json::object{{"connect_attempt_timeout_s", 1}}}});
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.provider_options = json::object{{"skip_health_check", true}};
+  auto box = f.host->provider("os").create(std::move(spec));
+  std::string message;
+  sbx_status status = SBX_STATUS_OK;
+  try {
+    f.host->provider("os").connect(R"({"sandbox_id":")" + box.id() + R"("})");
+  } catch (const sbx::Error& e) {
+    message = e.what();
+    status = e.status();
+  }
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_TIMEOUT);
+  CHECK(message.find("Timed out connecting to OpenSandbox sandbox on connect, waiting for execd's "
+                     "/ping to answer 200; sandbox_id=" +
+                     box.id() + ", timeout_s=1;") != std::string::npos);
+  CHECK(message.find("after create") == std::string::npos);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a TTL under the server's minimum is logged once at info, and 60 s is what is sent") {
+  // The first POST is refused: the retry must not log the TTL again.
+  Fixture f(R"([{"route": "POST /sandboxes", "actions": [{"status": 503}]}])");
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 10;
+  auto box = f.host->provider("os").create(std::move(spec));
+  CHECK(f.count("POST /v1/sandboxes") == 2);
+  CHECK(host_lines("opensandbox: TTL 10 s is under the server's minimum of 60 s; sending "
+                   "timeout 60 s")
+            .size() == 1);
+  CHECK(host_lines("opensandbox: TTL").size() == 1);
+  const auto r = request(f.port(), "GET", "/v1/sandboxes/" + box.id());
+  REQUIRE(r.status == 200);
+  const auto answer = r.json();
+  const auto& o = answer.as_object();
+  const long long lifetime_us = parse_time_us(std::string(o.at("expiresAt").as_string())) -
+                                parse_time_us(std::string(o.at("createdAt").as_string()));
+  CHECK(lifetime_us == 60'000'000);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+TEST_CASE("a bad pull policy in the extensions: the key and the value, no request sent") {
+  Fixture f("[]");
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.provider_options =
+      json::object{{"extensions", json::object{{"imagePullPolicy", "Sometimes"}}}};
+  sbx_status status = SBX_STATUS_OK;
+  const auto message = create_error(f, std::move(spec), &status);
+  CAPTURE(message);
+  CHECK(status == SBX_STATUS_INVALID_ARGUMENT);
+  CHECK(message.find("provider_options.extensions.imagePullPolicy: image_pull_policy must be one "
+                     "of: Always, IfNotPresent, Never; got 'Sometimes'") != std::string::npos);
+  CHECK(f.count("POST /v1/sandboxes") == 0);
+}
+
+TEST_CASE("every lifecycle request is logged at debug: method, path, status, ms; never a secret") {
+  Fixture f("[]", {}, true);
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  spec.ports = {44772};
+  auto box = f.host->provider("os").create(std::move(spec));
+  const auto endpoint = box.endpoint(44772);
+  REQUIRE(endpoint.headers.count("X-EXECD-ACCESS-TOKEN") == 1);
+  const std::string token = endpoint.headers.at("X-EXECD-ACCESS-TOKEN");
+  CHECK(box.exec("echo logged").stdout_text == "logged\n");
+  const std::string id = box.id();
+  box.close();
+  CHECK(f.sandboxes_on_server(true) == 0);
+
+  auto logged = [&](const std::string& request_and_status, size_t times) {
+    const auto lines = host_lines("opensandbox: " + request_and_status + " in ");
+    CAPTURE(request_and_status);
+    REQUIRE(lines.size() == times);
+    for (const auto& line : lines) {  // "... in <digits> ms" at the end
+      const std::string ms = line.substr(line.rfind(" in ") + 4);
+      CAPTURE(line);
+      CHECK(ms.size() > 3);
+      CHECK(ms.substr(ms.size() - 3) == " ms");
+      CHECK(ms.find_first_not_of("0123456789") == ms.size() - 3);
+    }
+  };
+  logged("POST /v1/sandboxes -> 202", 1);
+  logged("GET /v1/sandboxes/" + id + "/endpoints/44772 -> 200", 2);  // create's, the extension's
+  logged("DELETE /v1/sandboxes/" + id + " -> 204", 1);
+  // No secret in any line of the host's log.
+  CHECK(host_lines(kKey).empty());
+  CHECK(host_lines(token).empty());
+  CHECK(!host_log().lines().empty());
+}
+
+// --- sbx.endpoint/1 ---------------------------------------------------------------------------
+
+// `sbx serve` hands out its gateway path for every port, but serves only execd (44772) there:
+// another port's path answers 502 NOT_SUPPORTED. So the endpoint of 44772 is checked by using it,
+// that of another port by its form and by that answer.
+TEST_CASE(
+    "endpoint: the server's URL with a scheme, the endpoint's headers, the key only proxied") {
+  for (const bool proxy : {false, true}) {
+    CAPTURE(proxy);
+    Fixture f("[]", json::object{{"connection", json::object{{"use_server_proxy", proxy}}}}, true);
+    sbx::SandboxSpec spec;
+    spec.image = "local/busybox:latest";
+    spec.ttl_s = 600;
+    spec.ports = {44772, 8080};
+    auto box = f.host->provider("os").create(std::move(spec));
+    const std::string origin = "http://127.0.0.1:" + std::to_string(f.port());
+    const std::string prefix = (proxy ? "/v1/sandboxes/" : "/sandboxes/") + box.id() + "/proxy/";
+
+    const auto execd = box.endpoint(44772);
+    CHECK(execd.url == origin + prefix + "44772");
+    REQUIRE(execd.headers.count("X-EXECD-ACCESS-TOKEN") == 1);
+    // The API key goes with a proxied endpoint only (direct: the sandbox runs untrusted code).
+    CHECK(execd.headers.count("OPEN-SANDBOX-API-KEY") == (proxy ? 1u : 0u));
+    if (proxy) CHECK(execd.headers.at("OPEN-SANDBOX-API-KEY") == kKey);
+    // Usable as handed out: execd's /ping through it, with exactly its headers.
+    REQUIRE(execd.url.rfind(origin, 0) == 0);
+    const std::map<std::string, std::string> headers(execd.headers.begin(), execd.headers.end());
+    CHECK(request(f.port(), "GET", execd.url.substr(origin.size()) + "/ping", std::nullopt, headers)
+              .status == 200);
+    // Without them, refused (the headers are what makes the endpoint usable).
+    CHECK(request(f.port(), "GET", execd.url.substr(origin.size()) + "/ping").status == 401);
+
+    const auto other = box.endpoint(8080);
+    CHECK(other.url == origin + prefix + "8080");
+    CHECK(other.headers == execd.headers);
+    const auto r =
+        request(f.port(), "GET", other.url.substr(origin.size()) + "/", std::nullopt, headers);
+    CHECK(r.status == 502);
+    CHECK(r.body.find("serves execd (port 44772) on its gateway, not port 8080") !=
+          std::string::npos);
+
+    // A sandbox gone behind the plugin's back: NOT_FOUND.
+    REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id(), std::nullopt,
+                    {{"OPEN-SANDBOX-API-KEY", kKey}})
+                .status == 204);
+    try {
+      box.endpoint(8080);
+      FAIL("endpoint of a deleted sandbox must fail");
+    } catch (const sbx::Error& e) {
+      CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    }
+    box.close();
+    CHECK(f.sandboxes_on_server(true) == 0);
+  }
+}
+
+// --- sbx.list-reap/1 --------------------------------------------------------------------------
+
+namespace {
+
+sbx::Sandbox create_with(Fixture& f, std::map<std::string, std::string> metadata) {
+  sbx::SandboxSpec spec;
+  spec.image = "local/busybox:latest";
+  spec.ttl_s = 600;
+  for (auto& [k, v] : metadata)
+    spec.metadata[k] = v;
+  return f.host->provider("os").create(std::move(spec));
+}
+
+std::set<std::string> ids_of(const std::vector<sbx::SandboxInfo>& infos) {
+  std::set<std::string> out;
+  for (const auto& i : infos)
+    out.insert(i.id);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("list by metadata: exact pairs, a key with any value, encoded keys; reap only those") {
+  Fixture f("[]");
+  const auto& provider = f.host->provider("os");
+  auto a = create_with(f, {{"example.com/team", "red"}, {"job", "a.1"}});
+  auto b = create_with(f, {{"example.com/team", "blue"}, {"job", "a.1"}});
+  auto c = create_with(f, {{"job", "c"}});
+
+  const auto red = provider.list({{"example.com/team", "red"}});
+  REQUIRE(red.size() == 1);
+  CHECK(red[0].id == a.id());
+  CHECK(red[0].status == sbx::SandboxStatus::running);
+  CHECK(red[0].labels.at("example.com/team") == "red");
+  CHECK(red[0].labels.at("job") == "a.1");
+  CHECK(red[0].created_unix_ms > 0);
+  CHECK(ids_of(provider.list({{"example.com/team", ""}})) == std::set{a.id(), b.id()});
+  CHECK(ids_of(provider.list({{"job", "a.1"}, {"example.com/team", ""}})) ==
+        std::set{a.id(), b.id()});
+  CHECK(ids_of(provider.list({{"job", "a.1"}, {"example.com/team", "blue"}})) == std::set{b.id()});
+  CHECK(provider.list({{"job", "nothing"}}).empty());
+  CHECK(provider.list({{"no-such-key", ""}}).empty());
+  CHECK(ids_of(provider.list({})) == std::set{a.id(), b.id(), c.id()});
+
+  const auto reaped = provider.reap({{"example.com/team", ""}});
+  CHECK(ids_of(reaped) == std::set{a.id(), b.id()});
+  for (const auto& r : reaped)
+    CHECK(r.status == sbx::SandboxStatus::stopped);
+  CHECK(f.count("DELETE /v1/sandboxes/" + a.id()) == 1);
+  CHECK(f.count("DELETE /v1/sandboxes/" + b.id()) == 1);
+  CHECK(f.count("DELETE /v1/sandboxes/" + c.id()) == 0);
+  CHECK(f.sandboxes_on_server() == 1);
+  CHECK(c.exec("echo still").stdout_text == "still\n");
+  CHECK(provider.reap({{"example.com/team", ""}}).empty());  // nothing left to match
+  a.detach();
+  b.detach();
+  c.close();
+  CHECK(f.sandboxes_on_server() == 0);
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("reap: a 404 counts as removed; a delete that keeps failing fails the reap") {
+  // operations.retries 0: one DELETE per sandbox. The first DELETE is answered 404 (the sandbox
+  // stays: the fault lied), the second 500.
+  Fixture f(R"([{"route": "DELETE /sandboxes/{id}",
+                 "actions": [{"status": 404, "code": "DOCKER::SANDBOX_NOT_FOUND"},
+                             {"status": 500}]}])",
+            json::object{{"operations", json::object{{"retries", 0}}}});
+  const auto& provider = f.host->provider("os");
+  auto a = create_with(f, {{"reap", "one"}});
+  const auto reaped = provider.reap({{"reap", "one"}});
+  REQUIRE(reaped.size() == 1);
+  CHECK(reaped[0].id == a.id());
+  CHECK(f.sandboxes_on_server() == 1);  // the 404 was injected: still there
+  std::string message;
+  try {
+    provider.reap({{"reap", "one"}});
+  } catch (const sbx::Error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("OpenSandbox reap removed 0 sandboxes but 1 could not be removed") !=
+        std::string::npos);
+  CHECK(message.find("HTTP 500") != std::string::npos);
+  // The fault sequence is used up: the third reap removes it.
+  CHECK(ids_of(provider.reap({{"reap", "one"}})) == std::set{a.id()});
+  CHECK(f.sandboxes_on_server() == 0);
+  a.detach();
 }

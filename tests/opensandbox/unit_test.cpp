@@ -179,9 +179,18 @@ TEST_CASE("image pull policy: both extension keys, user values kept") {
                              {"opensandbox.extensions.image-pull-policy", "Never"}});
   CHECK(os::resolve_extensions({{"imagePullPolicy", "bogus"}}, std::nullopt) ==
         os::KeyValues{{"imagePullPolicy", "bogus"}});  // no config policy: untouched
+  // The message names the extensions key and the value given (the seed's text in the middle).
   CHECK(message_of([] {
           os::resolve_extensions({{"imagePullPolicy", "bogus"}}, os::PullPolicy::always);
-        }) == "image_pull_policy must be one of: Always, IfNotPresent, Never");
+        }) ==
+        "provider_options.extensions.imagePullPolicy: image_pull_policy must be one of: Always, "
+        "IfNotPresent, Never; got 'bogus'");
+  CHECK(message_of([] {
+          os::resolve_extensions({{"opensandbox.extensions.image-pull-policy", "always"}},
+                                 os::PullPolicy::never);
+        }) ==
+        "provider_options.extensions.opensandbox.extensions.image-pull-policy: image_pull_policy "
+        "must be one of: Always, IfNotPresent, Never; got 'always'");
 }
 
 TEST_CASE("provider_options: unknown keys, platform and volumes") {
@@ -449,4 +458,46 @@ TEST_CASE("post-502 diagnosis: an OOM kill in the status's reason or message, an
   CHECK(os::parse_sandbox_status(R"({"id":"a"})", "get").state.empty());
   CHECK(message_of([] { os::parse_sandbox_status("nope", "OpenSandbox get sandbox a"); }) ==
         "OpenSandbox get sandbox a: the answer is not a JSON object");
+}
+
+TEST_CASE("list: the metadata filter, the answer's items and pages, the selector rule") {
+  // Keys and values encoded in the inner query, which is encoded again as one parameter value.
+  CHECK(os::metadata_filter({}).empty());
+  CHECK(os::metadata_filter({{"team", "infra"}}) == "team%3Dinfra");
+  CHECK(os::metadata_filter({{"example.com/team", "a b"}, {"job", "x&y=z"}}) ==
+        "example.com%252Fteam%3Da%2520b%26job%3Dx%2526y%253Dz");
+
+  // The wire transcript's answer (the real server's).
+  const auto page = os::parse_list_page(
+      R"({"items":[{"id":"22bc0a20-1cb1-49dc-ba46-a6da37a42f22","image":{"uri":"local/busybox:latest"},)"
+      R"("status":{"state":"Running","reason":"CONTAINER_RUNNING"},"metadata":{"team":"infra"},)"
+      R"("entrypoint":["tail","-f","/dev/null"],"expiresAt":"2026-11-30T23:27:59.680153Z",)"
+      R"("createdAt":"2026-11-30T23:17:59.695416Z"}],)"
+      R"("pagination":{"page":1,"pageSize":10,"totalItems":1,"totalPages":1,"hasNextPage":false}})");
+  REQUIRE(page.items.size() == 1);
+  CHECK(page.items[0].id == "22bc0a20-1cb1-49dc-ba46-a6da37a42f22");
+  CHECK(page.items[0].state == "Running");
+  CHECK(page.items[0].metadata == os::KeyValues{{"team", "infra"}});
+  CHECK(page.items[0].created_unix_ms == *os::parse_rfc3339("2026-11-30T23:17:59.695Z"));
+  CHECK(!page.has_next_page);
+  const auto more = os::parse_list_page(
+      R"({"items":[{"id":"a"},{"noid":1},{"id":""},7,{"id":"b","metadata":{"n":3,"s":"v"}}],)"
+      R"("pagination":{"hasNextPage":true}})");
+  REQUIRE(more.items.size() == 2);
+  CHECK(more.items[0].id == "a");
+  CHECK(more.items[0].state.empty());
+  CHECK(more.items[0].created_unix_ms == 0);
+  CHECK(more.items[1].metadata == os::KeyValues{{"s", "v"}});  // string values only
+  CHECK(more.has_next_page);
+  CHECK(message_of([] { os::parse_list_page(R"({"sandboxes":[]})"); }) ==
+        "OpenSandbox list sandboxes: the answer has no items array");
+
+  const os::KeyValues metadata{{"team", "red"}, {"job", ""}};
+  CHECK(os::matches_selector({}, metadata));
+  CHECK(os::matches_selector({{"team", "red"}}, metadata));
+  CHECK(os::matches_selector({{"team", ""}}, metadata));  // any value
+  CHECK(os::matches_selector({{"job", ""}}, metadata));
+  CHECK(!os::matches_selector({{"team", "blue"}}, metadata));
+  CHECK(!os::matches_selector({{"other", ""}}, metadata));
+  CHECK(!os::matches_selector({{"team", "red"}, {"other", ""}}, metadata));
 }
