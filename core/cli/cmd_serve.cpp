@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 namespace sbx::cli {
 
@@ -209,7 +210,9 @@ int serve(ServeFields& f, const Global& g) {
 
   std::optional<sbx::serve::Server> made;
   try {
-    made.emplace(provider, options);
+    // The server keeps no Provider of its own once started (with Options::admin it asks the host
+    // for the current generation), so that a replaced generation can drain and unload.
+    made.emplace(std::exchange(provider, sbx::Provider()), options);
   } catch (const std::invalid_argument& e) {  // options that cannot work together
     throw UsageError(e.what());
   }
@@ -218,13 +221,13 @@ int serve(ServeFields& f, const Global& g) {
   std::cout << "sbx serve: listening on http://"
             << (options.host.find(':') != std::string::npos ? "[" + options.host + "]"
                                                             : options.host)
-            << ":" << server.port() << " (provider " << provider.name() << ", sbx.run=" << run_id
-            << ")" << std::endl;
+            << ":" << server.port() << " (provider " << served << ", sbx.run=" << run_id << ")"
+            << std::endl;
   spdlog::info("sbx serve: listening on {}:{}", options.host, server.port());
   if (!server.run()) {
-    leave_now(kExitFailure, provider.name(),
-              "sandboxes of sbx.run=" + run_id + " may still exist: sbx reap --provider " +
-                  provider.name() + " --label sbx.run=" + run_id);
+    leave_now(kExitFailure, served,
+              "sandboxes of sbx.run=" + run_id + " may still exist: sbx reap --provider " + served +
+                  " --label sbx.run=" + run_id);
   }
   std::cout << "sbx serve: stopped" << std::endl;
   return 0;

@@ -6,6 +6,7 @@
 //   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
 //   cmd_conformance.cpp conformance               (the provider conformance suite)
 //   cmd_serve.cpp       serve                     (an OpenSandbox-compatible server, core/serve)
+//   cmd_reload.cpp      reload                    (asks a running sbx serve to reload)
 // main.cpp puts them in the table, in the order `sbx --help` lists them.
 #pragma once
 
@@ -27,5 +28,6 @@ Command list_command();
 Command reap_command();
 Command conformance_command();
 Command serve_command();
+Command reload_command();
 
 }  // namespace sbx::cli

@@ -35,7 +35,7 @@ const std::vector<Command>& command_table() {
       plugins_command(),     providers_command(), run_command(),    create_command(),
       exec_command(),        cp_command(),        status_command(), pause_command(),
       resume_command(),      close_command(),     list_command(),   reap_command(),
-      conformance_command(), serve_command(),
+      conformance_command(), serve_command(),     reload_command(),
   };
   return table;
 }

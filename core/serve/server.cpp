@@ -770,6 +770,9 @@ Server::Server(sbx::Provider provider, Options options)
   state_->temp_dir = pattern;
   // Only once the address is bound: a server that cannot start must not touch the sandboxes.
   if (o.state_dir) store_load(*state_);
+  // With Options::admin the host hands out the provider (its current generation) at each use:
+  // holding this one would keep its generation, and its plugin image, alive after a reload.
+  if (o.admin && o.admin->provider) state_->provider = sbx::Provider();
 }
 
 Server::~Server() {

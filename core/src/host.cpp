@@ -331,7 +331,16 @@ struct Host::Impl {
       }
       throw PluginLoadError(error);
     }
-    return detail::PluginLibrary::load(copy);
+    try {
+      return detail::PluginLibrary::load(copy);
+    } catch (const PluginLoadError& e) {  // name the file the operator replaced, not the copy
+      std::string error = e.what();
+      for (auto at = error.find(copy.string()); at != std::string::npos;
+           at = error.find(copy.string(), at + source.string().size())) {
+        error.replace(at, copy.string().size(), source.string());
+      }
+      throw PluginLoadError(error);
+    }
   }
 
   // A generation for `block`. `reuse`: the library of the name's current generation, when the

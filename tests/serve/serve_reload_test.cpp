@@ -1,0 +1,277 @@
+// Hot swap in `sbx serve` (docs/hot-swap.md): the served plugin file replaced under a steady load
+// of client sessions, reloaded through POST /admin/reload, `sbx reload` and SIGHUP; refused
+// reloads (a corrupt file, a wrong-ABI plugin, a plugin whose init fails) reported while the old
+// generation serves on; GET /admin/providers; and after the load, the old generations drained and
+// their libraries gone from the server's mappings.
+//
+// The server runs test_processes (sandboxes are host processes) from a plugin file in the test's
+// own directory. The clients are real OpenSandbox clients: the opensandbox plugin through
+// sbx::Host, each session a create, commands, a file round trip and a close.
+
+#include "../common/test_helpers.hpp"
+#include "support.hpp"
+
+#include <sbx/core/errors.hpp>
+#include <sbx/core/host.hpp>
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+using namespace serve_test;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kKey = "reload-test-key-0123456789";
+const fs::path kV1 = fs::path(SBX_TEST_PLUGIN_DIR) / "test_processes.so";
+const fs::path kV2 = SBX_TEST_PLUGIN_V2;
+const fs::path kWrongAbi = fs::path(SBX_BAD_PLUGIN_DIR) / "wrong_abi.so";
+const fs::path kInitFails = fs::path(SBX_BAD_PLUGIN_DIR) / "init_fails.so";
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr int kSessions = 24;  // concurrent client sessions (the sanitizers cost 5-15x)
+#else
+constexpr int kSessions = 100;
+#endif
+
+struct Fixture : ProcessesServer {
+  fs::path plugin = dir.path / "plugin.so";
+  std::optional<sbx::Host> client;
+  std::map<std::string, std::string> auth{{"OPEN-SANDBOX-API-KEY", kKey}};
+
+  Fixture() {
+    install(kV1);
+    write_config(json::object{{"plugin", plugin.string() + "#test_processes"},
+                              {"config", json::object{{"root", root.string()}}}});
+    start({"--api-key-env", "SBX_RELOAD_TEST_KEY", "--max-streams", "0"},
+          {{"SBX_RELOAD_TEST_KEY", kKey}});
+    json::object connection{{"domain", "127.0.0.1:" + std::to_string(port())},
+                            {"api_key", kKey},
+                            {"max_connections", 4 * kSessions}};
+    json::object config{{"connection", connection},
+                        {"probe", json::object{{"command", nullptr}}},
+                        {"attribution", json::object{{"enabled", false}}}};
+    json::object host_config{
+        {"providers",
+         json::object{{"os", json::object{{"plugin", "opensandbox"}, {"config", config}}}}}};
+    sbx::Host::Options options;
+    options.config = sbx::Config::parse(json::serialize(host_config), "reload test client");
+    options.plugin_cache = "off";
+    client.emplace(std::move(options));
+  }
+
+  // An operator's replacement: a copy next to it, renamed over it.
+  void install(const fs::path& file) const {
+    const fs::path next = dir.path / "plugin.so.new";
+    fs::copy_file(file, next, fs::copy_options::overwrite_existing);
+    fs::rename(next, plugin);
+  }
+  void install_text(const std::string& text) const {
+    const fs::path next = dir.path / "plugin.so.new";
+    std::ofstream(next) << text;
+    fs::rename(next, plugin);
+  }
+
+  json::object providers() {
+    const auto r = request(port(), "GET", "/admin/providers", std::nullopt, auth);
+    REQUIRE(r.status == 200);
+    return r.json().as_object();
+  }
+  // The current generation's plugin version.
+  std::string current_version() {
+    const json::object report = providers();
+    for (const auto& g : report.at("generations").as_array()) {
+      const auto& o = g.as_object();
+      if (o.at("current").as_bool()) return std::string(o.at("plugin_version").as_string());
+    }
+    return "";
+  }
+  Response reload() { return request(port(), "POST", "/admin/reload", std::nullopt, auth); }
+
+  // Paths of the plugin images mapped in the server, from /proc/PID/maps (the copies a reload
+  // loads are unlinked: "... (deleted)").
+  std::set<std::string> mapped_plugins() const {
+    std::ifstream maps("/proc/" + std::to_string(server->pid()) + "/maps");
+    std::set<std::string> out;
+    std::string line;
+    while (std::getline(maps, line)) {
+      const auto slash = line.find('/');
+      if (slash == std::string::npos) continue;
+      const std::string path = line.substr(slash);
+      if (path.find("plugin") != std::string::npos && path.find(".so") != std::string::npos &&
+          path.find(dir.path.string()) == std::string::npos) {
+        out.insert(path);
+      }
+      if (path.starts_with(plugin.string())) out.insert(path);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "the served plugin replaced under load: no client request fails, refusals reported, "
+    "old generations drain and unload") {
+  Fixture f;
+  CHECK(f.current_version() == "0.1.0");  // sbx serve loads its provider at start
+  std::atomic<bool> stop{false};
+  std::atomic<int> sessions{0};
+  std::atomic<int> failures{0};
+  std::mutex failure_mutex;
+  std::string first_failure;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kSessions; ++t) {
+    threads.emplace_back([&, t] {
+      while (!stop) {
+        try {
+          sbx::SandboxSpec spec;
+          spec.image = "local/any:latest";
+          spec.ttl_s = 600;
+          sbx::Sandbox box = f.client->provider("os").create(std::move(spec));
+          const std::string word = "w" + std::to_string(t);
+          auto r = box.exec("echo " + word);
+          if (r.return_code != 0 || r.stdout_text != word + "\n") {
+            throw std::runtime_error("exec: " + r.stdout_text + r.stderr_text);
+          }
+          box.upload_bytes("data of " + word, "/tmp/f.txt");
+          if (box.download_bytes("/tmp/f.txt") != "data of " + word) {
+            throw std::runtime_error("the file came back changed");
+          }
+          std::this_thread::sleep_for(50ms);  // a session spans reloads
+          if (box.exec("echo again").stdout_text != "again\n") throw std::runtime_error("again");
+          box.close();
+          ++sessions;
+        } catch (const std::exception& e) {
+          std::lock_guard lock(failure_mutex);
+          if (failures++ == 0) first_failure = e.what();
+        }
+      }
+    });
+  }
+  const auto wait_for_sessions = [&](int at_least) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (sessions < at_least && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+  };
+  wait_for_sessions(kSessions / 4);
+  CHECK(f.current_version() == "0.1.0");
+
+  // Five replacements by a rebuilt plugin (versions alternating), each through the admin route.
+  for (int i = 0; i < 5; ++i) {
+    f.install(i % 2 == 0 ? kV2 : kV1);
+    const auto r = f.reload();
+    CAPTURE(r.body);
+    REQUIRE(r.status == 200);
+    CHECK(r.json().at("changed").as_array().size() == 1);
+    CHECK(f.current_version() == (i % 2 == 0 ? "2.0.0" : "0.1.0"));
+    const int before = sessions;
+    wait_for_sessions(before + kSessions / 4);
+  }
+  // Three refusals: each 409 with the reason; the generation in service stays.
+  f.install_text("this is not an ELF shared object\n");
+  auto refused = f.reload();
+  CHECK(refused.status == 409);
+  CHECK(refused.json().at("code") == "ADMIN::RELOAD_REFUSED");
+  CHECK(std::string(refused.json().at("message").as_string()).find(": load: ") !=
+        std::string::npos);
+  f.install(kWrongAbi);
+  refused = f.reload();
+  CHECK(refused.status == 409);
+  f.install(kInitFails);
+  refused = f.reload();
+  CHECK(refused.status == 409);
+  CHECK(std::string(refused.json().at("message").as_string())
+            .find("backend library missing (injected)") != std::string::npos);
+  CHECK(f.current_version() == "2.0.0");  // the fifth replacement's
+  wait_for_sessions(sessions + kSessions / 4);
+
+  stop = true;
+  for (auto& t : threads)
+    t.join();
+  CAPTURE(first_failure);
+  MESSAGE(sessions.load(), " sessions of ", kSessions, " clients across 5 reloads and 3 refusals");
+  CHECK(failures == 0);
+
+  // Drained: one generation left, nothing in flight; the counts and the last reload reported.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  json::object report;
+  for (;;) {
+    report = f.providers();
+    if (report.at("generations").as_array().size() == 1 ||
+        std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  CAPTURE(json::serialize(report));
+  REQUIRE(report.at("generations").as_array().size() == 1);
+  const auto& only = report.at("generations").as_array()[0].as_object();
+  CHECK(only.at("current").as_bool());
+  CHECK(only.at("sandboxes").as_int64() == 0);
+  CHECK(only.at("operations").as_int64() == 0);
+  CHECK(report.at("reloads").as_int64() == 5);
+  CHECK(report.at("reloads_refused").as_int64() == 3);
+  CHECK(report.at("last_reload").at("ok") == false);
+#if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
+  // Of the six images loaded, only the one in service is still mapped.
+  const auto mapped = f.mapped_plugins();
+  CAPTURE(mapped.size());
+  for (const auto& m : mapped)
+    MESSAGE("mapped: ", m);
+  CHECK(mapped.size() == 1);
+#endif
+  CHECK(f.sandboxes_on_disk() == 0);
+}
+
+TEST_CASE("sbx reload and SIGHUP reload the server; the admin routes need the key") {
+  ::setenv("SBX_RELOAD_TEST_KEY", kKey, 1);  // for `sbx reload --api-key-env`
+  Fixture f;
+  CHECK(f.client->provider("os").create({.image = "local/any:latest"}).exec("true").return_code ==
+        0);
+  CHECK(f.current_version() == "0.1.0");
+  CHECK(request(f.port(), "POST", "/admin/reload").status == 401);
+  CHECK(request(f.port(), "GET", "/admin/providers").status == 401);
+  CHECK(request(f.port(), "GET", "/admin/reload", std::nullopt, f.auth).status == 405);
+
+  f.install(kV2);
+  std::string out;
+  const int code =
+      run_to_exit({SBX_CLI, "reload", "--url", "http://127.0.0.1:" + std::to_string(f.port()),
+                   "--api-key-env", "SBX_RELOAD_TEST_KEY"},
+                  out);
+  CAPTURE(out);
+  CHECK(code == 0);
+  CHECK(out.find("changed: p") != std::string::npos);
+  CHECK(f.current_version() == "2.0.0");
+
+  // A refusal: exit 1 and the reason.
+  f.install_text("corrupt\n");
+  const int refused =
+      run_to_exit({SBX_CLI, "reload", "--url", "http://127.0.0.1:" + std::to_string(f.port()),
+                   "--api-key-env", "SBX_RELOAD_TEST_KEY"},
+                  out);
+  CAPTURE(out);
+  CHECK(refused == 1);
+  CHECK(out.find("HTTP 409: reload refused, nothing changed: provider 'p'") != std::string::npos);
+
+  // SIGHUP, as an operator's `kill -HUP`.
+  f.install(kV1);
+  REQUIRE(::kill(f.server->pid(), SIGHUP) == 0);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (f.current_version() != "0.1.0" && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  CHECK(f.current_version() == "0.1.0");
+  CHECK(
+      f.client->provider("os").create({.image = "local/any:latest"}).exec("echo hup").stdout_text ==
+      "hup\n");
+}
