@@ -302,9 +302,10 @@ struct Host::Impl {
     const fs::path pattern = fs::temp_directory_path() / (source.stem().string() + "-XXXXXX.so");
     std::string name = pattern.string();
     const int fd = ::mkstemps(name.data(), 3);
-    if (fd < 0)
+    if (fd < 0) {
       throw PluginLoadError(source.string() +
                             ": cannot make a copy to load: " + std::strerror(errno));
+    }
     ::close(fd);
     const fs::path copy = name;
     struct Unlink {
