@@ -29,6 +29,9 @@ const char kConfigSchemaText[] = R"json({
         "use_server_proxy": {"type": "boolean", "default": false},
         "keepalive_expiry_s": {"type": ["number", "null"], "minimum": 0, "default": 3},
         "max_connections": {"type": "integer", "minimum": 1, "default": 100},
+        "max_keepalive_connections": {"type": "integer", "minimum": 0, "default": 20},
+        "transport_backend": {"type": "string", "default": "httpx",
+                              "description": "accepted for the seed's configs; the transport is libcurl"},
         "disable_connection_pooling": {"type": "boolean", "default": false},
         "connect_retries": {"type": "integer", "minimum": 0, "default": 2},
         "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10},
@@ -166,6 +169,9 @@ ConnectionConfig read_connection(ObjectReader& reader, const char* env_domain,
     }
   }
   c.max_connections = reader.integer("max_connections", 1, 1 << 20).value_or(c.max_connections);
+  c.max_keepalive_connections =
+      reader.integer("max_keepalive_connections", 0, 1 << 20).value_or(c.max_keepalive_connections);
+  c.transport_backend = reader.string("transport_backend");
   c.disable_connection_pooling =
       reader.boolean("disable_connection_pooling", c.disable_connection_pooling);
   c.connect_retries = non_negative_int(reader, "connect_retries", c.connect_retries);

@@ -50,6 +50,9 @@ struct ConnectionConfig {
   bool use_server_proxy = false;            // execd through {server}/v1/sandboxes/{id}/proxy/
   std::optional<double> keepalive_expiry_s = 3.0;  // unset (null): libcurl's default
   int64_t max_connections = 100;
+  int64_t max_keepalive_connections = 20;  // idle connections kept; 0: none is reused
+  // The seed's "httpx"/"aiohttp" choice: accepted so its configs load; the transport is libcurl.
+  std::optional<std::string> transport_backend;
   bool disable_connection_pooling = false;
   int64_t connect_retries = 2;
   bool verify_tls = true;

@@ -123,8 +123,9 @@ sdk::http::ClientOptions client_options(const ConnectionConfig& connection, std:
   options.connect_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(connection.connect_timeout_s * 1000)));
   options.max_connections = static_cast<long>(connection.max_connections);
+  options.max_idle_connections = static_cast<long>(connection.max_keepalive_connections);
   options.user_agent = "sbx-opensandbox";
-  if (connection.disable_connection_pooling) {
+  if (connection.disable_connection_pooling || connection.max_keepalive_connections == 0) {
     options.keepalive_expiry = std::chrono::milliseconds(0);
   } else if (connection.keepalive_expiry_s) {
     options.keepalive_expiry = std::chrono::milliseconds(

@@ -604,7 +604,9 @@ struct Client::Loop {
     shared->multi = curl_multi_init();
     if (!shared->multi) throw Error::internal("http: curl_multi_init failed");
     curl_multi_setopt(shared->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, options.max_connections);
-    curl_multi_setopt(shared->multi, CURLMOPT_MAXCONNECTS, options.max_connections);
+    curl_multi_setopt(
+        shared->multi, CURLMOPT_MAXCONNECTS,
+        options.max_idle_connections >= 0 ? options.max_idle_connections : options.max_connections);
     thread = std::thread([this] { run(); });
   }
 

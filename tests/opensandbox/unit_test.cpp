@@ -68,6 +68,36 @@ TEST_CASE("config: the seed's defaults") {
   CHECK(c.attribution.key_prefix == "nemo-gym.nvidia.com/");
 }
 
+TEST_CASE("config: the seed's shipped YAML loads as it is") {
+  const auto c = parse(R"({
+    "connection": {"domain": "opensandbox-server.example", "api_key": "k", "protocol": "http",
+                   "request_timeout_s": 300, "use_server_proxy": true, "keepalive_expiry_s": 3.0,
+                   "max_keepalive_connections": 20, "max_connections": null,
+                   "connect_retries": 2, "transport_backend": "aiohttp"},
+    "create": {"request_timeout_s": 1200, "timeout_s": 1500, "retries": 10, "retry_delay_s": 5.0,
+               "retry_max_delay_s": 90.0, "skip_health_check": false,
+               "connect_attempt_timeout_s": 1500},
+    "probe": {"timeout_s": 60, "deadline_s": 180, "stable_count": 2, "stable_delay_s": 1.0},
+    "operations": {"retries": 5, "retry_delay_s": 1.0, "retry_max_delay_s": 45.0,
+                   "command_retries": 0, "close_timeout_s": 30, "background_exec": true,
+                   "background_poll_initial_s": 0.5, "background_poll_interval_s": 30.0},
+    "attribution": {"enabled": true, "key_prefix": "nemo-gym.nvidia.com/"}})");
+  CHECK(c.connection.max_keepalive_connections == 20);
+  CHECK(c.connection.transport_backend == std::optional<std::string>("aiohttp"));
+  CHECK(c.connection.max_connections == 100);  // null: the default cap
+  CHECK(c.operations.background_exec);
+  CHECK(c.operations.background_poll_initial_s == 0.5);
+  CHECK(c.operations.background_poll_interval_s == 30.0);
+  CHECK(c.operations.status_poll_timeout_s == std::optional<double>(10.0));
+  CHECK(c.create.retries == 10);
+  CHECK(c.probe.stable_count == 2);
+  const auto options = os::client_options(c.connection, "http://x");
+  CHECK(options.max_idle_connections == 20);
+  CHECK(options.keepalive_expiry == std::chrono::milliseconds(3000));
+  const auto none = parse(R"({"connection": {"max_keepalive_connections": 0}})");
+  CHECK(os::client_options(none.connection, "http://x").keepalive_expiry.count() == 0);
+}
+
 TEST_CASE("config: OPEN_SANDBOX_DOMAIN and OPEN_SANDBOX_API_KEY are fallbacks") {
   auto c = parse("{}", "os.example:9000/", "k1");
   CHECK(c.connection.domain == "os.example:9000");  // trailing '/' stripped

@@ -50,6 +50,8 @@ struct ClientOptions {
   std::string unix_socket;                    // when set, every connection goes through it
   std::chrono::milliseconds connect_timeout{10'000};  // TCP connect and TLS handshake
   long max_connections = 64;  // cap on open connections (CURLMOPT_MAX_TOTAL_CONNECTIONS)
+  // Cap on idle connections kept for reuse (CURLMOPT_MAXCONNECTS); -1: max_connections.
+  long max_idle_connections = -1;
   std::string user_agent = "sbx";
 
   // A kept-alive connection idle this long is closed instead of reused (libcurl keeps them 118 s,
