@@ -98,7 +98,7 @@ struct Fixture {
 };
 
 // Whether the process maps a file whose path contains `needle` (/proc/self/maps).
-bool mapped(const std::string& needle) {
+[[maybe_unused]] bool mapped(const std::string& needle) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
