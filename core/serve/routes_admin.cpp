@@ -9,8 +9,8 @@
 
 #include <sbx/core/errors.hpp>
 
-#include <boost/json.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/json.hpp>
 
 namespace sbx::serve {
 

@@ -3,9 +3,11 @@
 // or the create failed; the real server accepts the event with 204 (its generated client reads
 // 204, and 400/401/500 as the error envelope). This server checks the event's shape, logs it at
 // debug level and answers 204.
+// GET /metrics (root only): the server's own metrics in the Prometheus text format.
 
 #include "state.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -42,8 +44,67 @@ std::string event_problem(const json::value& body) {
 
 }  // namespace
 
-bool route_metrics(const std::shared_ptr<Server::State>&, const Request& request,
+// GET /metrics: Prometheus text (version 0.0.4): requests and latency per route, the sandboxes and
+// event streams open, and with hot swap the reloads and each generation's sandboxes and operations.
+Response prometheus(const std::shared_ptr<Server::State>& state, const Request& request) {
+  std::string text = state->metrics.prometheus();
+  std::size_t sandboxes = 0;
+  int streams = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    sandboxes = state->sandboxes.size();
+    streams = state->open_streams;
+  }
+  text += fmt::format(
+      "# HELP sbx_serve_sandboxes Sandboxes the server holds.\n"
+      "# TYPE sbx_serve_sandboxes gauge\nsbx_serve_sandboxes {}\n"
+      "# HELP sbx_serve_open_streams Command event streams open.\n"
+      "# TYPE sbx_serve_open_streams gauge\nsbx_serve_open_streams {}\n",
+      sandboxes, streams);
+  if (state->options.admin && state->options.admin->providers) {
+    const json::object report = state->options.admin->providers();
+    text += fmt::format(
+        "# HELP sbx_serve_reloads_total Reloads, by result (refused: rolled back as a whole).\n"
+        "# TYPE sbx_serve_reloads_total counter\n"
+        "sbx_serve_reloads_total{{result=\"ok\"}} {}\n"
+        "sbx_serve_reloads_total{{result=\"refused\"}} {}\n",
+        report.at("reloads").to_number<int64_t>(),
+        report.at("reloads_refused").to_number<int64_t>());
+    text +=
+        "# HELP sbx_provider_generation_sandboxes Sandboxes held per provider generation.\n"
+        "# TYPE sbx_provider_generation_sandboxes gauge\n";
+    std::string operations =
+        "# HELP sbx_provider_generation_operations Operations in flight per provider generation.\n"
+        "# TYPE sbx_provider_generation_operations gauge\n";
+    for (const auto& g : report.at("generations").as_array()) {
+      const auto& o = g.as_object();
+      const std::string labels =
+          fmt::format("provider=\"{}\",generation=\"{}\",version=\"{}\",current=\"{}\"",
+                      prometheus_label(std::string(o.at("name").as_string())),
+                      o.at("generation").to_number<uint64_t>(),
+                      prometheus_label(std::string(o.at("plugin_version").as_string())),
+                      o.at("current").as_bool() ? "true" : "false");
+      text += fmt::format("sbx_provider_generation_sandboxes{{{}}} {}\n", labels,
+                          o.at("sandboxes").to_number<int64_t>());
+      operations += fmt::format("sbx_provider_generation_operations{{{}}} {}\n", labels,
+                                o.at("operations").to_number<int64_t>());
+    }
+    text += operations;
+  }
+  Response response{http::status::ok, request.version()};
+  response.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+  response.keep_alive(request.keep_alive());
+  response.body() = std::move(text);
+  response.prepare_payload();
+  return response;
+}
+
+bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
                    const Reply& reply) {
+  if (route_path(request) == "/metrics" && request.method() == http::verb::get) {
+    reply(prometheus(state, request));
+    return true;
+  }
   if (route_path(request) != "/metrics/events") return false;
   if (request.method() != http::verb::post) {
     reply(json_response(request, http::status::method_not_allowed,

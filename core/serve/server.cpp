@@ -29,6 +29,12 @@
 
 namespace sbx::serve {
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 using tcp = asio::ip::tcp;
@@ -215,7 +221,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle(Request request) {
     begin_request(request);
     auto request_ptr = std::make_shared<const Request>(std::move(request));
-    Reply reply = make_reply();
+    // GET /metrics: every answer is counted, by its route and status, with its latency.
+    const auto key = route_key(std::string(request_ptr->method_string()), route_path(*request_ptr));
+    metrics_route_ = key ? key->key : "other";
+    metrics_start_ = std::chrono::steady_clock::now();
+    Reply reply = [inner = make_reply(), state = state_, route = metrics_route_,
+                   start = metrics_start_](Response response) {
+      state->metrics.record(route, response.result_int(), seconds_since(start));
+      inner(std::move(response));
+    };
     const Request& req = *request_ptr;
     spdlog::debug("sbx serve: {} {} (request {})", std::string(req.method_string()),
                   std::string(req.target()), request_id_);
@@ -500,6 +514,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Any thread: what follows runs on the strand, before anything sent through the sink.
   std::shared_ptr<ChunkSink> open_stream(Response head, bool chunked) {
+    state_->metrics.record(metrics_route_, head.result_int(), seconds_since(metrics_start_));
     {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = false;
@@ -680,6 +695,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<BodySink> upload_;
   std::vector<char> upload_buffer_;  // 64 KiB once the connection uploads
   std::string request_id_;
+  std::string metrics_route_;  // the request being answered, for RequestMetrics
+  std::chrono::steady_clock::time_point metrics_start_;
   bool keep_alive_ = true;
 
   // The stream being answered (strand only, but for what room_mutex_ guards).

@@ -6,6 +6,7 @@
 // and answers through `Reply`, which may be called once, from any thread (it posts to the strand).
 #pragma once
 
+#include "metrics.hpp"
 #include "server.hpp"
 
 #include <sbx/core/sandbox.hpp>
@@ -155,6 +156,7 @@ struct Server::State {
   bool stopping = false;
   bool finished = false;
   bool all_closed = true;
+  RequestMetrics metrics;            // GET /metrics (thread-safe)
   std::vector<std::thread> reloads;  // Options::admin reloads, each on its own thread; joined by
                                      // ~Server
 

@@ -222,6 +222,25 @@ TEST_CASE(
   CHECK(report.at("reloads").as_int64() == 5);
   CHECK(report.at("reloads_refused").as_int64() == 3);
   CHECK(report.at("last_reload").at("ok") == false);
+  // The same in the Prometheus text of GET /metrics, with the requests the clients made.
+  const auto metrics = request(f.port(), "GET", "/metrics", std::nullopt, f.auth);
+  REQUIRE(metrics.status == 200);
+  CHECK(metrics.headers.at("content-type").starts_with("text/plain; version=0.0.4"));
+  const std::string& text = metrics.body;
+  CHECK(text.find("sbx_serve_reloads_total{result=\"ok\"} 5\n") != std::string::npos);
+  CHECK(text.find("sbx_serve_reloads_total{result=\"refused\"} 3\n") != std::string::npos);
+  CHECK(text.find("sbx_serve_requests_total{route=\"POST /sandboxes\",code=\"202\"} ") !=
+        std::string::npos);
+  CHECK(
+      text.find("sbx_serve_request_duration_seconds_bucket{route=\"POST /command\",le=\"+Inf\"}") !=
+      std::string::npos);
+  CHECK(text.find("sbx_serve_requests_total{route=\"POST /admin/reload\"") == std::string::npos);
+  CHECK(text.find("sbx_serve_requests_total{route=\"other\",code=\"409\"} 3\n") !=
+        std::string::npos);  // the admin routes are no route of the fault plan: "other"
+  CHECK(text.find("sbx_provider_generation_sandboxes{provider=\"p\",generation=\"") !=
+        std::string::npos);
+  CHECK(text.find("current=\"true\"} 0\n") != std::string::npos);
+  CHECK(text.find("sbx_serve_sandboxes 0\n") != std::string::npos);
 #if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
   // Of the six images loaded, only the one in service is still mapped.
   const auto mapped = f.mapped_plugins();
