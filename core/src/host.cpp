@@ -324,24 +324,21 @@ struct Host::Impl {
     detail::ProbeSettings uncached = probe;
     uncached.cache_file.clear();  // a copy is read once: nothing to cache
     PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
-    if (!info.ok()) {
-      // Name the file the operator replaced, not the copy.
-      std::string error = info.error;
-      if (const auto at = error.find(copy.string()); at != std::string::npos) {
-        error.replace(at, copy.string().size(), source.string());
-      }
-      throw PluginLoadError(error);
-    }
-    try {
-      return detail::PluginLibrary::load(copy);
-    } catch (const PluginLoadError& e) {  // name the file the operator replaced, not the copy
-      std::string error = e.what();
+    // Errors name the file the operator replaced, not the copy.
+    const auto refuse = [&](std::string error) {
       for (auto at = error.find(copy.string()); at != std::string::npos;
            at = error.find(copy.string(), at + source.string().size())) {
         error.replace(at, copy.string().size(), source.string());
       }
       throw PluginLoadError(error);
+    };
+    if (!info.ok()) refuse(info.error);
+    try {
+      return detail::PluginLibrary::load(copy);
+    } catch (const PluginLoadError& e) {
+      refuse(e.what());
     }
+    return nullptr;  // not reached: refuse() throws
   }
 
   // A generation for `block`. `reuse`: the library of the name's current generation, when the

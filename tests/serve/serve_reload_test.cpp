@@ -37,11 +37,8 @@ const fs::path kV2 = SBX_TEST_PLUGIN_V2;
 const fs::path kWrongAbi = fs::path(SBX_BAD_PLUGIN_DIR) / "wrong_abi.so";
 const fs::path kInitFails = fs::path(SBX_BAD_PLUGIN_DIR) / "init_fails.so";
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr int kSessions = 24;  // concurrent client sessions (the sanitizers cost 5-15x)
-#else
-constexpr int kSessions = 100;
-#endif
+// Concurrent client sessions (the sanitizers cost 5-15x).
+constexpr int kSessions = sbx::testing::kSanitized ? 24 : 100;
 
 struct Fixture : ProcessesServer {
   fs::path plugin = dir.path / "plugin.so";
