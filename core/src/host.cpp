@@ -4,6 +4,7 @@
 #include "descriptor.hpp"
 #include "discovery.hpp"
 
+#include <sbx/abi/ext/connect.h>
 #include <sbx/core/host.hpp>
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -689,6 +690,49 @@ std::vector<GenerationInfo> Host::generations() {
     out.push_back(std::move(info));
   }
   return out;
+}
+
+std::optional<Sandbox> Host::move_to_current(Sandbox& sandbox) {
+  const std::shared_ptr<detail::SandboxState> state = sandbox.state_;
+  if (!state || state->closed.load()) {
+    throw FailedPreconditionError("cannot move a sandbox that is closed or was never started");
+  }
+  const std::shared_ptr<detail::Generation>& from = state->generation;
+  std::shared_future<std::shared_ptr<detail::Generation>> current;
+  {
+    std::lock_guard lock(impl_->mutex);
+    const auto it = impl_->providers.find(from->name);
+    if (it == impl_->providers.end()) {
+      throw FailedPreconditionError("cannot move sandbox " + state->id + ": provider '" +
+                                    from->name + "' is no longer configured");
+    }
+    current = it->second;
+  }
+  const std::shared_ptr<detail::Generation> to = current.get();
+  if (to == from) return std::nullopt;
+  auto generation_text = [](const detail::Generation& g) {
+    return "generation " + std::to_string(g.serial) + " (" + g.provider_id + " " +
+           g.library->plugin().version + ")";
+  };
+  const std::string what = "cannot move sandbox " + state->id + " of provider '" + from->name +
+                           "' from " + generation_text(*from) + " to " + generation_text(*to);
+  if (from->provider_id != to->provider_id) {
+    throw FailedPreconditionError(what + ": a descriptor is read only by the provider kind that " +
+                                  "wrote it (" + from->provider_id + " and " + to->provider_id +
+                                  " differ)");
+  }
+  for (const auto* g : {from.get(), to.get()}) {
+    if (!g->extension(SBX_EXT_CONNECT)) {
+      throw FailedPreconditionError(what + ": " + generation_text(*g) + " does not offer " +
+                                    SBX_EXT_CONNECT);
+    }
+  }
+  const std::string descriptor = sandbox.serialize();
+  Sandbox moved = Provider(to).connect(descriptor);
+  state->moved.store(true);
+  detail::logger()->info("moved sandbox {} of provider '{}' from generation {} to {}", state->id,
+                         from->name, from->serial, to->serial);
+  return moved;
 }
 
 }  // namespace sbx

@@ -150,6 +150,9 @@ struct SandboxState {
   std::optional<std::string> workdir;
   std::vector<int64_t> ports;
   std::atomic<bool> closed{false};
+  // Host::move_to_current gave the sandbox a handle on a newer generation: destroying this one's
+  // Sandbox no longer closes it.
+  std::atomic<bool> moved{false};
 
   SandboxState(std::shared_ptr<Generation> of, sbx_sandbox* sandbox)
       : generation(std::move(of)), handle(sandbox) {

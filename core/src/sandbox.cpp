@@ -472,7 +472,7 @@ Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
 }
 
 Sandbox::~Sandbox() {
-  if (!state_ || state_->closed.load()) return;
+  if (!state_ || state_->closed.load() || state_->moved.load()) return;
   if (detail::CallbackScope::active()) {
     // On a plugin thread: waiting here could starve the plugin; close without waiting.
     close_async().then([id = state_->id](Operation<void>& op) {

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -165,6 +166,56 @@ TEST_CASE("a replaced plugin file is a new generation; the old one drains, then 
   CHECK_FALSE(mapped(f.plugin.string()));  // the first generation's image is gone
 #endif
   new_box.close();
+}
+
+TEST_CASE("a sandbox moves to the new generation through sbx.connect/1 instead of draining") {
+  Fixture f;
+  sbx::Sandbox box = f.host->provider("p").create({});
+  CHECK(box.exec("echo kept > note").return_code == 0);
+  const auto first = f.current();
+  CHECK_FALSE(f.host->move_to_current(box).has_value());  // already on the current generation
+
+  f.install(kV2);
+  CHECK(f.host->reload(f.config()).changed == std::vector<std::string>{"p"});
+  std::optional<sbx::Sandbox> moved = f.host->move_to_current(box);
+  REQUIRE(moved.has_value());
+  CHECK(moved->id() == box.id());
+  CHECK(moved->exec("cat note").stdout_text == "kept\n");  // the same sandbox, reached again
+  // The old handle still works until it goes; destroying it does not close the sandbox.
+  CHECK(box.exec("echo old").stdout_text == "old\n");
+  box = std::move(*moved);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (f.generations_of() != 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  CHECK(f.generations_of() == 1);  // nothing held the first generation: it is gone
+  CHECK(f.current().plugin_version == "2.0.0");
+  CHECK(f.current().sandboxes == 1);
+  CHECK(box.exec("cat note").stdout_text == "kept\n");
+  CHECK_FALSE(f.host->move_to_current(box).has_value());
+#if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
+  CHECK_FALSE(mapped(f.plugin.string()));
+#endif
+  (void)first;
+
+  // Another provider kind cannot read this descriptor: the move is refused, the sandbox drains.
+  sbx::Config other = sbx::Config::parse(
+      json::serialize(json::object{
+          {"providers", json::object{{"p", json::object{{"plugin", std::string(SBX_C_PLUGIN_DIR) +
+                                                                       "/v1_0_processes.so"}}}}}}),
+      "reload test");
+  CHECK(f.host->reload(other).changed == std::vector<std::string>{"p"});
+  std::string message;
+  try {
+    (void)f.host->move_to_current(box);
+  } catch (const sbx::FailedPreconditionError& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("cannot move sandbox " + box.id()) != std::string::npos);
+  CHECK(message.find("test_processes and v1_0_processes differ") != std::string::npos);
+  CHECK(box.exec("cat note").stdout_text == "kept\n");
+  box.close();
+  CHECK_THROWS_AS((void)f.host->move_to_current(box), sbx::FailedPreconditionError);
 }
 
 TEST_CASE("a corrupt file, a wrong-ABI plugin and a failing init are refused; the old serves on") {

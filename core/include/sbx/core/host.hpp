@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -133,6 +134,20 @@ class Host {
 
   // Every generation this host made that is still alive: the current ones and those draining.
   std::vector<GenerationInfo> generations();
+
+  // Moves `sandbox` to the current generation of the block that made it, through sbx.connect/1
+  // (docs/hot-swap.md, "Moving sandboxes instead of draining them"): the old generation
+  // serializes it, the current one connects to it. Returns the new handle, or nullopt when
+  // `sandbox` is already on the current generation. The old handle stays usable (operations
+  // started on it finish on the old generation) and no longer closes the sandbox when destroyed;
+  // closing through either handle closes the sandbox. Throws FailedPreconditionError when the
+  // sandbox cannot move: it is empty or closed, its block was removed, either generation lacks
+  // sbx.connect/1, or their provider ids differ (a descriptor is only read by the provider kind
+  // that wrote it); or the error of the serialize or the connect. `sandbox` is then unchanged and
+  // drains on its generation.
+  // THREADING: thread-safe. Blocking: a serialize and a connect (plugin calls, within the host's
+  // deadlines).
+  std::optional<Sandbox> move_to_current(Sandbox& sandbox);
 
   // The labels every sandbox gets: sbx.run (this process's run id), sbx.host, plus configured ones.
   const StringMap& labels() const;

@@ -1,5 +1,6 @@
 // sbx::Sandbox: one sandbox, RAII. Every call has a synchronous form and an asynchronous *_async
-// form returning an Operation. Destroying a Sandbox that was not closed or detached closes it.
+// form returning an Operation. Destroying a Sandbox that was not closed or detached closes it
+// (unless Host::move_to_current moved the sandbox to another handle).
 // An empty Sandbox (default-constructed, moved from, or detached) raises FailedPreconditionError
 // "Sandbox has not been started" from every call but status() (UNKNOWN, as in NeMo Gym), close()
 // and detach() (which do nothing).
@@ -22,6 +23,7 @@ namespace detail {
 struct SandboxState;
 }
 
+class Host;
 class Sandbox;
 namespace plugin_checks {
 void close_behind_host(Sandbox& box);  // sbx/core/plugin_checks.hpp
@@ -96,6 +98,7 @@ class Sandbox {
 
  private:
   friend void plugin_checks::close_behind_host(Sandbox& box);
+  friend class Host;  // Host::move_to_current
   std::shared_ptr<detail::SandboxState> state_;
 };
 
