@@ -226,6 +226,11 @@ struct Cached {
 
 class ProbeCache {
  public:
+  static bool exists(const fs::path& file) {
+    std::error_code ec;
+    return fs::exists(file, ec) || ec;  // an error (e.g. no permission): keep the entry
+  }
+
   std::optional<PluginInfo> find(const fs::path& file, const FileIdentity& id,
                                  const fs::path& cache_file) {
     std::lock_guard lock(mutex_);
@@ -253,6 +258,9 @@ class ProbeCache {
   void store(const fs::path& file, const FileIdentity& id, const PluginInfo& info, bool to_disk,
              const fs::path& cache_file) {
     std::lock_guard lock(mutex_);
+    // Files gone are forgotten (a reload's copies are unlinked once loaded; test directories
+    // come and go): neither cache grows with every file ever read.
+    std::erase_if(memory_, [](const auto& entry) { return !exists(entry.first); });
     memory_[file] = {id, info};
     if (!to_disk || cache_file.empty()) return;
     json::object entry{{"identity", identity_json(id)}};
@@ -263,6 +271,9 @@ class ProbeCache {
     }
     // Merged with what other processes wrote meanwhile; the last writer of an entry wins.
     json::object disk = read_disk(cache_file);
+    for (auto it = disk.begin(); it != disk.end();) {
+      it = exists(std::string(it->key())) ? std::next(it) : disk.erase(it);
+    }
     disk[file.string()] = std::move(entry);
     write_disk(cache_file, disk);
     disk_[cache_file] = std::move(disk);
