@@ -26,6 +26,8 @@ struct ReloadFields {
   std::string url = "http://127.0.0.1:8080";
   std::optional<std::string> api_key_env;
   double timeout_s = 600;  // a reload runs canaries: it may take a while
+  bool move = false;       // {"sandboxes": "move"}
+  bool drain = false;      // {"sandboxes": "drain"}; neither: the server's default
 };
 
 // "http://HOST:PORT" (no path): HOST and PORT.
@@ -70,6 +72,11 @@ int reload(ReloadFields& f, const Global&) {
     http::request<http::string_body> request{http::verb::post, "/admin/reload", 11};
     request.set(http::field::host, host + ":" + port);
     if (key) request.set("OPEN-SANDBOX-API-KEY", *key);
+    if (f.move || f.drain) {
+      request.set(http::field::content_type, "application/json");
+      request.body() =
+          boost::json::serialize(boost::json::object{{"sandboxes", f.move ? "move" : "drain"}});
+    }
     request.prepare_payload();
     http::write(stream, request);
     beast::flat_buffer buffer;
@@ -89,6 +96,21 @@ int reload(ReloadFields& f, const Global&) {
           if (n.is_string()) names += (names.empty() ? "" : ", ") + std::string(n.get_string());
       }
       std::cout << what << ": " << (names.empty() ? "-" : names) << "\n";
+    }
+    if (const auto* moved = object->if_contains("moved"); moved && moved->is_array()) {
+      std::cout << "moved: " << moved->get_array().size() << " sandbox(es)\n";
+    }
+    if (const auto* left = object->if_contains("not_moved"); left && left->is_array()) {
+      for (const auto& item : left->get_array()) {
+        const auto* o = item.if_object();
+        if (!o) continue;
+        const auto* id = o->if_contains("id");
+        const auto* reason = o->if_contains("reason");
+        std::cout << "not moved (drains): "
+                  << (id && id->is_string() ? std::string(id->get_string()) : "?") << ": "
+                  << (reason && reason->is_string() ? std::string(reason->get_string()) : "")
+                  << "\n";
+      }
     }
     return 0;
   }
@@ -119,19 +141,32 @@ Command reload_command() {
                                           if (!(f.timeout_s > 0))
                                             throw UsageError("--timeout must be > 0");
                                         }));
+  options.push_back(flag<ReloadFields>(
+      "--move", "Move sandboxes held on a replaced generation to the new one (sbx.connect/1)",
+      &ReloadFields::move));
+  options.push_back(flag<ReloadFields>(
+      "--drain",
+      "Let sandboxes held on a replaced generation drain there (the default unless\n"
+      "the server runs with --move-sandboxes)",
+      &ReloadFields::drain));
   return make_command<ReloadFields>({
       .name = "reload",
       .summary = "Make a running sbx serve reload its config and plugin files",
-      .usage = "[--url http://HOST:PORT] [--api-key-env VAR]",
+      .usage = "[--url http://HOST:PORT] [--api-key-env VAR] [--move | --drain]",
       .description =
           "Sends POST /admin/reload to a running `sbx serve` (the same as its SIGHUP) and\n"
           "prints what the reload did: provider blocks added, changed, removed, unchanged.\n"
           "A changed block (or a replaced plugin file) is a new generation: new sandboxes go\n"
-          "to it, existing ones drain on the old one. A reload that fails anywhere is refused\n"
+          "to it, existing ones drain on the old one (or, with --move, move to the new one\n"
+          "when both speak sbx.connect/1). A reload that fails anywhere is refused\n"
           "as a whole and the old generation keeps serving; the reason is printed and the\n"
           "exit status is 1 (docs/hot-swap.md).\n",
       .options = std::move(options),
-      .check = [](ReloadFields& f) { split_url(f.url); },
+      .check =
+          [](ReloadFields& f) {
+            split_url(f.url);
+            if (f.move && f.drain) throw UsageError("--move and --drain exclude each other");
+          },
       .handler = reload,
   });
 }

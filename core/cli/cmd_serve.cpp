@@ -17,12 +17,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace sbx::cli {
 
@@ -40,7 +42,23 @@ struct ServeFields {
   std::optional<std::string> state_dir;
   bool keep_on_stop = false;
   std::optional<int64_t> max_streams;  // default: the config file's, else no cap
+  bool watch = false;
+  bool move_sandboxes = false;
 };
+
+// What --watch watches: the config file, the plugin directories, and the plugin files the config
+// in force names.
+std::vector<std::filesystem::path> watched_paths(sbx::Host& host,
+                                                 const std::optional<std::string>& config) {
+  std::vector<std::filesystem::path> out;
+  if (config) out.push_back(std::filesystem::absolute(*config));
+  for (const auto& dir : host.plugin_dirs())
+    out.push_back(dir);
+  for (const auto& [name, block] : host.config().providers) {
+    if (auto file = block.plugin_file()) out.push_back(std::filesystem::absolute(*file));
+  }
+  return out;
+}
 
 // "HOST:PORT" or "[V6]:PORT".
 std::pair<std::string, uint16_t> split_listen(const std::string& text) {
@@ -138,75 +156,25 @@ int serve(ServeFields& f, const Global& g) {
   // served block; a reload re-reads the config file (or, without one, the config in force) and
   // checks replaced plugin files.
   const std::string served = provider.name();
-  struct ReloadLog {
-    std::mutex mutex;
-    int64_t reloads = 0;
-    int64_t refused = 0;
-    boost::json::object last;
-  };
-  auto reload_log = std::make_shared<ReloadLog>();
   options.admin = sbx::serve::Options::Admin{
       .provider = [&host, served] { return host.provider(served); },
       .reload =
-          [&host, config, served, reload_log] {
-            const auto started = std::chrono::system_clock::now();
-            auto note = [&](boost::json::object outcome) {
-              outcome["at_unix_ms"] =
-                  std::chrono::duration_cast<std::chrono::milliseconds>(started.time_since_epoch())
-                      .count();
-              std::lock_guard lock(reload_log->mutex);
-              ++(outcome.at("ok").as_bool() ? reload_log->reloads : reload_log->refused);
-              reload_log->last = std::move(outcome);
-            };
-            try {
-              sbx::Config next = config ? sbx::Config::load(*config) : host.config();
-              const sbx::Config now = host.config();
-              if (now.providers.count(served) && !next.providers.count(served)) {
-                throw sbx::ReloadError("reload refused, nothing changed: provider '" + served +
-                                       "' is the one this server serves; it cannot be removed");
-              }
-              const sbx::ReloadReport report = host.reload(std::move(next));
-              auto names = [](const std::vector<std::string>& v) {
-                boost::json::array out;
-                for (const auto& n : v)
-                  out.emplace_back(n);
-                return out;
-              };
-              boost::json::object body{{"ok", true},
-                                       {"added", names(report.added)},
-                                       {"changed", names(report.changed)},
-                                       {"removed", names(report.removed)},
-                                       {"unchanged", names(report.unchanged)}};
-              note(body);
-              return body;
-            } catch (const std::exception& e) {
-              note(boost::json::object{{"ok", false}, {"error", e.what()}});
-              throw;
+          [&host, config, served] {
+            sbx::Config next = config ? sbx::Config::load(*config) : host.config();
+            if (host.config().providers.count(served) && !next.providers.count(served)) {
+              throw sbx::ReloadError("reload refused, nothing changed: provider '" + served +
+                                     "' is the one this server serves; it cannot be removed");
             }
+            return host.reload(std::move(next));
           },
-      .providers =
-          [&host, served, reload_log] {
-            boost::json::array generations;
-            for (const sbx::GenerationInfo& g : host.generations()) {
-              generations.push_back(boost::json::object{{"name", g.name},
-                                                        {"generation", g.serial},
-                                                        {"provider_id", g.provider_id},
-                                                        {"plugin_file", g.plugin_file},
-                                                        {"plugin_version", g.plugin_version},
-                                                        {"current", g.current},
-                                                        {"sandboxes", g.sandboxes},
-                                                        {"operations", g.operations}});
-            }
-            std::lock_guard lock(reload_log->mutex);
-            return boost::json::object{
-                {"served", served},
-                {"generations", std::move(generations)},
-                {"reloads", reload_log->reloads},
-                {"reloads_refused", reload_log->refused},
-                {"last_reload", reload_log->last.empty() ? boost::json::value(nullptr)
-                                                         : boost::json::value(reload_log->last)}};
-          },
+      .generations = [&host] { return host.generations(); },
+      .move = [&host](sbx::Sandbox& sandbox) { return host.move_to_current(sandbox); },
+      .move_sandboxes = f.move_sandboxes,
+      .watched = {},
   };
+  if (f.watch) {
+    options.admin->watched = [&host, config] { return watched_paths(host, config); };
+  }
 
   std::optional<sbx::serve::Server> made;
   try {
@@ -303,6 +271,16 @@ Command serve_command() {
                              throw UsageError("--max-streams must be between 0 and 1000000");
                            }
                          }));
+  options.push_back(
+      flag<ServeFields>("--watch",
+                        "Reload when the config file, a plugin file it names or a .so in a\n"
+                        "plugin directory changes (as SIGHUP; docs/hot-swap.md)",
+                        &ServeFields::watch));
+  options.push_back(flag<ServeFields>(
+      "--move-sandboxes",
+      "A reload moves the sandboxes held on a replaced generation to the new one\n"
+      "(sbx.connect/1) instead of letting them drain; POST /admin/reload may say otherwise",
+      &ServeFields::move_sandboxes));
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",

@@ -4,9 +4,11 @@
 
 namespace sbx::serve {
 
-void RequestMetrics::record(const std::string& route, int status, double seconds) {
+void RequestMetrics::record(const std::string& route, int status, double seconds,
+                            const std::string& error_type) {
   std::lock_guard lock(mutex_);
   ++requests_[{route, status}];
+  if (!error_type.empty()) ++errors_[{route, error_type}];
   Histogram& h = latency_[route];
   for (size_t i = 0; i < kBuckets.size(); ++i) {
     if (seconds <= kBuckets[i]) {
@@ -43,6 +45,13 @@ std::string RequestMetrics::prometheus() const {
     out += fmt::format("sbx_serve_request_duration_seconds_sum{{route=\"{}\"}} {}\n", label, h.sum);
     out += fmt::format("sbx_serve_request_duration_seconds_count{{route=\"{}\"}} {}\n", label,
                        h.count);
+  }
+  out +=
+      "# HELP sbx_serve_errors_total Answers of 400 or more, by route and the envelope's code.\n"
+      "# TYPE sbx_serve_errors_total counter\n";
+  for (const auto& [key, n] : errors_) {
+    out += fmt::format("sbx_serve_errors_total{{route=\"{}\",type=\"{}\"}} {}\n",
+                       prometheus_label(key.first), prometheus_label(key.second), n);
   }
   return out;
 }

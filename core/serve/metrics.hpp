@@ -20,9 +20,13 @@ class RequestMetrics {
   static constexpr std::array<double, 11> kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                       0.5,   1,    2.5,   5,    10};
 
-  void record(const std::string& route, int status, double seconds);
-  // The request families: sbx_serve_requests_total{route,code} and
-  // sbx_serve_request_duration_seconds{route} (a histogram).
+  // `error_type`: for an answer of 400 or more, its envelope's code ("DOCKER::SANDBOX_NOT_FOUND",
+  // "MISSING_API_KEY", "VALIDATION" for FastAPI's 422 detail list, "HTTP_404" for a bare
+  // {"detail"}); counted in sbx_serve_errors_total{route,type}.
+  void record(const std::string& route, int status, double seconds,
+              const std::string& error_type = {});
+  // The request families: sbx_serve_requests_total{route,code},
+  // sbx_serve_request_duration_seconds{route} (a histogram) and sbx_serve_errors_total{route,type}.
   std::string prometheus() const;
 
  private:
@@ -34,6 +38,7 @@ class RequestMetrics {
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::map<std::string, Histogram> latency_;
+  std::map<std::pair<std::string, std::string>, uint64_t> errors_;
 };
 
 // `text` as a Prometheus label value ("\\", "\"" and newlines escaped).

@@ -1,9 +1,16 @@
 // Hot swap for operators (docs/hot-swap.md), with Options::admin:
 //   POST /admin/reload     reloads the host's config (a replaced plugin file is a new generation);
-//                          200 with the report, 409 {"code": "ADMIN::RELOAD_REFUSED"} when the
-//                          reload was refused as a whole (the old generation still serves)
+//                          an optional body {"sandboxes": "move"|"drain"} says what becomes of the
+//                          sandboxes held on a replaced generation (default:
+//                          Admin::move_sandboxes). 200 with the report, 409 {"code":
+//                          "ADMIN::RELOAD_REFUSED"} when the reload was refused as a whole (the old
+//                          generation still serves)
 //   GET  /admin/providers  the generations (current and draining), the last reload, the counts
 // Authenticated like every route but /health. Without Options::admin both answer 404.
+//
+// Reloads (from these routes, SIGHUP and the watcher) run one at a time on the admin thread: they
+// run plugin code (a library's init, a canary's create, exec and close), never on the server's
+// threads.
 
 #include "state.hpp"
 
@@ -14,43 +21,174 @@
 
 namespace sbx::serve {
 
-void start_reload(const std::shared_ptr<Server::State>& state,
-                  std::function<void(bool ok, boost::json::object body)> done) {
-  std::lock_guard lock(state->mutex);
-  // A reload runs plugin code (a library's init, a canary's create, exec and close): never on the
-  // server's threads.
-  state->reloads.emplace_back([state, done = std::move(done)] {
-    try {
-      boost::json::object report = state->options.admin->reload();
-      spdlog::info("sbx serve: reload: {}", boost::json::serialize(report));
-      done(true, std::move(report));
-    } catch (const std::exception& e) {
-      spdlog::error("sbx serve: {}", e.what());
-      const auto error = sbx::to_error(std::current_exception());
-      done(false,
-           boost::json::object{{"code", "ADMIN::RELOAD_REFUSED"}, {"message", error.what()}});
-    }
-  });
+namespace json = boost::json;
+
+namespace {
+
+json::array names(const std::vector<std::string>& list) {
+  json::array out;
+  for (const auto& name : list)
+    out.emplace_back(name);
+  return out;
 }
+
+// Moves every sandbox the server holds that is not on its block's current generation (Admin::move).
+// Requests that took the old handle finish on it; later ones take the new one. What cannot move
+// drains on its generation, as without the move.
+void move_sandboxes(Server::State& state, json::object& report) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard lock(state.mutex);
+    for (const auto& [id, entry] : state.sandboxes)
+      entries.push_back(entry);
+  }
+  json::array moved;
+  json::array not_moved;
+  for (const auto& entry : entries) {
+    const std::shared_ptr<sbx::Sandbox> box = entry->box();
+    if (!box || box->closed()) continue;
+    try {
+      std::optional<sbx::Sandbox> fresh = state.options.admin->move(*box);
+      if (!fresh) continue;  // on the current generation already
+      entry->set_box(std::make_shared<sbx::Sandbox>(std::move(*fresh)));
+      moved.emplace_back(entry->id);
+    } catch (const std::exception& e) {
+      spdlog::warn("sbx serve: sandbox {} stays on its generation: {}", entry->id, e.what());
+      not_moved.emplace_back(json::object{{"id", entry->id}, {"reason", e.what()}});
+    }
+  }
+  report["moved"] = std::move(moved);
+  report["not_moved"] = std::move(not_moved);
+}
+
+// One reload, on the admin thread: the report (or the refusal), recorded for /admin/providers.
+std::pair<bool, json::object> reload(Server::State& state, bool move) {
+  const auto started = std::chrono::system_clock::now();
+  bool ok = true;
+  json::object body;
+  try {
+    const sbx::ReloadReport report = state.options.admin->reload();
+    body = json::object{{"ok", true},
+                        {"added", names(report.added)},
+                        {"changed", names(report.changed)},
+                        {"removed", names(report.removed)},
+                        {"unchanged", names(report.unchanged)}};
+    if (move && state.options.admin->move) move_sandboxes(state, body);
+    spdlog::info("sbx serve: reload: {}", json::serialize(body));
+  } catch (const std::exception& e) {
+    spdlog::error("sbx serve: {}", e.what());
+    ok = false;
+    body = json::object{{"code", "ADMIN::RELOAD_REFUSED"},
+                        {"message", sbx::to_error(std::current_exception()).what()}};
+  }
+  json::object outcome = ok ? body : json::object{{"ok", false}, {"error", body.at("message")}};
+  outcome["at_unix_ms"] =
+      std::chrono::duration_cast<std::chrono::milliseconds>(started.time_since_epoch()).count();
+  std::lock_guard lock(state.admin.mutex);
+  ++(ok ? state.admin.reloads : state.admin.refused);
+  state.admin.last = std::move(outcome);
+  return {ok, std::move(body)};
+}
+
+void admin_loop(Server::State& state) {
+  auto& admin = state.admin;
+  std::unique_lock lock(admin.mutex);
+  for (;;) {
+    admin.wake.wait(lock, [&] { return admin.stopping || !admin.jobs.empty(); });
+    if (admin.jobs.empty()) return;  // stopping, nothing left
+    auto job = std::move(admin.jobs.front());
+    admin.jobs.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+void start_reload(const std::shared_ptr<Server::State>& state, std::optional<bool> move,
+                  std::function<void(bool ok, json::object body)> done) {
+  auto& admin = state->admin;
+  std::lock_guard lock(admin.mutex);
+  // The job holds a raw State: ~Server joins this thread before the state can go.
+  admin.jobs.push_back([s = state.get(), move, done = std::move(done)] {
+    auto [ok, body] = reload(*s, move.value_or(s->options.admin->move_sandboxes));
+    done(ok, std::move(body));
+  });
+  if (!admin.thread.joinable()) {
+    admin.thread = std::thread([s = state.get()] { admin_loop(*s); });
+  }
+  admin.wake.notify_one();
+}
+
+void stop_admin(Server::State& state) {
+  {
+    std::lock_guard lock(state.admin.mutex);
+    state.admin.stopping = true;
+  }
+  state.admin.wake.notify_all();
+  if (state.admin.thread.joinable()) state.admin.thread.join();
+}
+
+namespace {
+
+// GET /admin/providers's body: the generations, the last reload and the counts.
+json::object admin_providers(Server::State& state) {
+  json::array generations;
+  for (const sbx::GenerationInfo& g : state.options.admin->generations()) {
+    generations.push_back(json::object{{"name", g.name},
+                                       {"generation", g.serial},
+                                       {"provider_id", g.provider_id},
+                                       {"plugin_file", g.plugin_file},
+                                       {"plugin_version", g.plugin_version},
+                                       {"current", g.current},
+                                       {"sandboxes", g.sandboxes},
+                                       {"operations", g.operations}});
+  }
+  std::lock_guard lock(state.admin.mutex);
+  return json::object{{"generations", std::move(generations)},
+                      {"reloads", state.admin.reloads},
+                      {"reloads_refused", state.admin.refused},
+                      {"last_reload", state.admin.last.empty() ? json::value(nullptr)
+                                                               : json::value(state.admin.last)}};
+}
+
+}  // namespace
 
 bool route_admin(const std::shared_ptr<Server::State>& state, const Request& request,
                  const Reply& reply) {
   const std::string path = route_path(request);
   if (path != "/admin/reload" && path != "/admin/providers") return false;
   if (!state->options.admin) {
-    reply(json_response(request, http::status::not_found,
-                        boost::json::object{{"detail", "Not Found"}}));
+    reply(json_response(request, http::status::not_found, json::object{{"detail", "Not Found"}}));
     return true;
   }
-  const bool reload = path == "/admin/reload";
-  if (request.method() != (reload ? http::verb::post : http::verb::get)) {
+  const bool is_reload = path == "/admin/reload";
+  if (request.method() != (is_reload ? http::verb::post : http::verb::get)) {
     reply(json_response(request, http::status::method_not_allowed,
-                        boost::json::object{{"detail", "Method Not Allowed"}}));
+                        json::object{{"detail", "Method Not Allowed"}}));
     return true;
   }
-  if (!reload) {
-    reply(json_response(request, http::status::ok, state->options.admin->providers()));
+  if (!is_reload) {
+    json::object body = admin_providers(*state);
+    body["served"] = state->current_provider().name();
+    reply(json_response(request, http::status::ok, body));
     return true;
+  }
+  std::optional<bool> move;
+  if (request.body().find_first_not_of(" \t\r\n") != std::string::npos) {
+    boost::system::error_code ec;
+    const json::value body = json::parse(request.body(), ec);
+    const json::value* choice =
+        !ec && body.is_object() ? body.as_object().if_contains("sandboxes") : nullptr;
+    if (choice && choice->is_string() &&
+        (choice->get_string() == "move" || choice->get_string() == "drain")) {
+      move = choice->get_string() == "move";
+    } else if (ec || !body.is_object() || choice) {
+      reply(error_response(request, http::status::bad_request, "ADMIN::INVALID_REQUEST",
+                           "the body must be empty or {\"sandboxes\": \"move\"|\"drain\"}"));
+      return true;
+    }
   }
   Request shape;  // what the answer needs of the request, kept past it
   shape.version(request.version());
@@ -58,7 +196,7 @@ bool route_admin(const std::shared_ptr<Server::State>& state, const Request& req
   if (const auto id = request.find("x-request-id"); id != request.end()) {
     shape.set("x-request-id", id->value());
   }
-  start_reload(state, [shape, reply](bool ok, boost::json::object body) {
+  start_reload(state, move, [shape, reply](bool ok, json::object body) {
     reply(json_response(shape, ok ? http::status::ok : http::status::conflict, std::move(body)));
   });
   return true;

@@ -464,7 +464,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
       --state->running_commands;
     }
     if (log_fd >= 0) ::close(log_fd);
-    reply(cmd.background && log_fd < 0 && !entry->box->closed()
+    reply(cmd.background && log_fd < 0 && !entry->box()->closed()
               ? execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
                             "cannot open a log for the command")
               : error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
@@ -520,7 +520,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
 
   sbx::Operation<sbx::ExecResult> op;
   try {
-    op = entry->box->exec_async(cmd.command, std::move(options));
+    op = entry->box()->exec_async(cmd.command, std::move(options));
   } catch (const std::exception& e) {
     spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
     const Outcome outcome{error_event(e.what(), e.what()), -1, std::string(e.what())};

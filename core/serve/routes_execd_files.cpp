@@ -408,7 +408,7 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
     const Pair& pair = pairs_[i];
     sbx::Operation<void> op;
     try {
-      op = entry_->box->upload_async(pair.file->path, pair.meta.path);
+      op = entry_->box()->upload_async(pair.file->path, pair.meta.path);
     } catch (...) {
       upload_failed(std::current_exception(), pair.meta.path);
       return;
@@ -439,7 +439,7 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
     options.timeout_s = 60;
     sbx::Operation<sbx::ExecResult> op;
     try {
-      op = entry_->box->exec_async(
+      op = entry_->box()->exec_async(
           "chown " + shell_quote(spec) + " -- " + shell_quote(pair.meta.path), std::move(options));
     } catch (const std::exception& e) {
       spdlog::warn("sbx serve: chown {} {}: {}", spec, pair.meta.path, e.what());
@@ -600,7 +600,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
   const auto version = request.version();
   sbx::Operation<void> op;
   try {
-    op = entry->box->download_async(path, file->path);
+    op = entry->box()->download_async(path, file->path);
   } catch (...) {
     const sbx::Error e = sbx::to_error(std::current_exception());
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
@@ -698,7 +698,7 @@ void info(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
   const auto version = request.version();
   sbx::Operation<sbx::ExecResult> op;
   try {
-    op = entry->box->exec_async(command, std::move(options));
+    op = entry->box()->exec_async(command, std::move(options));
   } catch (const std::exception& e) {
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
     return;

@@ -462,8 +462,8 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   op.then([state, ticket, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
     std::exception_ptr error;
     try {
-      entry->box = std::make_shared<sbx::Sandbox>(done.get());
-      entry->id = entry->box->id();
+      entry->set_box(std::make_shared<sbx::Sandbox>(done.get()));
+      entry->id = entry->box()->id();
     } catch (...) {
       error = std::current_exception();
     }
@@ -474,7 +474,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     // With a state directory, the sandbox's descriptor is kept before the client hears of it.
     sbx::Operation<std::string> serialize;
     try {
-      serialize = entry->box->serialize_async();
+      serialize = entry->box()->serialize_async();
     } catch (...) {
       error = std::current_exception();
     }
@@ -568,7 +568,7 @@ void get(const std::shared_ptr<Server::State>& state, const Request& request, co
     return;
   }
   const auto version = request.version();
-  entry->box->status_async().then(
+  entry->box()->status_async().then(
       [state, entry, id, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
         Request shape;
         shape.version(version);
@@ -798,7 +798,7 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
     };
     sbx::Operation<sbx::SandboxStatus> op;
     try {
-      op = gather->entries[i]->box->status_async();
+      op = gather->entries[i]->box()->status_async();
     } catch (...) {
       one(std::nullopt);
       continue;

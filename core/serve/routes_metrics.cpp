@@ -44,6 +44,23 @@ std::string event_problem(const json::value& body) {
 
 }  // namespace
 
+std::string error_type(const Response& response) {
+  const int status = response.result_int();
+  if (status < 400) return {};
+  const std::string fallback = "HTTP_" + std::to_string(status);
+  boost::system::error_code ec;
+  const json::value body = json::parse(response.body(), ec);
+  const json::object* object = ec ? nullptr : body.if_object();
+  if (object == nullptr) return fallback;
+  if (const auto* code = object->if_contains("code"); code && code->is_string()) {
+    return std::string(code->get_string());
+  }
+  if (const auto* detail = object->if_contains("detail"); detail && detail->is_array()) {
+    return "VALIDATION";  // FastAPI's 422: a list of field errors
+  }
+  return fallback;
+}
+
 // GET /metrics: Prometheus text (version 0.0.4): requests and latency per route, the sandboxes and
 // event streams open, and with hot swap the reloads and each generation's sandboxes and operations.
 Response prometheus(const std::shared_ptr<Server::State>& state, const Request& request) {
@@ -61,33 +78,30 @@ Response prometheus(const std::shared_ptr<Server::State>& state, const Request& 
       "# HELP sbx_serve_open_streams Command event streams open.\n"
       "# TYPE sbx_serve_open_streams gauge\nsbx_serve_open_streams {}\n",
       sandboxes, streams);
-  if (state->options.admin && state->options.admin->providers) {
-    const json::object report = state->options.admin->providers();
-    text += fmt::format(
-        "# HELP sbx_serve_reloads_total Reloads, by result (refused: rolled back as a whole).\n"
-        "# TYPE sbx_serve_reloads_total counter\n"
-        "sbx_serve_reloads_total{{result=\"ok\"}} {}\n"
-        "sbx_serve_reloads_total{{result=\"refused\"}} {}\n",
-        report.at("reloads").to_number<int64_t>(),
-        report.at("reloads_refused").to_number<int64_t>());
+  if (state->options.admin) {
+    {
+      std::lock_guard lock(state->admin.mutex);
+      text += fmt::format(
+          "# HELP sbx_serve_reloads_total Reloads, by result (refused: rolled back as a whole).\n"
+          "# TYPE sbx_serve_reloads_total counter\n"
+          "sbx_serve_reloads_total{{result=\"ok\"}} {}\n"
+          "sbx_serve_reloads_total{{result=\"refused\"}} {}\n",
+          state->admin.reloads, state->admin.refused);
+    }
     text +=
         "# HELP sbx_provider_generation_sandboxes Sandboxes held per provider generation.\n"
         "# TYPE sbx_provider_generation_sandboxes gauge\n";
     std::string operations =
         "# HELP sbx_provider_generation_operations Operations in flight per provider generation.\n"
         "# TYPE sbx_provider_generation_operations gauge\n";
-    for (const auto& g : report.at("generations").as_array()) {
-      const auto& o = g.as_object();
+    for (const sbx::GenerationInfo& g : state->options.admin->generations()) {
       const std::string labels =
           fmt::format("provider=\"{}\",generation=\"{}\",version=\"{}\",current=\"{}\"",
-                      prometheus_label(std::string(o.at("name").as_string())),
-                      o.at("generation").to_number<uint64_t>(),
-                      prometheus_label(std::string(o.at("plugin_version").as_string())),
-                      o.at("current").as_bool() ? "true" : "false");
-      text += fmt::format("sbx_provider_generation_sandboxes{{{}}} {}\n", labels,
-                          o.at("sandboxes").to_number<int64_t>());
-      operations += fmt::format("sbx_provider_generation_operations{{{}}} {}\n", labels,
-                                o.at("operations").to_number<int64_t>());
+                      prometheus_label(g.name), g.serial, prometheus_label(g.plugin_version),
+                      g.current ? "true" : "false");
+      text += fmt::format("sbx_provider_generation_sandboxes{{{}}} {}\n", labels, g.sandboxes);
+      operations +=
+          fmt::format("sbx_provider_generation_operations{{{}}} {}\n", labels, g.operations);
     }
     text += operations;
   }

@@ -58,7 +58,7 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
     return;
   }
   const auto version = request.version();
-  entry->box->status_async().then(
+  entry->box()->status_async().then(
       [entry, id, pause, version, reply](sbx::Operation<sbx::SandboxStatus>& done) {
         Request shape;
         shape.version(version);
@@ -88,7 +88,7 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
         };
         sbx::Operation<void> op;
         try {
-          op = pause ? entry->box->pause_async() : entry->box->resume_async();
+          op = pause ? entry->box()->pause_async() : entry->box()->resume_async();
         } catch (...) {
           failed(shape, std::current_exception());
           return;
@@ -203,7 +203,7 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
   };
   sbx::Operation<std::chrono::system_clock::time_point> op;
   try {
-    op = entry->box->renew_async(expires_at);
+    op = entry->box()->renew_async(expires_at);
   } catch (...) {
     done(std::current_exception());
     return;

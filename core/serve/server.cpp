@@ -227,7 +227,8 @@ class Session : public std::enable_shared_from_this<Session> {
     metrics_start_ = std::chrono::steady_clock::now();
     Reply reply = [inner = make_reply(), state = state_, route = metrics_route_,
                    start = metrics_start_](Response response) {
-      state->metrics.record(route, response.result_int(), seconds_since(start));
+      state->metrics.record(route, response.result_int(), seconds_since(start),
+                            error_type(response));
       inner(std::move(response));
     };
     const Request& req = *request_ptr;
@@ -514,7 +515,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Any thread: what follows runs on the strand, before anything sent through the sink.
   std::shared_ptr<ChunkSink> open_stream(Response head, bool chunked) {
-    state_->metrics.record(metrics_route_, head.result_int(), seconds_since(metrics_start_));
+    state_->metrics.record(metrics_route_, head.result_int(), seconds_since(metrics_start_),
+                           error_type(head));
     {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = false;
@@ -800,21 +802,15 @@ Server::~Server() {
     std::lock_guard lock(state_->mutex);
     if (state_->options.keep_on_stop) {
       for (auto& [id, entry] : state_->sandboxes)
-        if (entry->box) entry->box->detach();
+        if (const auto box = entry->box()) box->detach();
       for (auto& entry : state_->kept)
-        if (entry->box) entry->box->detach();
+        if (const auto box = entry->box()) box->detach();
     }
     if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
     state_->state_dir_lock = -1;
   }
-  // Reloads still running finish first (their plugin code is not interrupted).
-  std::vector<std::thread> reloads;
-  {
-    std::lock_guard lock(state_->mutex);
-    reloads.swap(state_->reloads);
-  }
-  for (auto& t : reloads)
-    t.join();
+  // Reloads queued or running finish first (their plugin code is not interrupted).
+  stop_admin(*state_);
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
   // The handlers still queued hold the state: destroy them (a continuation a plugin completes
@@ -847,12 +843,13 @@ bool Server::run() {
       void operator()(beast::error_code ec, int) const {
         if (ec) return;
         spdlog::info("sbx serve: SIGHUP: reloading");
-        start_reload(state, [](bool, boost::json::object) {});
+        start_reload(state, std::nullopt, [](bool, boost::json::object) {});
         set->async_wait(*this);
       }
     };
     hangups->async_wait(OnHangup{state, &*hangups});
   }
+  if (state->options.admin && state->options.admin->watched) start_watch(state);
   asio::post(state->control, [state] {
     accept(state);
     sweep(state);
@@ -962,7 +959,7 @@ void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_
   shutdown_execd(*entry->execd);  // its commands are cancelled, their records and logs freed
   sbx::Operation<void> op;
   try {
-    op = entry->box->close_async();
+    op = entry->box()->close_async();
   } catch (...) {
     const auto error = std::current_exception();
     {

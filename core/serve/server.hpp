@@ -13,6 +13,7 @@
 // (or, with Options::keep_on_stop, leaves them running for the next server).
 #pragma once
 
+#include <sbx/core/host.hpp>
 #include <sbx/core/provider.hpp>
 
 #include <boost/json/object.hpp>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace sbx::serve {
 
@@ -64,11 +66,22 @@ struct Options {
   struct Admin {
     // The provider new sandboxes go to: the host's current generation of the served block.
     std::function<sbx::Provider()> provider;
-    // Reloads (re-reading the config file); returns the report. Throws sbx::Error (ReloadError
-    // for a refused reload). Runs plugin code (loads, canaries): called on a thread of its own.
-    std::function<boost::json::object()> reload;
-    // GET /admin/providers: the generations, the last reload and the reload counts.
-    std::function<boost::json::object()> providers;
+    // Reloads (re-reading the config file). Throws sbx::Error (ReloadError for a refused reload).
+    // Runs plugin code (loads, canaries): called on the server's admin thread, one at a time.
+    std::function<sbx::ReloadReport()> reload;
+    // The generations alive, current and draining (Host::generations).
+    std::function<std::vector<sbx::GenerationInfo>()> generations;
+    // Host::move_to_current: a handle on the current generation, or nullopt when `sandbox` is on
+    // it already; throws when the sandbox cannot move. Called on the admin thread.
+    std::function<std::optional<sbx::Sandbox>(sbx::Sandbox& sandbox)> move;
+    // What a reload does with the sandboxes the server holds on a replaced generation when the
+    // request does not say (SIGHUP, a watched change, POST /admin/reload without a body): false
+    // lets them drain on it, true moves them through `move`.
+    bool move_sandboxes = false;
+    // Files and directories whose changes start a reload (watch.cpp): the config file, the plugin
+    // directories, the plugin files the config names. Asked again after every reload. Unset: no
+    // watching.
+    std::function<std::vector<std::filesystem::path>()> watched;
   };
   std::optional<Admin> admin;
 };

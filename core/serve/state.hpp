@@ -16,9 +16,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -100,10 +103,19 @@ class BodySink {
 
 // A sandbox the server created (or found again in its state directory), with what the lifecycle
 // API reports of it. Filled in before it enters the registry; after that only `expires_at`
-// changes (renew), under State::mutex. The Sandbox itself is thread-safe.
+// changes (renew), under State::mutex, and the Sandbox handle (a reload that moves sandboxes to
+// the new generation, docs/hot-swap.md), under its own mutex. The Sandbox itself is thread-safe.
 struct Entry {
-  std::shared_ptr<sbx::Sandbox> box;
-  std::string id;  // box->id(), kept: a detached Sandbox has none
+  // The handle requests use; one taken before a move keeps working on the old generation.
+  std::shared_ptr<sbx::Sandbox> box() const {
+    std::lock_guard lock(box_mutex_);
+    return box_;
+  }
+  void set_box(std::shared_ptr<sbx::Sandbox> box) {
+    std::lock_guard lock(box_mutex_);
+    box_ = std::move(box);
+  }
+  std::string id;  // box()->id(), kept: a detached Sandbox has none
   std::string image;
   std::vector<std::string> entrypoint;
   std::optional<boost::json::object> metadata;
@@ -112,6 +124,10 @@ struct Entry {
   std::string descriptor;  // sbx.connect/1 descriptor, when the server keeps a state directory
   // Its commands (execd API); shut down by begin_close.
   std::shared_ptr<ExecdState> execd = new_execd_state();
+
+ private:
+  mutable std::mutex box_mutex_;
+  std::shared_ptr<sbx::Sandbox> box_;
 };
 
 // The server's io_context, with execution_context::shutdown made callable.
@@ -156,9 +172,19 @@ struct Server::State {
   bool stopping = false;
   bool finished = false;
   bool all_closed = true;
-  RequestMetrics metrics;            // GET /metrics (thread-safe)
-  std::vector<std::thread> reloads;  // Options::admin reloads, each on its own thread; joined by
-                                     // ~Server
+  RequestMetrics metrics;  // GET /metrics (thread-safe)
+  // Hot swap (Options::admin, routes_admin.cpp): reloads run one at a time on the admin thread,
+  // started with the first one and joined by ~Server.
+  struct AdminState {
+    std::mutex mutex;  // guards what follows
+    std::condition_variable wake;
+    std::deque<std::function<void()>> jobs;
+    bool stopping = false;
+    std::thread thread;
+    int64_t reloads = 0;       // put in service
+    int64_t refused = 0;       // rolled back as a whole
+    boost::json::object last;  // the last reload's outcome (empty before the first)
+  } admin;
 
   State(sbx::Provider p, Options o);
 
@@ -200,6 +226,8 @@ Response not_found(const Request& request, const std::string& id);
 // FastAPI's 422 (`missing` at ["body"], `json_invalid` with the offset) and returns nullopt.
 std::optional<boost::json::value> parse_json_body(const Request& request, const Reply& reply);
 Response method_not_allowed(const Request& request);
+// For GET /metrics: the type of an answer of 400 or more (RequestMetrics::record), else "".
+std::string error_type(const Response& response);
 
 // Route groups, one file each. Each answers the request or returns false when the path is not its.
 bool route_health(const std::shared_ptr<Server::State>& state, const Request& request,
@@ -207,9 +235,16 @@ bool route_health(const std::shared_ptr<Server::State>& state, const Request& re
 // POST /metrics/events: the SDKs' create-latency telemetry, accepted with 204 (routes_metrics.cpp).
 bool route_admin(const std::shared_ptr<Server::State>& state, const Request& request,
                  const Reply& reply);
-// Starts a reload on a thread of its own (Options::admin); `done` gets the answer (any thread).
-void start_reload(const std::shared_ptr<Server::State>& state,
+// Queues a reload on the admin thread (Options::admin); `done` gets the answer (on that thread).
+// `move`: whether sandboxes on a replaced generation move to the new one (unset: the default,
+// Admin::move_sandboxes).
+void start_reload(const std::shared_ptr<Server::State>& state, std::optional<bool> move,
                   std::function<void(bool ok, boost::json::object body)> done);
+// Stops the admin thread after the jobs queued (~Server).
+void stop_admin(Server::State& state);
+// Starts watching Admin::watched (watch.cpp): a change starts a reload. Throws std::runtime_error
+// when inotify cannot be used.
+void start_watch(const std::shared_ptr<Server::State>& state);
 bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
                    const Reply& reply);
 bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,

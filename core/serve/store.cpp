@@ -189,7 +189,7 @@ void store_load(Server::State& state) {
   for (auto& f : found) {
     if (!f.op.valid()) continue;
     try {
-      f.entry->box = std::make_shared<sbx::Sandbox>(f.op.get());
+      f.entry->set_box(std::make_shared<sbx::Sandbox>(f.op.get()));
     } catch (...) {
       const sbx::Error e = sbx::to_error(std::current_exception());
       if (e.status() == SBX_STATUS_NOT_FOUND) {

@@ -116,6 +116,12 @@ ServeSettings read_serve(base::json::ObjectReader& r, std::string_view source) {
 
 }  // namespace
 
+std::optional<std::filesystem::path> ProviderBlock::plugin_file() const {
+  auto [file, id] = detail::split_plugin_ref(plugin);
+  if (file.empty()) return std::nullopt;
+  return file;
+}
+
 namespace detail {
 
 std::pair<std::filesystem::path, std::string> split_plugin_ref(const std::string& ref) {

@@ -45,12 +45,12 @@ struct Fixture : ProcessesServer {
   std::optional<sbx::Host> client;
   std::map<std::string, std::string> auth{{"OPEN-SANDBOX-API-KEY", kKey}};
 
-  Fixture() {
+  explicit Fixture(std::vector<std::string> flags = {}) {
     install(kV1);
     write_config(json::object{{"plugin", plugin.string() + "#test_processes"},
                               {"config", json::object{{"root", root.string()}}}});
-    start({"--api-key-env", "SBX_RELOAD_TEST_KEY", "--max-streams", "0"},
-          {{"SBX_RELOAD_TEST_KEY", kKey}});
+    flags.insert(flags.end(), {"--api-key-env", "SBX_RELOAD_TEST_KEY", "--max-streams", "0"});
+    start(std::move(flags), {{"SBX_RELOAD_TEST_KEY", kKey}});
     json::object connection{{"domain", "127.0.0.1:" + std::to_string(port())},
                             {"api_key", kKey},
                             {"max_connections", 4 * kSessions}};
@@ -92,7 +92,35 @@ struct Fixture : ProcessesServer {
     }
     return "";
   }
-  Response reload() { return request(port(), "POST", "/admin/reload", std::nullopt, auth); }
+  Response reload(std::optional<std::string> body = std::nullopt) {
+    return request(port(), "POST", "/admin/reload", std::move(body), auth);
+  }
+  // The generations alive: {plugin_version: sandboxes held}.
+  std::map<std::string, int64_t> sandboxes_by_version() {
+    std::map<std::string, int64_t> out;
+    const json::object report = providers();
+    for (const auto& g : report.at("generations").as_array()) {
+      const auto& o = g.as_object();
+      out[std::string(o.at("plugin_version").as_string())] +=
+          o.at("sandboxes").to_number<int64_t>();
+    }
+    return out;
+  }
+  // Waits (bounded) until `done` holds; returns whether it did.
+  template <class Done>
+  static bool eventually(Done done, std::chrono::seconds limit = 30s) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+    return true;
+  }
+  std::string metrics() {
+    const auto r = request(port(), "GET", "/metrics", std::nullopt, auth);
+    REQUIRE(r.status == 200);
+    return r.body;
+  }
 
   // Paths of the plugin images mapped in the server, from /proc/PID/maps (the copies a reload
   // loads are unlinked: "... (deleted)").
@@ -290,4 +318,75 @@ TEST_CASE("sbx reload and SIGHUP reload the server; the admin routes need the ke
   CHECK(
       f.client->provider("os").create({.image = "local/any:latest"}).exec("echo hup").stdout_text ==
       "hup\n");
+}
+
+TEST_CASE(
+    "--watch reloads on a replaced file; a reload may move live sandboxes instead of draining") {
+  ::setenv("SBX_RELOAD_TEST_KEY", kKey, 1);  // for `sbx reload --api-key-env`
+  Fixture f({"--watch"});
+  sbx::Provider os = f.client->provider("os");
+  sbx::Sandbox a = os.create({.image = "local/any:latest"});
+  sbx::Sandbox b = os.create({.image = "local/any:latest"});
+  CHECK(a.exec("echo kept > note").return_code == 0);
+
+  // --watch: replacing the file is the whole operation. The sandboxes drain by default.
+  f.install(kV2);
+  CHECK(Fixture::eventually([&] { return f.current_version() == "2.0.0"; }));
+  CHECK(f.sandboxes_by_version() == std::map<std::string, int64_t>{{"0.1.0", 2}, {"2.0.0", 0}});
+
+  // What a reload does with them is the request's choice; a body it cannot read is refused.
+  const auto bad = f.reload(R"({"sandboxes": "teleport"})");
+  CHECK(bad.status == 400);
+  CHECK(bad.body.find("ADMIN::INVALID_REQUEST") != std::string::npos);
+  const auto moved = f.reload(R"({"sandboxes": "move"})");
+  REQUIRE(moved.status == 200);
+  const json::object report = moved.json().as_object();
+  CHECK(report.at("moved").as_array().size() == 2);
+  CHECK(report.at("not_moved").as_array().empty());
+  // The old generation held nothing more: it is gone, its image unmapped; both sandboxes work on
+  // the new one, as they were.
+  CHECK(Fixture::eventually([&] {
+    return f.sandboxes_by_version() == std::map<std::string, int64_t>{{"2.0.0", 2}};
+  }));
+  CHECK(a.exec("cat note").stdout_text == "kept\n");
+  CHECK(b.exec("echo b").stdout_text == "b\n");
+#if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
+  CHECK(f.mapped_plugins().size() == 1);
+#endif
+
+  // sbx reload --move, after another replacement the watcher reloads on its own first.
+  f.install(kV1);
+  CHECK(Fixture::eventually([&] { return f.current_version() == "0.1.0"; }));
+  std::string out;
+  const int code =
+      run_to_exit({SBX_CLI, "reload", "--url", "http://127.0.0.1:" + std::to_string(f.port()),
+                   "--api-key-env", "SBX_RELOAD_TEST_KEY", "--move"},
+                  out);
+  CAPTURE(out);
+  CHECK(code == 0);
+  CHECK(out.find("moved: 2 sandbox(es)") != std::string::npos);
+  CHECK(Fixture::eventually([&] {
+    return f.sandboxes_by_version() == std::map<std::string, int64_t>{{"0.1.0", 2}};
+  }));
+  CHECK(a.exec("cat note").stdout_text == "kept\n");
+
+  // A corrupt replacement: the watcher's reload is refused, the old generation serves on.
+  f.install_text("corrupt\n");
+  CHECK(Fixture::eventually(
+      [&] { return f.providers().at("reloads_refused").to_number<int64_t>() == 1; }));
+  CHECK(f.current_version() == "0.1.0");
+  CHECK(b.exec("echo still").stdout_text == "still\n");
+
+  // Errors by type in /metrics: an unknown sandbox, a missing key, the refused admin body.
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/no-such-box", std::nullopt, f.auth).status == 404);
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/no-such-box").status == 401);
+  const std::string text = f.metrics();
+  CAPTURE(text);
+  CHECK(text.find("sbx_serve_errors_total{route=\"GET /sandboxes/{id}\","
+                  "type=\"DOCKER::SANDBOX_NOT_FOUND\"} 1\n") != std::string::npos);
+  CHECK(text.find("type=\"MISSING_API_KEY\"} 1\n") != std::string::npos);
+  CHECK(text.find("type=\"ADMIN::INVALID_REQUEST\"} 1\n") != std::string::npos);
+  CHECK(text.find("sbx_serve_reloads_total{result=\"refused\"} 1\n") != std::string::npos);
+  a.close();
+  b.close();
 }

@@ -61,6 +61,10 @@ struct ProviderBlock {
   // "canary": {"spec": {...}, "command": "true", "timeout_s": 60}; only reloads run it.
   std::optional<Canary> canary;
 
+  // The plugin file `plugin` names (absolute when the config came from a file), or nullopt when
+  // it names a provider id.
+  std::optional<std::filesystem::path> plugin_file() const;
+
   // Whether a provider made from `other` would be the same one (plugin, config, default
   // metadata; the canary and the config path are not part of the provider).
   bool same_provider(const ProviderBlock& other) const {
