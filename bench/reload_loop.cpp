@@ -287,6 +287,10 @@ class Bench {
         "are the server's and the reload's, no container runtime's)\n");
     std::printf("plugin builds, alternating: %s, %s\n", o_.v1.c_str(), o_.v2.c_str());
     std::printf(
+        "timed request: %s; after every %d, a create, exec and delete on the generation in "
+        "service\n",
+        request_name().c_str(), kSessionEvery);
+    std::printf(
         "each reload: copy beside, rename over, POST /admin/reload; %d ms apart; %d warm-up "
         "reloads, then samples every %d (clients paused while sampling)\n",
         o_.gap_ms, o_.warmup, o_.every);
@@ -297,14 +301,8 @@ class Bench {
     std::vector<std::string> sandboxes;
     for (int c = 0; c < o_.clients; ++c) {
       sandboxes.push_back(admin_->create_sandbox("local/any:latest", 3600));
-      for (int i = 0; i < 5; ++i)
-        if (!admin_->run(sandboxes.back(), "true"))
-          die("a warm-up command failed: " +
-              admin_
-                  ->call(http::verb::post,
-                         "/sandboxes/" + sandboxes.back() + "/proxy/44772/command",
-                         "{\"command\":\"true\"}")
-                  .body());
+      for (int i = 0; i < 5; ++i)  // warm: a command's first run on a sandbox
+        if (!admin_->run(sandboxes.back(), "true")) die("a warm-up command failed");
     }
 
     Load load;
