@@ -253,6 +253,7 @@ struct Row {
   double threads = 0;
   size_t generations = 0;
   size_t images = 0;
+  size_t mappings = 0;
 };
 
 class Bench {
@@ -356,8 +357,8 @@ class Bench {
     const int exit_status = server_->stop();
 
     // ---- The report
-    std::printf("\n%8s %12s %9s %8s %12s %14s\n", "reloads", "RSS (KiB)", "open fds", "threads",
-                "generations", "mapped images");
+    std::printf("\n%8s %12s %9s %8s %12s %14s %9s\n", "reloads", "RSS (KiB)", "open fds", "threads",
+                "generations", "mapped images", "mappings");
     for (const auto& r : rows)
       print_row(std::to_string(r.reload), r);
     print_row("closed", after);
@@ -369,10 +370,12 @@ class Bench {
     const bool fds_ok = fd_growth <= kMaxFdGrowth;
     std::printf(
         "growth from reload 0 to %d: RSS %+.0f KiB (%+.1f KiB per reload; target <= %+.0f KiB: "
-        "%s), open fds %+d (target <= %+d: %s), threads %+.0f\n",
+        "%s), open fds %+d (target <= %+d: %s), threads %+.0f, mappings %+ld (a thread left "
+        "unjoined keeps its stack: 2 each)\n",
         last.reload, rss_growth, rss_growth / std::max(1, last.reload), kMaxRssGrowthKib,
         rss_ok ? "PASS" : "FAIL", fd_growth, kMaxFdGrowth, fds_ok ? "PASS" : "FAIL",
-        last.threads - first.threads);
+        last.threads - first.threads,
+        static_cast<long>(last.mappings) - static_cast<long>(first.mappings));
 
     const long reloads_total = static_cast<long>(reload_ms_.size());
     std::printf(
@@ -568,11 +571,12 @@ class Bench {
                sbx::bench::open_files(pid),
                sbx::bench::proc_status(pid, "Threads"),
                generation_count(),
-               images().size()};
+               images().size(),
+               sbx::bench::mapping_count(pid)};
   }
   static void print_row(const std::string& label, const Row& r) {
-    std::printf("%8s %12.0f %9d %8.0f %12zu %14zu\n", label.c_str(), r.rss_kib, r.fds, r.threads,
-                r.generations, r.images);
+    std::printf("%8s %12.0f %9d %8.0f %12zu %14zu %9zu\n", label.c_str(), r.rss_kib, r.fds,
+                r.threads, r.generations, r.images, r.mappings);
   }
 
   // Whether a request overlapped any reload (the windows are in order and do not overlap).

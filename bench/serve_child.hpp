@@ -155,6 +155,16 @@ inline int open_files(pid_t pid) {
   return n;
 }
 
+// How many mappings a process has (the lines of /proc/PID/maps). A thread's stack is two (the
+// stack and its guard page) until the thread is joined or, detached, has exited.
+inline size_t mapping_count(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);)
+    ++n;
+  return n;
+}
+
 // The distinct files a process maps whose path starts with `prefix` (as /proc/PID/maps names
 // them: a file unlinked since ends in " (deleted)").
 inline std::set<std::string> mapped_files(pid_t pid, const std::string& prefix) {
