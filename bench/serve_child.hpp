@@ -1,7 +1,9 @@
-// `sbx serve` as a child process of a benchmark: started on 127.0.0.1:0 with a config file, its
-// port (and the sbx.run label of the sandboxes it creates) read from its first line on stdout, its
-// stderr in a log file, stopped with SIGTERM (a graceful stop: the server closes what it created).
-// Header-only, shared by the benchmarks that measure through the gateway.
+// `sbx serve` as a child process of a benchmark: started on 127.0.0.1:0 with a config file (and,
+// optionally, more arguments and environment variables), its port (and the sbx.run label of the
+// sandboxes it creates) read from its first line on stdout, its stderr in a log file, stopped with
+// SIGTERM (a graceful stop: the server closes what it created). Also what a benchmark reads of the
+// server process in /proc: a field of its status (VmRSS, Threads), its open file count, the files
+// it maps. Header-only, shared by the benchmarks that measure through the gateway.
 //
 // THREADING: one thread uses a ServeChild; the destructor stops the server.
 #pragma once
@@ -15,17 +17,54 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+extern char** environ;
 
 namespace sbx::bench {
 
 class ServeChild {
  public:
+  struct Options {
+    std::string provider = "docker";
+    std::vector<std::string> args;  // more arguments, e.g. {"--api-key-env", "VAR"}
+    std::vector<std::string> env;   // "NAME=VALUE": set in the server's environment
+  };
+
   // Runs `sbx serve --config CONFIG --provider PROVIDER --listen 127.0.0.1:0`, its stderr to
   // `log`. Throws std::runtime_error when it does not come up.
   ServeChild(const std::filesystem::path& sbx, const std::filesystem::path& config,
-             const std::filesystem::path& log, const std::string& provider = "docker") {
+             const std::filesystem::path& log, const std::string& provider = "docker")
+      : ServeChild(sbx, config, log, Options{.provider = provider}) {}
+
+  // The same with `options.args` after those arguments and `options.env` in its environment.
+  ServeChild(const std::filesystem::path& sbx, const std::filesystem::path& config,
+             const std::filesystem::path& log, const Options& options) {
+    // argv and envp are made before the fork: the child only calls async-signal-safe functions.
+    std::vector<std::string> args{sbx.string(), "serve",          "--config", config.string(),
+                                  "--provider", options.provider, "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), options.args.begin(), options.args.end());
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry(*e);
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      bool replaced = false;
+      for (const auto& set : options.env)
+        replaced = replaced || set.starts_with(name);
+      if (!replaced) env.push_back(entry);
+    }
+    env.insert(env.end(), options.env.begin(), options.env.end());
+    std::vector<char*> argv, envp;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env)
+      envp.push_back(e.data());
+    envp.push_back(nullptr);
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -37,8 +76,7 @@ class ServeChild {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       dup2(out[1], 1);
       dup2(err, 2);
-      execl(sbx.c_str(), sbx.c_str(), "serve", "--config", config.c_str(), "--provider",
-            provider.c_str(), "--listen", "127.0.0.1:0", static_cast<char*>(nullptr));
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(out[1]);
@@ -87,5 +125,57 @@ class ServeChild {
   int port_ = 0;
   std::string run_label_;
 };
+
+// A field of /proc/PID/status as a number: "VmRSS" (KiB), "Threads". Throws when it is absent.
+inline double proc_status(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == field + ":") {
+      double value = 0;
+      in >> value;
+      return value;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  throw std::runtime_error("no " + field + " for pid " + std::to_string(pid));
+}
+
+// The resident set of a process, KiB.
+inline double rss_kib(pid_t pid) {
+  return proc_status(pid, "VmRSS");
+}
+
+// How many files a process has open (the entries of /proc/PID/fd).
+inline int open_files(pid_t pid) {
+  const std::filesystem::path fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(fd_dir))
+    ++n;
+  return n;
+}
+
+// How many mappings a process has (the lines of /proc/PID/maps). A thread's stack is two (the
+// stack and its guard page) until the thread is joined or, detached, has exited.
+inline size_t mapping_count(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);)
+    ++n;
+  return n;
+}
+
+// The distinct files a process maps whose path starts with `prefix` (as /proc/PID/maps names
+// them: a file unlinked since ends in " (deleted)").
+inline std::set<std::string> mapped_files(pid_t pid, const std::string& prefix) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::set<std::string> out;
+  for (std::string line; std::getline(maps, line);) {
+    const auto slash = line.find('/');
+    if (slash != std::string::npos && line.compare(slash, prefix.size(), prefix) == 0)
+      out.insert(line.substr(slash));
+  }
+  return out;
+}
 
 }  // namespace sbx::bench

@@ -18,10 +18,8 @@
 
 #include "bench_util.hpp"
 #include "serve_child.hpp"
+#include "serve_client.hpp"
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 
@@ -55,17 +53,17 @@
 
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
+namespace http = boost::beast::http;
 namespace json = boost::json;
 namespace fs = std::filesystem;
-using tcp = asio::ip::tcp;
 using sbx::bench::Clock;
 using sbx::bench::median;
 using sbx::bench::ms_since;
 using sbx::bench::percentile;
+using sbx::bench::proc_status;
+using sbx::bench::rss_kib;
 using sbx::bench::ServeChild;
+using Client = sbx::bench::ServeClient;
 using sbx::bench::throughput;
 
 struct Options {
@@ -140,77 +138,6 @@ void raise_file_limit() {
   }
 }
 
-// A field of /proc/PID/status as a number: "VmRSS" (KiB), "Threads".
-double proc_status(pid_t pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == field + ":") {
-      double value = 0;
-      in >> value;
-      return value;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  die("no " + field + " for pid " + std::to_string(pid));
-}
-
-double rss_kib(pid_t pid) {
-  return proc_status(pid, "VmRSS");
-}
-
-// ---- A client of the gateway (Boost.Beast, synchronous, one kept-alive connection)
-// ---------------
-
-class Client {
- public:
-  explicit Client(int port) : port_(port), socket_(ioc_) { connect(); }
-
-  http::response<http::string_body> call(http::verb verb, const std::string& target,
-                                         const std::string& body = {}) {
-    http::request<http::string_body> req{verb, target, 11};
-    req.set(http::field::host, "127.0.0.1:" + std::to_string(port_));
-    if (!body.empty()) {
-      req.set(http::field::content_type, "application/json");
-      req.body() = body;
-    }
-    req.prepare_payload();
-    if (!socket_.is_open()) connect();
-    http::write(socket_, req);
-    http::response<http::string_body> res;
-    http::read(socket_, buffer_, res);
-    // A server that ends the connection with the answer (Connection: close) gets a new one for
-    // the next request, as any client does; the reconnect is part of what the client sees.
-    if (!res.keep_alive()) {
-      beast::error_code ignored;
-      socket_.shutdown(tcp::socket::shutdown_both, ignored);
-      socket_.close(ignored);
-      buffer_.clear();
-    }
-    return res;
-  }
-
-  void connect() {
-    socket_.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)});
-    socket_.set_option(tcp::no_delay(true));
-  }
-
-  // POST /command on the sandbox's execd path, read to the end of its event stream; true when the
-  // stream ended with execution_complete.
-  bool run(const std::string& sandbox_id, const std::string& command) {
-    const auto res = call(http::verb::post, "/sandboxes/" + sandbox_id + "/proxy/44772/command",
-                          json::serialize(json::object{{"command", command}}));
-    if (res.result() != http::status::ok) return false;
-    return res.body().find("\"execution_complete\"") != std::string::npos;
-  }
-
- private:
-  int port_;
-  asio::io_context ioc_;
-  tcp::socket socket_;
-  beast::flat_buffer buffer_;
-};
-
 // An open command stream held by a raw socket: the request is sent and the response read up to
 // a marker (the command's first line); the socket then stays open (the command keeps running) until
 // destroyed.
@@ -267,19 +194,6 @@ class HeldStream {
 
 // ---- The measurements ---------------------------------------------------------------------------
 
-std::string create_through_gateway(Client& client, const std::string& image) {
-  const auto res =
-      client.call(http::verb::post, "/v1/sandboxes",
-                  json::serialize(json::object{{"image", json::object{{"uri", image}}},
-                                               {"entrypoint", json::array{"sleep", "3600"}},
-                                               {"timeout", 1800},
-                                               {"resourceLimits", json::object{}}}));
-  if (res.result() != http::status::accepted)
-    die("create through the gateway answered " + std::to_string(res.result_int()) + ": " +
-        res.body());
-  return std::string(json::parse(res.body()).as_object().at("id").as_string());
-}
-
 int run_benchmark(const Options& o, const fs::path& self_dir) {
   raise_file_limit();
   const fs::path sbx = self_dir / "sbx";
@@ -323,7 +237,7 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   spec.ttl_s = 1800;
   sbx::Sandbox direct = provider.create(spec);
   Client client(server.port());
-  const std::string id = create_through_gateway(client, o.image);
+  const std::string id = client.create_sandbox(o.image);
 
   // Latency: warm both, then alternate.
   for (int i = 0; i < 10; ++i) {
