@@ -1,0 +1,413 @@
+// Swapping the backend of a served block (docs/hot-swap.md, "Swapping the backend itself"):
+// `sbx serve` A serves block "p" from local_docker; under a steady load of client sessions the
+// block is rewritten to the opensandbox plugin pointed at a second `sbx serve` B (over
+// local_docker) and reloaded through POST /admin/reload, then swapped back. No client request may
+// fail across either swap; sandboxes made before a swap keep working on the old backend until they
+// are closed; sandboxes made after it live on the new one (B's list, B's containers by its
+// sbx.run label, A's generations); the old generation drains away; and at the end neither server
+// leaves a container on the daemon.
+//
+// Why: it is the hot swap's widest change. The new generation is another plugin with another
+// transport, A's sandbox ids then come from B, and the old generation's sandboxes must still be
+// reached through the old plugin, not the one now in service.
+//
+// The clients are real OpenSandbox clients (the opensandbox plugin through sbx::Host) with their
+// create and operation retries off, so that a request that fails is seen, not retried away.
+
+#include "../common/test_helpers.hpp"
+#include "support.hpp"
+
+#include <sbx/core/host.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+using namespace serve_test;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kKeyA = "swap-test-key-a-0123456789";
+constexpr const char* kKeyB = "swap-test-key-b-0123456789";
+constexpr const char* kImage = "sbx-busybox:latest";
+// Concurrent client sessions (the sanitizers cost 5-15x), and the sandboxes held across a swap.
+constexpr int kSessions = sbx::testing::kSanitized ? 6 : 16;
+constexpr int kHeld = 3;
+
+// Where the swap is, as the sessions see it when they start and end. A session that starts and
+// ends in the same phase made its sandbox on that phase's backend for sure.
+enum Phase : int { kBefore, kSwapping1, kOnB, kSwapping2, kBack, kPhases };
+
+json::object docker_block() {
+  return {{"plugin", "local_docker"},
+          {"config", json::object{{"create", json::object{{"network", "none"}}}}}};
+}
+
+// The opensandbox plugin pointed at B; B's key comes from A's environment.
+json::object opensandbox_block(int port_b) {
+  return {{"plugin", "opensandbox"},
+          {"config", json::object{{"connection",
+                                   json::object{{"domain", "127.0.0.1:" + std::to_string(port_b)},
+                                                {"api_key", "${env:SBX_SWAP_KEY_B}"}}},
+                                  {"probe", json::object{{"command", nullptr}}},
+                                  {"attribution", json::object{{"enabled", false}}}}}};
+}
+
+// An operator's edit: the new file beside the old one, renamed over it.
+void write_config(const fs::path& path, const std::string& name, json::object block) {
+  const fs::path next = path.string() + ".new";
+  std::ofstream(next) << json::serialize(json::object{{"providers", json::object{{name, block}}}});
+  fs::rename(next, path);
+}
+
+bool contains(const std::vector<std::string>& ids, const std::string& id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// A command and a file round trip in `box`; throws when either comes back wrong.
+void use(sbx::Sandbox& box, const std::string& word) {
+  const auto r = box.exec("echo " + word);
+  if (r.return_code != 0 || r.stdout_text != word + "\n") {
+    throw std::runtime_error("exec in " + box.id() + ": " + std::to_string(r.return_code) + " " +
+                             r.stdout_text + r.stderr_text);
+  }
+  box.upload_bytes("data of " + word, "/tmp/f.txt");
+  if (box.download_bytes("/tmp/f.txt") != "data of " + word) {
+    throw std::runtime_error("the file came back changed in " + box.id());
+  }
+}
+
+// The count on the `sbx_serve_requests_total` line of `route` and `code` in a /metrics text (0
+// when there is none).
+long long requests_total(const std::string& metrics, const std::string& route,
+                         const std::string& code) {
+  const std::string head =
+      "sbx_serve_requests_total{route=\"" + route + "\",code=\"" + code + "\"} ";
+  const auto at = metrics.find(head);
+  return at == std::string::npos ? 0 : std::stoll(metrics.substr(at + head.size()));
+}
+
+// The `sbx_serve_requests_total` lines of a /metrics text answered 4xx or 5xx.
+std::vector<std::string> error_lines(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("sbx_serve_requests_total{") &&
+        (line.find(",code=\"4") != std::string::npos ||
+         line.find(",code=\"5") != std::string::npos)) {
+      out.push_back(line);
+    }
+  }
+  return out;
+}
+
+struct Servers {
+  TempDir dir;
+  fs::path config_b = dir.path / "b.json";
+  fs::path config_a = dir.path / "a.json";
+  std::map<std::string, std::string> auth_a{{"OPEN-SANDBOX-API-KEY", kKeyA}};
+  std::map<std::string, std::string> auth_b{{"OPEN-SANDBOX-API-KEY", kKeyB}};
+  std::optional<ServeProcess> b;
+  std::optional<ServeProcess> a;
+  std::optional<sbx::Host> client;
+
+  Servers() {
+    write_config(config_b, "docker", docker_block());
+    b.emplace(config_b, "docker", dir.path / "b.log",
+              std::vector<std::string>{"--api-key-env", "SBX_SWAP_KEY_B"},
+              std::map<std::string, std::string>{{"SBX_SWAP_KEY_B", kKeyB}});
+    write_config(config_a, "p", docker_block());
+    a.emplace(
+        config_a, "p", dir.path / "a.log",
+        std::vector<std::string>{"--api-key-env", "SBX_SWAP_KEY_A"},
+        std::map<std::string, std::string>{{"SBX_SWAP_KEY_A", kKeyA}, {"SBX_SWAP_KEY_B", kKeyB}});
+    json::object config{
+        {"connection",
+         json::object{{"domain", "127.0.0.1:" + std::to_string(a->port())}, {"api_key", kKeyA}}},
+        {"create", json::object{{"retries", 0}}},
+        {"operations", json::object{{"retries", 0}}},
+        {"probe", json::object{{"command", nullptr}}},
+        {"attribution", json::object{{"enabled", false}}}};
+    json::object host_config{
+        {"providers",
+         json::object{{"a", json::object{{"plugin", "opensandbox"}, {"config", config}}}}}};
+    sbx::Host::Options options;
+    options.config = sbx::Config::parse(json::serialize(host_config), "backend swap test client");
+    options.plugin_cache = "off";
+    client.emplace(std::move(options));
+  }
+
+  sbx::Sandbox create() {
+    sbx::SandboxSpec spec;
+    spec.image = kImage;
+    spec.ttl_s = 600;
+    return client->provider("a").create(std::move(spec));
+  }
+
+  // kHeld sandboxes, made at once.
+  std::vector<sbx::Sandbox> create_held() {
+    std::vector<std::future<sbx::Sandbox>> made;
+    for (int i = 0; i < kHeld; ++i)
+      made.push_back(std::async(std::launch::async, [this] { return create(); }));
+    std::vector<sbx::Sandbox> out;
+    for (auto& m : made)
+      out.push_back(m.get());
+    return out;
+  }
+  // A command and a file round trip in each of `held` at once, then each closed.
+  static void use_and_close(std::vector<sbx::Sandbox>& held, const std::string& word) {
+    std::vector<std::future<void>> runs;
+    for (size_t i = 0; i < held.size(); ++i) {
+      runs.push_back(std::async(std::launch::async, [&held, i, word] {
+        use(held[i], word + std::to_string(i));
+        held[i].close();
+      }));
+    }
+    for (auto& r : runs)
+      r.get();
+  }
+
+  json::object providers() const { return admin_providers(a->port(), auth_a); }
+  json::array generations() const { return providers().at("generations").as_array(); }
+  json::object current() const {
+    for (const auto& g : generations()) {
+      if (g.at("current").as_bool()) return g.as_object();
+    }
+    return {};
+  }
+  // Waits (up to a minute) until A lists one generation: the old one has drained.
+  json::array drained() const {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    json::array gens = generations();
+    while (gens.size() != 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(50ms);
+      gens = generations();
+    }
+    return gens;
+  }
+
+  // B's own record of a sandbox: 200 when B holds it, 404 otherwise.
+  int status_on_b(const std::string& id) const {
+    return request(b->port(), "GET", "/sandboxes/" + id, std::nullopt, auth_b).status;
+  }
+  std::vector<std::string> containers_of(const ServeProcess& server) const {
+    return labelled_ids(config_b, "docker", "sbx.run=" + server.run_id());
+  }
+  std::string metrics_of(const ServeProcess& server,
+                         const std::map<std::string, std::string>& auth) const {
+    const auto r = request(server.port(), "GET", "/metrics", std::nullopt, auth);
+    REQUIRE(r.status == 200);
+    return r.body;
+  }
+  long long creates_on_b() const {
+    return requests_total(metrics_of(*b, auth_b), "POST /sandboxes", "202");
+  }
+};
+
+// The steady load: kSessions threads, each running sessions (create, a command and a file round
+// trip, a pause, another command, close) until stopped, counting them by the phase they ran in.
+struct Load {
+  Servers& s;
+  std::atomic<int> phase{kBefore};
+  std::atomic<bool> stop{false};
+  std::atomic<int> done_in[kPhases];  // sessions that started and ended in that phase
+  std::atomic<int> failures{0};
+  std::mutex failure_mutex;
+  std::string first_failure;
+  // Per thread: the phase of the last session it completed, as it was when that session started.
+  std::vector<std::atomic<int>> last_started_in = std::vector<std::atomic<int>>(kSessions);
+  std::vector<std::thread> threads;
+
+  explicit Load(Servers& servers) : s(servers) {
+    for (auto& l : last_started_in)
+      l = -1;
+    for (int t = 0; t < kSessions; ++t)
+      threads.emplace_back([this, t] { run(t); });
+  }
+  ~Load() { finish(); }
+
+  void run(int t) {
+    for (int n = 0; !stop; ++n) {
+      const int started = phase;
+      try {
+        sbx::Sandbox box = s.create();
+        const std::string word = "w" + std::to_string(t) + "n" + std::to_string(n);
+        use(box, word);
+        std::this_thread::sleep_for(50ms);
+        if (box.exec("echo again").stdout_text != "again\n") throw std::runtime_error("again");
+        box.close();
+        if (phase == started) ++done_in[started];
+        last_started_in[t] = started;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(failure_mutex);
+        if (failures++ == 0) first_failure = e.what();
+      }
+    }
+  }
+
+  // Waits (up to two minutes) until `count` sessions ran wholly in phase `p`.
+  void wait_for(int p, int count) const {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (done_in[p] < count && failures == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+  }
+  // Waits until every thread completed a session started in phase `p` (so none of its sessions
+  // from an earlier phase is still running).
+  void wait_all_in(int p) const {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    const auto all = [&] {
+      return std::all_of(last_started_in.begin(), last_started_in.end(),
+                         [p](const std::atomic<int>& l) { return l >= p; });
+    };
+    while (!all() && failures == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+  }
+
+  void finish() {
+    stop = true;
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }
+};
+
+// POST /admin/reload to A after writing block "p": the swap is in service once it answers.
+void swap_to(Servers& s, Load& load, json::object block, int swapping) {
+  write_config(s.config_a, "p", std::move(block));
+  load.phase = swapping;
+  const auto r = request(s.a->port(), "POST", "/admin/reload", std::nullopt, s.auth_a);
+  load.phase = swapping + 1;
+  CAPTURE(r.body);
+  REQUIRE(r.status == 200);
+  const auto report = r.json();
+  CHECK(report.at("changed").as_array() == json::array{"p"});
+  CHECK(report.at("added").as_array().empty());
+  CHECK(report.at("removed").as_array().empty());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a served block swapped from local_docker to opensandbox (another sbx serve) and back under "
+    "load: no request fails, new sandboxes go to the new backend, old ones drain on the old") {
+  Servers s;
+  CHECK(s.current().at("provider_id") == "local_docker");
+  Load load(s);
+
+  // Sandboxes held across the swap, on A's local_docker: containers of A's run.
+  std::vector<sbx::Sandbox> held = s.create_held();
+  const auto a_containers = s.containers_of(*s.a);
+  for (auto& box : held) {
+    CHECK(contains(a_containers, box.id()));
+    CHECK(s.status_on_b(box.id()) == 404);
+  }
+  CHECK(s.creates_on_b() == 0);
+  load.wait_for(kBefore, kSessions / 2);
+
+  // Swap 1: block "p" becomes the opensandbox plugin pointed at B.
+  swap_to(s, load, opensandbox_block(s.b->port()), kSwapping1);
+  {
+    const json::array gens = s.generations();
+    CAPTURE(json::serialize(gens));
+    REQUIRE(gens.size() == 2);
+    for (const auto& g : gens) {
+      if (g.at("current").as_bool()) {
+        CHECK(g.at("provider_id") == "opensandbox");
+      } else {
+        CHECK(g.at("provider_id") == "local_docker");
+        CHECK(g.at("sandboxes").as_int64() >= kHeld);  // the held ones at least
+      }
+    }
+  }
+  // A sandbox made now lives on B: B holds it, its container has B's sbx.run.
+  {
+    sbx::Sandbox fresh = s.create();
+    CHECK(s.status_on_b(fresh.id()) == 200);
+    CHECK(contains(s.containers_of(*s.b), fresh.id()));
+    CHECK(!contains(s.containers_of(*s.a), fresh.id()));
+    use(fresh, "fresh");
+  }
+  // The held ones still work, on the old generation, until closed; then the old generation goes.
+  Servers::use_and_close(held, "held");
+  for (auto& box : held)
+    CHECK(s.status_on_b(box.id()) == 404);
+  held.clear();
+  {
+    const json::array gens = s.drained();
+    CAPTURE(json::serialize(gens));
+    REQUIRE(gens.size() == 1);
+    CHECK(gens[0].at("provider_id") == "opensandbox");
+    CHECK(gens[0].at("current").as_bool());
+  }
+  CHECK(s.containers_of(*s.a).empty());  // nothing left of the first generation
+  // Every session that ran wholly after the swap made its sandbox on B.
+  load.wait_for(kOnB, kSessions);
+  CHECK(s.creates_on_b() >= load.done_in[kOnB] + 1);
+
+  // Swap 2, back to local_docker, with sandboxes on B held across it.
+  held = s.create_held();
+  for (auto& box : held)
+    CHECK(s.status_on_b(box.id()) == 200);
+  swap_to(s, load, docker_block(), kSwapping2);
+  CHECK(s.current().at("provider_id") == "local_docker");
+  {
+    sbx::Sandbox fresh = s.create();
+    CHECK(contains(s.containers_of(*s.a), fresh.id()));
+    CHECK(s.status_on_b(fresh.id()) == 404);
+    use(fresh, "back");
+  }
+  Servers::use_and_close(held, "held-on-b");
+  for (auto& box : held)
+    CHECK(s.status_on_b(box.id()) == 404);  // closed through A's old generation, on B
+  held.clear();
+  // Once every client thread has run a session begun after the swap, nothing more reaches B.
+  load.wait_all_in(kBack);
+  const long long creates_on_b = s.creates_on_b();
+  load.wait_for(kBack, load.done_in[kBack] + kSessions / 2);
+  CHECK(s.creates_on_b() == creates_on_b);
+
+  load.finish();
+  CAPTURE(load.first_failure);
+  MESSAGE(load.done_in[kBefore].load(), " sessions before the swap, ", load.done_in[kOnB].load(),
+          " on B, ", load.done_in[kBack].load(), " after the swap back (", kSessions, " clients)");
+  CHECK(load.failures == 0);
+  CHECK(load.done_in[kBack] >= kSessions);
+
+  const json::array gens = s.drained();
+  CAPTURE(json::serialize(gens));
+  REQUIRE(gens.size() == 1);
+  CHECK(gens[0].at("provider_id") == "local_docker");
+  CHECK(gens[0].at("sandboxes").as_int64() == 0);
+  CHECK(s.providers().at("reloads").as_int64() == 2);
+  const json::value b_list =
+      request(s.b->port(), "GET", "/sandboxes", std::nullopt, s.auth_b).json();
+  CHECK(b_list.at("pagination").at("totalItems").as_int64() == 0);
+  // No request failed on either server; B's only errors are this test's look-ups of sandboxes it
+  // does not hold (the first held ones, and the ones closed or made after the swap back).
+  const auto a_errors = error_lines(s.metrics_of(*s.a, s.auth_a));
+  for (const auto& line : a_errors)
+    MESSAGE("A: ", line);
+  CHECK(a_errors.empty());
+  const std::string b_metrics = s.metrics_of(*s.b, s.auth_b);
+  const auto b_errors = error_lines(b_metrics);
+  for (const auto& line : b_errors)
+    MESSAGE("B: ", line);
+  CHECK(b_errors.size() == 1);
+  CHECK(requests_total(b_metrics, "GET /sandboxes/{id}", "404") == 3 * kHeld + 1);
+
+  // Both stop cleanly and leave no container of theirs on the daemon.
+  const std::string run_a = s.a->run_id();
+  const std::string run_b = s.b->run_id();
+  CHECK(s.a->stop() == 0);
+  CHECK(s.b->stop() == 0);
+  CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_a).empty());
+  CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_b).empty());
+}
