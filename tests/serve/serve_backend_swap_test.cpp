@@ -120,12 +120,14 @@ struct Servers {
   std::optional<ServeProcess> a;
   std::optional<sbx::Host> client;
 
-  Servers() {
+  // B, then A serving block "p" from local_docker (or, `on_b`, from the opensandbox plugin
+  // pointed at B), then the client.
+  explicit Servers(bool on_b = false) {
     write_config(config_b, "docker", docker_block());
     b.emplace(config_b, "docker", dir.path / "b.log",
               std::vector<std::string>{"--api-key-env", "SBX_SWAP_KEY_B"},
               std::map<std::string, std::string>{{"SBX_SWAP_KEY_B", kKeyB}});
-    write_config(config_a, "p", docker_block());
+    write_config(config_a, "p", on_b ? opensandbox_block(b->port()) : docker_block());
     a.emplace(
         config_a, "p", dir.path / "a.log",
         std::vector<std::string>{"--api-key-env", "SBX_SWAP_KEY_A"},
@@ -174,6 +176,29 @@ struct Servers {
     }
     for (auto& r : runs)
       r.get();
+  }
+
+  // Where a sandbox made now lives, as each server sees it; then a command and a file round trip
+  // in it.
+  struct Placement {
+    std::string id;
+    int status_on_b = 0;  // B's GET /sandboxes/{id}
+    bool container_of_a = false;
+    bool container_of_b = false;
+  };
+  Placement place_fresh(const std::string& word) {
+    sbx::Sandbox fresh = create();
+    const Placement out{fresh.id(), status_on_b(fresh.id()),
+                        contains(containers_of(*a), fresh.id()),
+                        contains(containers_of(*b), fresh.id())};
+    use(fresh, word);
+    return out;
+  }
+
+  // Block "p" of A's config rewritten to `block`, then POST /admin/reload to A.
+  Response reload(json::object block) const {
+    write_config(config_a, "p", std::move(block));
+    return request(a->port(), "POST", "/admin/reload", std::nullopt, auth_a);
   }
 
   json::object providers() const { return admin_providers(a->port(), auth_a); }
@@ -281,9 +306,8 @@ struct Load {
 
 // POST /admin/reload to A after writing block "p": the swap is in service once it answers.
 void swap_to(Servers& s, Load& load, json::object block, int swapping) {
-  write_config(s.config_a, "p", std::move(block));
   load.phase = swapping;
-  const auto r = request(s.a->port(), "POST", "/admin/reload", std::nullopt, s.auth_a);
+  const auto r = s.reload(std::move(block));
   load.phase = swapping + 1;
   CAPTURE(r.body);
   REQUIRE(r.status == 200);
@@ -327,19 +351,22 @@ TEST_CASE(
       }
     }
   }
-  // A sandbox made now lives on B: B holds it, its container has B's sbx.run.
-  {
-    sbx::Sandbox fresh = s.create();
-    CHECK(s.status_on_b(fresh.id()) == 200);
-    CHECK(contains(s.containers_of(*s.b), fresh.id()));
-    CHECK(!contains(s.containers_of(*s.a), fresh.id()));
-    use(fresh, "fresh");
-  }
-  // The held ones still work, on the old generation, until closed; then the old generation goes.
+  // A sandbox made now lives on B: B holds it, its container has B's sbx.run. Meanwhile the held
+  // ones still work, on the old generation, until closed; then the old generation goes.
+  auto fresh = std::async(std::launch::async, [&s] { return s.place_fresh("fresh"); });
   Servers::use_and_close(held, "held");
   for (auto& box : held)
     CHECK(s.status_on_b(box.id()) == 404);
   held.clear();
+  {
+    const auto placed = fresh.get();
+    CAPTURE(placed.id);
+    CHECK(placed.status_on_b == 200);
+    CHECK(placed.container_of_b);
+    CHECK(!placed.container_of_a);
+  }
+  // Sandboxes for the swap back, made on B while the first generation drains.
+  auto next_held = std::async(std::launch::async, [&s] { return s.create_held(); });
   {
     const json::array gens = s.drained();
     CAPTURE(json::serialize(gens));
@@ -353,21 +380,23 @@ TEST_CASE(
   CHECK(s.creates_on_b() >= load.done_in[kOnB] + 1);
 
   // Swap 2, back to local_docker, with sandboxes on B held across it.
-  held = s.create_held();
+  held = next_held.get();
   for (auto& box : held)
     CHECK(s.status_on_b(box.id()) == 200);
   swap_to(s, load, docker_block(), kSwapping2);
   CHECK(s.current().at("provider_id") == "local_docker");
-  {
-    sbx::Sandbox fresh = s.create();
-    CHECK(contains(s.containers_of(*s.a), fresh.id()));
-    CHECK(s.status_on_b(fresh.id()) == 404);
-    use(fresh, "back");
-  }
+  fresh = std::async(std::launch::async, [&s] { return s.place_fresh("back"); });
   Servers::use_and_close(held, "held-on-b");
   for (auto& box : held)
     CHECK(s.status_on_b(box.id()) == 404);  // closed through A's old generation, on B
   held.clear();
+  {
+    const auto placed = fresh.get();
+    CAPTURE(placed.id);
+    CHECK(placed.status_on_b == 404);
+    CHECK(placed.container_of_a);
+    CHECK(!placed.container_of_b);
+  }
   // Once every client thread has run a session begun after the swap, nothing more reaches B.
   load.wait_all_in(kBack);
   const long long creates_on_b = s.creates_on_b();
@@ -408,5 +437,40 @@ TEST_CASE(
   CHECK(s.a->stop() == 0);
   CHECK(s.b->stop() == 0);
   CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_a).empty());
+  CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_b).empty());
+}
+
+TEST_CASE("a sandbox left on a draining opensandbox generation is closed on B when A stops") {
+  Servers s(/*on_b=*/true);
+  CHECK(s.current().at("provider_id") == "opensandbox");
+  // A sandbox no client closes: A holds it, on B.
+  const auto created =
+      request(s.a->port(), "POST", "/sandboxes",
+              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+              R"("resourceLimits":{},"timeout":600})",
+              s.auth_a);
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  CHECK(s.status_on_b(id) == 200);
+
+  const auto r = s.reload(docker_block());
+  CAPTURE(r.body);
+  REQUIRE(r.status == 200);
+  const json::array gens = s.generations();
+  CAPTURE(json::serialize(gens));
+  REQUIRE(gens.size() == 2);
+  for (const auto& g : gens) {
+    CHECK(g.at("provider_id") == (g.at("current").as_bool() ? "local_docker" : "opensandbox"));
+    CHECK(g.at("sandboxes").as_int64() == (g.at("current").as_bool() ? 0 : 1));
+  }
+  CHECK(request(s.a->port(), "GET", "/sandboxes/" + id, std::nullopt, s.auth_a).status == 200);
+
+  // A's stop closes it through the draining generation, on B, which still runs.
+  const std::string run_b = s.b->run_id();
+  CHECK(s.a->stop() == 0);
+  CHECK(s.status_on_b(id) == 404);
+  CHECK(!contains(s.containers_of(*s.b), id));
+  CHECK(requests_total(s.metrics_of(*s.b, s.auth_b), "DELETE /sandboxes/{id}", "204") == 1);
+  CHECK(s.b->stop() == 0);
   CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_b).empty());
 }
