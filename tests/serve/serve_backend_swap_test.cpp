@@ -3,9 +3,10 @@
 // block is rewritten to the opensandbox plugin pointed at a second `sbx serve` B (over
 // local_docker) and reloaded through POST /admin/reload, then swapped back. No client request may
 // fail across either swap; sandboxes made before a swap keep working on the old backend until they
-// are closed; sandboxes made after it live on the new one (B's list, B's containers by its
-// sbx.run label, A's generations); the old generation drains away; and at the end neither server
-// leaves a container on the daemon.
+// are closed; sandboxes made after it live on the new one (B holds them, their containers carry
+// B's sbx.run label, B's create count follows the swaps); the old generation drains away; and at
+// the end neither server leaves a container on the daemon. A second case stops A with a sandbox
+// still on its draining opensandbox generation: the stop closes it on B.
 //
 // Why: it is the hot swap's widest change. The new generation is another plugin with another
 // transport, A's sandbox ids then come from B, and the old generation's sandboxes must still be
