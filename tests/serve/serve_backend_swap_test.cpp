@@ -240,22 +240,21 @@ struct Servers {
 };
 
 // The steady load: kSessions threads, each running sessions (create, a command and a file round
-// trip, a pause, another command, close) until stopped, counting them by the phase they ran in.
+// trip, a pause, another command, close) until stopped, counting them by the phase they ran in. A
+// session that ran wholly in one phase checks where its sandbox was: on B (B's GET answered 200)
+// exactly when that phase is kOnB.
 struct Load {
   Servers& s;
   std::atomic<int> phase{kBefore};
   std::atomic<bool> stop{false};
   std::atomic<int> done_in[kPhases];  // sessions that started and ended in that phase
+  std::atomic<int> not_on_b{0};       // B's GET /sandboxes/{id} answered 404 to a session
   std::atomic<int> failures{0};
   std::mutex failure_mutex;
   std::string first_failure;
-  // Per thread: the phase of the last session it completed, as it was when that session started.
-  std::vector<std::atomic<int>> last_started_in = std::vector<std::atomic<int>>(kSessions);
   std::vector<std::thread> threads;
 
   explicit Load(Servers& servers) : s(servers) {
-    for (auto& l : last_started_in)
-      l = -1;
     for (int t = 0; t < kSessions; ++t)
       threads.emplace_back([this, t] { run(t); });
   }
@@ -266,13 +265,20 @@ struct Load {
       const int started = phase;
       try {
         sbx::Sandbox box = s.create();
+        const int on_b = s.status_on_b(box.id());
+        if (on_b == 404) ++not_on_b;
         const std::string word = "w" + std::to_string(t) + "n" + std::to_string(n);
         use(box, word);
         std::this_thread::sleep_for(50ms);
         if (box.exec("echo again").stdout_text != "again\n") throw std::runtime_error("again");
         box.close();
-        if (phase == started) ++done_in[started];
-        last_started_in[t] = started;
+        if (phase != started) continue;
+        if (on_b != (started == kOnB ? 200 : 404)) {
+          throw std::runtime_error("sandbox " + box.id() + " made in phase " +
+                                   std::to_string(started) + ": B's GET answered " +
+                                   std::to_string(on_b));
+        }
+        ++done_in[started];
       } catch (const std::exception& e) {
         std::lock_guard lock(failure_mutex);
         if (failures++ == 0) first_failure = e.what();
@@ -284,17 +290,6 @@ struct Load {
   void wait_for(int p, int count) const {
     const auto deadline = std::chrono::steady_clock::now() + 120s;
     while (done_in[p] < count && failures == 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(20ms);
-  }
-  // Waits until every thread completed a session started in phase `p` (so none of its sessions
-  // from an earlier phase is still running).
-  void wait_all_in(int p) const {
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    const auto all = [&] {
-      return std::all_of(last_started_in.begin(), last_started_in.end(),
-                         [p](const std::atomic<int>& l) { return l >= p; });
-    };
-    while (!all() && failures == 0 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(20ms);
   }
 
@@ -376,9 +371,8 @@ TEST_CASE(
     CHECK(gens[0].at("current").as_bool());
   }
   CHECK(s.containers_of(*s.a).empty());  // nothing left of the first generation
-  // Every session that ran wholly after the swap made its sandbox on B.
   load.wait_for(kOnB, kSessions);
-  CHECK(s.creates_on_b() >= load.done_in[kOnB] + 1);
+  CHECK(s.creates_on_b() >= load.done_in[kOnB] + 1);  // each made its sandbox on B
 
   // Swap 2, back to local_docker, with sandboxes on B held across it.
   held = next_held.get();
@@ -398,17 +392,14 @@ TEST_CASE(
     CHECK(placed.container_of_a);
     CHECK(!placed.container_of_b);
   }
-  // Once every client thread has run a session begun after the swap, nothing more reaches B.
-  load.wait_all_in(kBack);
-  const long long creates_on_b = s.creates_on_b();
+  load.wait_for(kBack, kSessions / 2);
 
   load.finish();
-  CHECK(s.creates_on_b() == creates_on_b);
   CAPTURE(load.first_failure);
   MESSAGE(load.done_in[kBefore].load(), " sessions before the swap, ", load.done_in[kOnB].load(),
           " on B, ", load.done_in[kBack].load(), " after the swap back (", kSessions, " clients)");
   CHECK(load.failures == 0);
-  CHECK(load.done_in[kBack] >= kSessions);
+  CHECK(load.done_in[kBack] >= kSessions / 2);
 
   const json::array gens = s.drained();
   CAPTURE(json::serialize(gens));
@@ -420,7 +411,8 @@ TEST_CASE(
       request(s.b->port(), "GET", "/sandboxes", std::nullopt, s.auth_b).json();
   CHECK(b_list.at("pagination").at("totalItems").as_int64() == 0);
   // No request failed on either server; B's only errors are this test's look-ups of sandboxes it
-  // does not hold (the first held ones, and the ones closed or made after the swap back).
+  // does not hold (the sessions' on A's local_docker, the first held ones, and the ones closed or
+  // made after the swap back).
   const auto a_errors = error_lines(s.metrics_of(*s.a, s.auth_a));
   for (const auto& line : a_errors)
     MESSAGE("A: ", line);
@@ -430,7 +422,7 @@ TEST_CASE(
   for (const auto& line : b_errors)
     MESSAGE("B: ", line);
   CHECK(b_errors.size() == 1);
-  CHECK(requests_total(b_metrics, "GET /sandboxes/{id}", "404") == 3 * kHeld + 1);
+  CHECK(requests_total(b_metrics, "GET /sandboxes/{id}", "404") == load.not_on_b + 3 * kHeld + 1);
 
   // Both stop cleanly and leave no container of theirs on the daemon.
   const std::string run_a = s.a->run_id();
