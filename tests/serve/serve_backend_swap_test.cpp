@@ -6,7 +6,9 @@
 // are closed; sandboxes made after it live on the new one (B holds them, their containers carry
 // B's sbx.run label, B's create count follows the swaps); the old generation drains away; and at
 // the end neither server leaves a container on the daemon. A second case stops A with a sandbox
-// still on its draining opensandbox generation: the stop closes it on B.
+// still on its draining opensandbox generation: the stop closes it on B. A third swaps away and
+// back while the first generation still holds a sandbox: two local_docker generations of one
+// plugin file and an opensandbox one serve side by side, and the first drains without the third.
 //
 // Why: it is the hot swap's widest change. The new generation is another plugin with another
 // transport, A's sandbox ids then come from B, and the old generation's sandboxes must still be
@@ -466,4 +468,48 @@ TEST_CASE("a sandbox left on a draining opensandbox generation is closed on B wh
   CHECK(requests_total(s.metrics_of(*s.b, s.auth_b), "DELETE /sandboxes/{id}", "204") == 1);
   CHECK(s.b->stop() == 0);
   CHECK(labelled_ids(s.config_b, "docker", "sbx.run=" + run_b).empty());
+}
+
+TEST_CASE(
+    "swapped away and back while the first generation still holds a sandbox: two local_docker "
+    "generations and an opensandbox one serve side by side") {
+  Servers s;
+  sbx::Sandbox first = s.create();
+  REQUIRE(s.reload(opensandbox_block(s.b->port())).status == 200);
+  sbx::Sandbox second = s.create();
+  CHECK(s.status_on_b(second.id()) == 200);
+  REQUIRE(s.reload(docker_block()).status == 200);
+  sbx::Sandbox third = s.create();
+  CHECK(s.status_on_b(third.id()) == 404);
+  {
+    const json::array gens = s.generations();
+    CAPTURE(json::serialize(gens));
+    REQUIRE(gens.size() == 3);
+    std::vector<std::string> ids;
+    for (const auto& g : gens) {
+      ids.emplace_back(g.at("provider_id").as_string());
+      CHECK(g.at("sandboxes").as_int64() == 1);
+    }
+    std::sort(ids.begin(), ids.end());
+    CHECK(ids == std::vector<std::string>{"local_docker", "local_docker", "opensandbox"});
+  }
+  // Each works on its own generation. The first closes first: its generation goes while the
+  // third, of the same plugin file, serves on.
+  use(first, "first");
+  first.close();
+  use(second, "second");
+  use(third, "third");
+  second.close();
+  third.close();
+  const json::array gens = s.drained();
+  CAPTURE(json::serialize(gens));
+  REQUIRE(gens.size() == 1);
+  CHECK(gens[0].at("provider_id") == "local_docker");
+  CHECK(gens[0].at("current").as_bool());
+  sbx::Sandbox again = s.create();
+  use(again, "again");
+  again.close();
+  CHECK(s.a->stop() == 0);
+  CHECK(s.containers_of(*s.a).empty());
+  CHECK(s.containers_of(*s.b).empty());
 }
