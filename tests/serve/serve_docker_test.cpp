@@ -17,17 +17,8 @@ namespace json = boost::json;
 namespace {
 
 // `sbx list --provider docker --label sbx.serve=true --json` with this test's config: the ids.
-std::vector<std::string> labelled_ids(const fs::path& config) {
-  std::string output;
-  const int status = run_to_exit({SBX_CLI, "list", "--config", config.string(), "--provider",
-                                  "docker", "--label", "sbx.serve=true", "--json"},
-                                 output);
-  REQUIRE(status == 0);
-  std::vector<std::string> ids;
-  const json::value list = json::parse(output);
-  for (const auto& s : list.as_array())
-    ids.emplace_back(s.at("id").as_string());
-  return ids;
+std::vector<std::string> serve_ids(const fs::path& config) {
+  return labelled_ids(config, "docker", "sbx.serve=true");
 }
 
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
@@ -50,7 +41,7 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
   REQUIRE(created.status == 202);
   const std::string id(created.json().at("id").as_string());
   CHECK(created.json().at("status").at("state") == "Running");
-  CHECK(contains(labelled_ids(config), id));
+  CHECK(contains(serve_ids(config), id));
 
   const auto got = request(server.port(), "GET", "/v1/sandboxes/" + id);
   CHECK(got.status == 200);
@@ -59,7 +50,7 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
 
   const auto deleted = request(server.port(), "DELETE", "/v1/sandboxes/" + id);
   CHECK(deleted.status == 204);
-  CHECK(!contains(labelled_ids(config), id));
+  CHECK(!contains(serve_ids(config), id));
   CHECK(request(server.port(), "GET", "/v1/sandboxes/" + id).status == 404);
 
   // One left to the server: SIGTERM removes its container.
@@ -69,9 +60,9 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
               R"("resourceLimits":{},"timeout":300})");
   REQUIRE(second.status == 202);
   const std::string second_id(second.json().at("id").as_string());
-  CHECK(contains(labelled_ids(config), second_id));
+  CHECK(contains(serve_ids(config), second_id));
   CHECK(server.stop() == 0);
-  CHECK(!contains(labelled_ids(config), second_id));
+  CHECK(!contains(serve_ids(config), second_id));
 }
 
 TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, info") {

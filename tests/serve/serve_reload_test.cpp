@@ -78,11 +78,7 @@ struct Fixture : ProcessesServer {
     fs::rename(next, plugin);
   }
 
-  json::object providers() {
-    const auto r = request(port(), "GET", "/admin/providers", std::nullopt, auth);
-    REQUIRE(r.status == 200);
-    return r.json().as_object();
-  }
+  json::object providers() const { return admin_providers(port(), auth); }
   // The current generation's plugin version.
   std::string current_version() {
     const json::object report = providers();

@@ -124,12 +124,14 @@ ServeProcess::ServeProcess(const fs::path& config, const std::string& provider,
     line.push_back(c);
   }
   std::smatch m;
-  if (!std::regex_search(line, m, std::regex(R"(listening on http://127\.0\.0\.1:(\d+) )"))) {
+  if (!std::regex_search(
+          line, m, std::regex(R"(listening on http://127\.0\.0\.1:(\d+) .*sbx\.run=(\S+)\))"))) {
     const int status = stop();
     throw std::runtime_error("sbx serve did not start (exit " + std::to_string(status) + "): '" +
                              line + "'");
   }
   port_ = std::stoi(m[1]);
+  run_id_ = m[2];
 }
 
 int ServeProcess::stop() {
@@ -217,6 +219,30 @@ int run_to_exit(const std::vector<std::string>& args, std::string& output) {
   output = read_all(out[0]);
   ::close(out[0]);
   return wait_status(pid);
+}
+
+boost::json::object admin_providers(int port, const std::map<std::string, std::string>& headers) {
+  const Response r = request(port, "GET", "/admin/providers", std::nullopt, headers);
+  if (r.status != 200) {
+    throw std::runtime_error("GET /admin/providers: " + std::to_string(r.status) + " " + r.body);
+  }
+  return r.json().as_object();
+}
+
+std::vector<std::string> labelled_ids(const fs::path& config, const std::string& provider,
+                                      const std::string& label) {
+  std::string output;
+  const int status = run_to_exit({SBX_CLI, "list", "--config", config.string(), "--provider",
+                                  provider, "--label", label, "--json"},
+                                 output);
+  if (status != 0) {
+    throw std::runtime_error("sbx list exited " + std::to_string(status) + ": " + output);
+  }
+  std::vector<std::string> ids;
+  const boost::json::value list = boost::json::parse(output);
+  for (const auto& s : list.as_array())
+    ids.emplace_back(s.at("id").as_string());
+  return ids;
 }
 
 long long parse_time_us(const std::string& text) {

@@ -40,6 +40,8 @@ class ServeProcess {
 
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
+  // The `sbx.run` label of the sandboxes it creates, from its first line.
+  const std::string& run_id() const { return run_id_; }
   // SIGTERM, then waits for it: its exit status (-1 when a signal killed it), and what it printed
   // on stdout after the port line.
   int stop();
@@ -49,6 +51,7 @@ class ServeProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   int port_ = 0;
+  std::string run_id_;
   std::string stdout_rest_;
 };
 
@@ -131,6 +134,14 @@ class StreamClient {
 
 // Runs `argv` to its end with stdout/stderr into `output`; its exit status.
 int run_to_exit(const std::vector<std::string>& argv, std::string& output);
+
+// `GET /admin/providers` with `headers` (the API key): the report (throws unless 200).
+boost::json::object admin_providers(int port, const std::map<std::string, std::string>& headers);
+
+// `sbx list --config <config> --provider <provider> --label <label> --json`: the ids of the
+// provider's sandboxes carrying that label (throws unless it exits 0).
+std::vector<std::string> labelled_ids(const fs::path& config, const std::string& provider,
+                                      const std::string& label);
 
 // "2026-12-01T04:59:53.073818Z" as microseconds since the epoch.
 long long parse_time_us(const std::string& text);
