@@ -797,7 +797,9 @@ Server::Server(sbx::Provider provider, Options options)
 Server::~Server() {
   // run() returned (or never ran): nothing is in flight on the io_context's threads. Sandboxes
   // still in the registry (a server that never ran) are closed by their destructors, or left
-  // running for the next server with keep_on_stop.
+  // running for the next server with keep_on_stop. Reloads queued or running finish first (their
+  // plugin code is not interrupted, and a move must not swap a handle being detached here).
+  stop_admin(*state_);
   {
     std::lock_guard lock(state_->mutex);
     if (state_->options.keep_on_stop) {
@@ -809,8 +811,6 @@ Server::~Server() {
     if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
     state_->state_dir_lock = -1;
   }
-  // Reloads queued or running finish first (their plugin code is not interrupted).
-  stop_admin(*state_);
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
   // The handlers still queued hold the state: destroy them (a continuation a plugin completes
