@@ -19,6 +19,8 @@
 #include <spdlog/spdlog.h>
 #include <boost/json.hpp>
 
+#include <algorithm>
+
 namespace sbx::serve {
 
 namespace json = boost::json;
@@ -34,7 +36,8 @@ json::array names(const std::vector<std::string>& list) {
 
 // Moves every sandbox the server holds that is not on its block's current generation (Admin::move).
 // Requests that took the old handle finish on it; later ones take the new one. What cannot move
-// drains on its generation, as without the move.
+// drains on its generation, as without the move; sandboxes created meanwhile are on the current
+// generation already.
 void move_sandboxes(Server::State& state, json::object& report) {
   std::vector<std::shared_ptr<Entry>> entries;
   {
@@ -47,22 +50,36 @@ void move_sandboxes(Server::State& state, json::object& report) {
   for (const auto& entry : entries) {
     const std::shared_ptr<sbx::Sandbox> box = entry->box();
     if (!box || box->closed()) continue;
+    std::string why;
     try {
       std::optional<sbx::Sandbox> fresh = state.options.admin->move(*box);
       if (!fresh) continue;  // on the current generation already
-      entry->set_box(std::make_shared<sbx::Sandbox>(std::move(*fresh)));
-      moved.emplace_back(entry->id);
+      auto handle = std::make_shared<sbx::Sandbox>(std::move(*fresh));
+      {
+        // Only into an entry still served: a DELETE, the TTL sweep or the stop may have taken it
+        // out (and closed the sandbox through the old handle) while it moved.
+        std::lock_guard lock(state.mutex);
+        const auto it = state.sandboxes.find(entry->id);
+        if (it != state.sandboxes.end() && it->second == entry) {
+          entry->set_box(std::move(handle));
+          moved.emplace_back(entry->id);
+          continue;
+        }
+      }
+      handle->detach();  // whoever took it out closes it; this handle must not close it again
+      why = "it was deleted during the move";
     } catch (const std::exception& e) {
-      spdlog::warn("sbx serve: sandbox {} stays on its generation: {}", entry->id, e.what());
-      not_moved.emplace_back(json::object{{"id", entry->id}, {"reason", e.what()}});
+      why = e.what();
     }
+    spdlog::warn("sbx serve: sandbox {} stays on its generation: {}", entry->id, why);
+    not_moved.emplace_back(json::object{{"id", entry->id}, {"reason", why}});
   }
   report["moved"] = std::move(moved);
   report["not_moved"] = std::move(not_moved);
 }
 
 // One reload, on the admin thread: the report (or the refusal), recorded for /admin/providers.
-std::pair<bool, json::object> reload(Server::State& state, bool move) {
+std::pair<bool, json::object> run_reload(Server::State& state, bool move) {
   const auto started = std::chrono::system_clock::now();
   bool ok = true;
   json::object body;
@@ -73,33 +90,57 @@ std::pair<bool, json::object> reload(Server::State& state, bool move) {
                         {"changed", names(report.changed)},
                         {"removed", names(report.removed)},
                         {"unchanged", names(report.unchanged)}};
-    if (move && state.options.admin->move) move_sandboxes(state, body);
-    spdlog::info("sbx serve: reload: {}", json::serialize(body));
   } catch (const std::exception& e) {
     spdlog::error("sbx serve: {}", e.what());
     ok = false;
     body = json::object{{"code", "ADMIN::RELOAD_REFUSED"},
                         {"message", sbx::to_error(std::current_exception()).what()}};
   }
+  if (ok) {
+    // The reload is in service whatever happens to the moves.
+    if (move && state.options.admin->move) {
+      try {
+        move_sandboxes(state, body);
+      } catch (const std::exception& e) {
+        body["move_error"] = e.what();
+      }
+    }
+    spdlog::info("sbx serve: reload: {}", json::serialize(body));
+  }
   json::object outcome = ok ? body : json::object{{"ok", false}, {"error", body.at("message")}};
   outcome["at_unix_ms"] =
       std::chrono::duration_cast<std::chrono::milliseconds>(started.time_since_epoch()).count();
-  std::lock_guard lock(state.admin.mutex);
-  ++(ok ? state.admin.reloads : state.admin.refused);
-  state.admin.last = std::move(outcome);
+  std::function<void()> on_reloaded;
+  {
+    std::lock_guard lock(state.admin_queue.mutex);
+    ++(ok ? state.admin_queue.reloads : state.admin_queue.refused);
+    state.admin_queue.last = std::move(outcome);
+    on_reloaded = state.admin_queue.on_reloaded;
+  }
+  if (ok && on_reloaded) on_reloaded();
   return {ok, std::move(body)};
 }
 
+json::object stopping_refusal() {
+  return json::object{{"code", "ADMIN::RELOAD_REFUSED"},
+                      {"message", "reload refused, nothing changed: the server is stopping"}};
+}
+
 void admin_loop(Server::State& state) {
-  auto& admin = state.admin;
-  std::unique_lock lock(admin.mutex);
+  auto& queue = state.admin_queue;
+  std::unique_lock lock(queue.mutex);
   for (;;) {
-    admin.wake.wait(lock, [&] { return admin.stopping || !admin.jobs.empty(); });
-    if (admin.jobs.empty()) return;  // stopping, nothing left
-    auto job = std::move(admin.jobs.front());
-    admin.jobs.pop_front();
+    queue.wake.wait(lock, [&] { return queue.stopping || !queue.jobs.empty(); });
+    if (queue.stopping) return;  // stop_admin answers what is left
+    auto job = std::move(queue.jobs.front());
+    queue.jobs.pop_front();
     lock.unlock();
-    job();
+    try {  // nothing may leave this thread
+      auto [ok, body] = run_reload(state, job.move.value_or(state.options.admin->move_sandboxes));
+      if (job.done) job.done(ok, std::move(body));
+    } catch (const std::exception& e) {
+      spdlog::error("sbx serve: reload: {}", e.what());
+    }
     lock.lock();
   }
 }
@@ -108,26 +149,37 @@ void admin_loop(Server::State& state) {
 
 void start_reload(const std::shared_ptr<Server::State>& state, std::optional<bool> move,
                   std::function<void(bool ok, json::object body)> done) {
-  auto& admin = state->admin;
-  std::lock_guard lock(admin.mutex);
-  // The job holds a raw State: ~Server joins this thread before the state can go.
-  admin.jobs.push_back([s = state.get(), move, done = std::move(done)] {
-    auto [ok, body] = reload(*s, move.value_or(s->options.admin->move_sandboxes));
-    done(ok, std::move(body));
-  });
-  if (!admin.thread.joinable()) {
-    admin.thread = std::thread([s = state.get()] { admin_loop(*s); });
+  auto& queue = state->admin_queue;
+  {
+    std::lock_guard lock(queue.mutex);
+    if (!queue.stopping) {
+      const bool covered = !done && std::any_of(queue.jobs.begin(), queue.jobs.end(),
+                                                [&](auto& j) { return !j.done && j.move == move; });
+      if (!covered) queue.jobs.push_back({move, std::move(done)});
+      // The thread holds a raw State: ~Server joins it before the state can go.
+      if (!queue.thread.joinable()) {
+        queue.thread = std::thread([s = state.get()] { admin_loop(*s); });
+      }
+      queue.wake.notify_one();
+      return;
+    }
   }
-  admin.wake.notify_one();
+  if (done) done(false, stopping_refusal());
 }
 
 void stop_admin(Server::State& state) {
+  auto& queue = state.admin_queue;
+  std::deque<Server::State::AdminQueue::Job> left;
   {
-    std::lock_guard lock(state.admin.mutex);
-    state.admin.stopping = true;
+    std::lock_guard lock(queue.mutex);
+    queue.stopping = true;
+    left.swap(queue.jobs);
+    queue.on_reloaded = nullptr;
   }
-  state.admin.wake.notify_all();
-  if (state.admin.thread.joinable()) state.admin.thread.join();
+  queue.wake.notify_all();
+  if (queue.thread.joinable()) queue.thread.join();
+  for (auto& job : left)
+    if (job.done) job.done(false, stopping_refusal());
 }
 
 namespace {
@@ -145,12 +197,13 @@ json::object admin_providers(Server::State& state) {
                                        {"sandboxes", g.sandboxes},
                                        {"operations", g.operations}});
   }
-  std::lock_guard lock(state.admin.mutex);
-  return json::object{{"generations", std::move(generations)},
-                      {"reloads", state.admin.reloads},
-                      {"reloads_refused", state.admin.refused},
-                      {"last_reload", state.admin.last.empty() ? json::value(nullptr)
-                                                               : json::value(state.admin.last)}};
+  std::lock_guard lock(state.admin_queue.mutex);
+  return json::object{
+      {"generations", std::move(generations)},
+      {"reloads", state.admin_queue.reloads},
+      {"reloads_refused", state.admin_queue.refused},
+      {"last_reload", state.admin_queue.last.empty() ? json::value(nullptr)
+                                                     : json::value(state.admin_queue.last)}};
 }
 
 }  // namespace
@@ -175,20 +228,22 @@ bool route_admin(const std::shared_ptr<Server::State>& state, const Request& req
     reply(json_response(request, http::status::ok, body));
     return true;
   }
+  // The body: empty, {} or {"sandboxes": "move"|"drain"}; anything else is refused.
   std::optional<bool> move;
   if (request.body().find_first_not_of(" \t\r\n") != std::string::npos) {
     boost::system::error_code ec;
     const json::value body = json::parse(request.body(), ec);
-    const json::value* choice =
-        !ec && body.is_object() ? body.as_object().if_contains("sandboxes") : nullptr;
-    if (choice && choice->is_string() &&
-        (choice->get_string() == "move" || choice->get_string() == "drain")) {
-      move = choice->get_string() == "move";
-    } else if (ec || !body.is_object() || choice) {
+    const json::object* object = ec ? nullptr : body.if_object();
+    const json::value* choice = object ? object->if_contains("sandboxes") : nullptr;
+    const bool readable = object && object->size() == (choice ? 1u : 0u) &&
+                          (!choice || (choice->is_string() && (choice->get_string() == "move" ||
+                                                               choice->get_string() == "drain")));
+    if (!readable) {
       reply(error_response(request, http::status::bad_request, "ADMIN::INVALID_REQUEST",
-                           "the body must be empty or {\"sandboxes\": \"move\"|\"drain\"}"));
+                           "the body must be empty, {} or {\"sandboxes\": \"move\"|\"drain\"}"));
       return true;
     }
+    if (choice) move = choice->get_string() == "move";
   }
   Request shape;  // what the answer needs of the request, kept past it
   shape.version(request.version());

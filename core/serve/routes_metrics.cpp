@@ -80,13 +80,13 @@ Response prometheus(const std::shared_ptr<Server::State>& state, const Request& 
       sandboxes, streams);
   if (state->options.admin) {
     {
-      std::lock_guard lock(state->admin.mutex);
+      std::lock_guard lock(state->admin_queue.mutex);
       text += fmt::format(
           "# HELP sbx_serve_reloads_total Reloads, by result (refused: rolled back as a whole).\n"
           "# TYPE sbx_serve_reloads_total counter\n"
           "sbx_serve_reloads_total{{result=\"ok\"}} {}\n"
           "sbx_serve_reloads_total{{result=\"refused\"}} {}\n",
-          state->admin.reloads, state->admin.refused);
+          state->admin_queue.reloads, state->admin_queue.refused);
     }
     text +=
         "# HELP sbx_provider_generation_sandboxes Sandboxes held per provider generation.\n"

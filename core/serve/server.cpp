@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include <sys/inotify.h>
 #include <unistd.h>
 
 namespace sbx::serve {
@@ -792,6 +793,13 @@ Server::Server(sbx::Provider provider, Options options)
   // With Options::admin the host hands out the provider (its current generation) at each use:
   // holding this one would keep its generation, and its plugin image, alive after a reload.
   if (o.admin && o.admin->provider) state_->provider = sbx::Provider();
+  if (o.admin && o.admin->watched) {  // --watch: fails here, before anything is served
+    state_->watch_fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (state_->watch_fd < 0) {
+      throw std::runtime_error(std::string("--watch: inotify_init1 failed: ") +
+                               std::strerror(errno));
+    }
+  }
 }
 
 Server::~Server() {
@@ -810,6 +818,8 @@ Server::~Server() {
     }
     if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
     state_->state_dir_lock = -1;
+    if (state_->watch_fd >= 0) ::close(state_->watch_fd);  // run() never took it
+    state_->watch_fd = -1;
   }
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
@@ -849,7 +859,7 @@ bool Server::run() {
     };
     hangups->async_wait(OnHangup{state, &*hangups});
   }
-  if (state->options.admin && state->options.admin->watched) start_watch(state);
+  if (state->watch_fd >= 0) start_watch(state);
   asio::post(state->control, [state] {
     accept(state);
     sweep(state);

@@ -175,16 +175,23 @@ struct Server::State {
   RequestMetrics metrics;  // GET /metrics (thread-safe)
   // Hot swap (Options::admin, routes_admin.cpp): reloads run one at a time on the admin thread,
   // started with the first one and joined by ~Server.
-  struct AdminState {
+  struct AdminQueue {
+    struct Job {
+      std::optional<bool> move;
+      std::function<void(bool ok, boost::json::object body)> done;  // null: SIGHUP's, watch's
+    };
     std::mutex mutex;  // guards what follows
     std::condition_variable wake;
-    std::deque<std::function<void()>> jobs;
+    std::deque<Job> jobs;
     bool stopping = false;
     std::thread thread;
     int64_t reloads = 0;       // put in service
     int64_t refused = 0;       // rolled back as a whole
     boost::json::object last;  // the last reload's outcome (empty before the first)
-  } admin;
+    // Called after every reload that was put in service (the watcher sets its watches again).
+    std::function<void()> on_reloaded;
+  } admin_queue;
+  int watch_fd = -1;  // inotify, made by the constructor with Admin::watched; watch.cpp takes it
 
   State(sbx::Provider p, Options o);
 
@@ -237,13 +244,13 @@ bool route_admin(const std::shared_ptr<Server::State>& state, const Request& req
                  const Reply& reply);
 // Queues a reload on the admin thread (Options::admin); `done` gets the answer (on that thread).
 // `move`: whether sandboxes on a replaced generation move to the new one (unset: the default,
-// Admin::move_sandboxes).
+// Admin::move_sandboxes). Without `done` (SIGHUP, the watcher) a reload already waiting to start
+// covers this one. Once the server stops, `done` gets a refusal at once.
 void start_reload(const std::shared_ptr<Server::State>& state, std::optional<bool> move,
                   std::function<void(bool ok, boost::json::object body)> done);
-// Stops the admin thread after the jobs queued (~Server).
+// Lets the running reload finish, refuses those not started, joins the admin thread (~Server).
 void stop_admin(Server::State& state);
-// Starts watching Admin::watched (watch.cpp): a change starts a reload. Throws std::runtime_error
-// when inotify cannot be used.
+// Starts watching Admin::watched (watch.cpp) with State::watch_fd: a change starts a reload.
 void start_watch(const std::shared_ptr<Server::State>& state);
 bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
                    const Reply& reply);

@@ -1,12 +1,13 @@
 // `sbx serve --watch` (docs/hot-swap.md): a change to the config file, to a plugin file the config
 // names, or to a `.so` in a plugin directory starts a reload, as SIGHUP does.
 //
-// inotify, read on the server's io_context (no thread of its own). Each path is watched through
-// its directory, so that a file replaced by a rename (how a deploy should replace a plugin) is
-// seen: IN_CLOSE_WRITE (written in place) and IN_MOVED_TO (renamed over). A burst of changes (a
-// copy, then a rename; several files) settles for Watcher::kSettle before the one reload it
-// starts. After each reload the watches are set again from Admin::watched (a reload may name
-// other files).
+// inotify (the descriptor made by the server's constructor), read on the server's io_context on a
+// strand of its own (no thread). Each path is watched through its directory, so that a file
+// replaced by a rename (how a deploy should replace a plugin) is seen: IN_CLOSE_WRITE (written in
+// place) and IN_MOVED_TO (renamed over). A burst of changes (a copy, then a rename; several files)
+// settles for Watcher::kSettle before the one reload it starts. After every reload put in service
+// (from any source) the watches are updated from Admin::watched, in place: a directory still
+// wanted keeps its watch, so no event queued meanwhile is lost.
 
 #include "state.hpp"
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <utility>
 
 namespace sbx::serve {
 
@@ -46,45 +48,49 @@ class Watcher : public std::enable_shared_from_this<Watcher> {
     read();
   }
 
+  // Watches the directory of every path Admin::watched gives; drops the watches no longer wanted.
+  // inotify_add_watch on a directory watched already returns its descriptor again.
+  void arm() {
+    std::map<fs::path, Dir> wanted;
+    std::error_code ec;
+    const fs::path temp = fs::temp_directory_path(ec);
+    for (const fs::path& path : state_->options.admin->watched()) {
+      const bool is_dir = fs::is_directory(path, ec);
+      if (!is_dir && !fs::is_directory(path.parent_path(), ec)) continue;  // nothing to watch yet
+      const fs::path dir_path = is_dir ? path : path.parent_path();
+      Dir& dir = wanted[dir_path];
+      dir.path = dir_path;
+      if (!is_dir) {
+        dir.names.insert(path.filename().string());
+      } else if (dir_path != temp) {  // a reload copies plugins there: they must not count
+        dir.any_plugin = true;
+      }
+    }
+    std::map<int, Dir> next;
+    std::string list;
+    for (auto& [path, dir] : wanted) {
+      const int wd = inotify_add_watch(fd_.native_handle(), path.c_str(),
+                                       IN_CLOSE_WRITE | IN_MOVED_TO | IN_ONLYDIR);
+      if (wd < 0) {
+        spdlog::warn("sbx serve: --watch: cannot watch {}: {}", path.string(),
+                     std::strerror(errno));
+        continue;
+      }
+      list += (list.empty() ? "" : ", ") + path.string();
+      next[wd] = std::move(dir);
+    }
+    for (const auto& [wd, dir] : dirs_)
+      if (!next.count(wd)) inotify_rm_watch(fd_.native_handle(), wd);
+    dirs_ = std::move(next);
+    spdlog::info("sbx serve: --watch: watching {}", list.empty() ? "nothing" : list);
+  }
+
  private:
   struct Dir {
     fs::path path;
     bool any_plugin = false;      // a plugin directory: any *.so counts
     std::set<std::string> names;  // files named in it
   };
-
-  // Watches the directory of every path Admin::watched gives (replacing the watches before).
-  void arm() {
-    for (const auto& [wd, dir] : dirs_)
-      inotify_rm_watch(fd_.native_handle(), wd);
-    dirs_.clear();
-    std::map<fs::path, Dir> wanted;
-    for (const fs::path& path : state_->options.admin->watched()) {
-      std::error_code ec;
-      const bool is_dir = fs::is_directory(path, ec);
-      const fs::path dir_path = is_dir ? path : path.parent_path();
-      Dir& dir = wanted[dir_path];
-      dir.path = dir_path;
-      if (is_dir) {
-        dir.any_plugin = true;
-      } else {
-        dir.names.insert(path.filename().string());
-      }
-    }
-    std::string list;
-    for (auto& [path, dir] : wanted) {
-      const int wd = inotify_add_watch(fd_.native_handle(), path.c_str(),
-                                       IN_CLOSE_WRITE | IN_MOVED_TO | IN_ONLYDIR);
-      if (wd < 0) {  // e.g. a default plugin directory that does not exist
-        spdlog::debug("sbx serve: --watch: not watching {}: {}", path.string(),
-                      std::strerror(errno));
-        continue;
-      }
-      list += (list.empty() ? "" : ", ") + path.string();
-      dirs_[wd] = std::move(dir);
-    }
-    spdlog::info("sbx serve: --watch: watching {}", list.empty() ? "nothing" : list);
-  }
 
   bool relevant(int wd, std::string_view name) const {
     const auto it = dirs_.find(wd);
@@ -130,9 +136,7 @@ class Watcher : public std::enable_shared_from_this<Watcher> {
         std::lock_guard lock(self->state_->mutex);
         if (self->state_->stopping) return;
       }
-      start_reload(self->state_, std::nullopt, [self](bool, boost::json::object) {
-        asio::post(self->strand_, [self] { self->arm(); });
-      });
+      start_reload(self->state_, std::nullopt, nullptr);
     });
   }
 
@@ -147,11 +151,15 @@ class Watcher : public std::enable_shared_from_this<Watcher> {
 }  // namespace
 
 void start_watch(const std::shared_ptr<Server::State>& state) {
-  const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (fd < 0) {
-    throw std::runtime_error(std::string("--watch: inotify_init1 failed: ") + std::strerror(errno));
+  auto watcher = std::make_shared<Watcher>(state, std::exchange(state->watch_fd, -1));
+  {
+    // Every reload put in service updates the watches (a reload may name other files). The hook
+    // holds the watcher weakly: it goes with the io_context's handlers.
+    std::lock_guard lock(state->admin_queue.mutex);
+    state->admin_queue.on_reloaded = [weak = std::weak_ptr<Watcher>(watcher)] {
+      if (auto w = weak.lock()) asio::post(w->executor(), [w] { w->arm(); });
+    };
   }
-  auto watcher = std::make_shared<Watcher>(state, fd);
   asio::post(watcher->executor(), [watcher] { watcher->start(); });
 }
 

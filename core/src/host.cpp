@@ -727,12 +727,24 @@ std::optional<Sandbox> Host::move_to_current(Sandbox& sandbox) {
                                     SBX_EXT_CONNECT);
     }
   }
-  const std::string descriptor = sandbox.serialize();
-  Sandbox moved = Provider(to).connect(descriptor);
-  state->moved.store(true);
-  detail::logger()->info("moved sandbox {} of provider '{}' from generation {} to {}", state->id,
-                         from->name, from->serial, to->serial);
-  return moved;
+  // Claimed first: two moves of one handle would make two handles that each close the sandbox.
+  if (state->moved.exchange(true)) {
+    throw FailedPreconditionError(what +
+                                  ": it was moved already (use the handle the move returned)");
+  }
+  try {
+    Sandbox moved = Provider(to).connect(sandbox.serialize());
+    if (state->closed.load()) {  // closed through the old handle meanwhile: nothing to move
+      moved.detach();
+      throw FailedPreconditionError(what + ": it was closed during the move");
+    }
+    detail::logger()->info("moved sandbox {} of provider '{}' from generation {} to {}", state->id,
+                           from->name, from->serial, to->serial);
+    return moved;
+  } catch (...) {
+    state->moved.store(false);
+    throw;
+  }
 }
 
 }  // namespace sbx

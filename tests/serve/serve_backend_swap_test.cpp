@@ -288,11 +288,13 @@ struct Load {
     }
   }
 
-  // Waits (up to two minutes) until `count` sessions ran wholly in phase `p`.
-  void wait_for(int p, int count) const {
+  // Waits (up to two minutes) until `count` sessions ran wholly in phase `p`; whether they did
+  // (false also when a session failed).
+  [[nodiscard]] bool wait_for(int p, int count) const {
     const auto deadline = std::chrono::steady_clock::now() + 120s;
     while (done_in[p] < count && failures == 0 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(20ms);
+    return done_in[p] >= count && failures == 0;
   }
 
   void finish() {
@@ -332,7 +334,7 @@ TEST_CASE(
     CHECK(s.status_on_b(box.id()) == 404);
   }
   CHECK(s.creates_on_b() == 0);
-  load.wait_for(kBefore, kSessions / 2);
+  CHECK(load.wait_for(kBefore, kSessions / 2));
 
   // Swap 1: block "p" becomes the opensandbox plugin pointed at B.
   swap_to(s, load, opensandbox_block(s.b->port()), kSwapping1);
@@ -373,7 +375,7 @@ TEST_CASE(
     CHECK(gens[0].at("current").as_bool());
   }
   CHECK(s.containers_of(*s.a).empty());  // nothing left of the first generation
-  load.wait_for(kOnB, kSessions);
+  CHECK(load.wait_for(kOnB, kSessions));
   CHECK(s.creates_on_b() >= load.done_in[kOnB] + 1);  // each made its sandbox on B
 
   // Swap 2, back to local_docker, with sandboxes on B held across it.
@@ -394,7 +396,7 @@ TEST_CASE(
     CHECK(placed.container_of_a);
     CHECK(!placed.container_of_b);
   }
-  load.wait_for(kBack, kSessions / 2);
+  CHECK(load.wait_for(kBack, kSessions / 2));
 
   load.finish();
   CAPTURE(load.first_failure);

@@ -347,7 +347,7 @@ TEST_CASE(
   CHECK(a.exec("cat note").stdout_text == "kept\n");
   CHECK(b.exec("echo b").stdout_text == "b\n");
 #if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
-  CHECK(f.mapped_plugins().size() == 1);
+  CHECK(Fixture::eventually([&] { return f.mapped_plugins().size() == 1; }));
 #endif
 
   // sbx reload --move, after another replacement the watcher reloads on its own first.
@@ -372,6 +372,17 @@ TEST_CASE(
       [&] { return f.providers().at("reloads_refused").to_number<int64_t>() == 1; }));
   CHECK(f.current_version() == "0.1.0");
   CHECK(b.exec("echo still").stdout_text == "still\n");
+
+  // The watches follow the config in force: "p" now names another file (the config's change is
+  // itself a reload), and a change to that file reloads.
+  const fs::path other = f.dir.path / "other.so";
+  fs::copy_file(kV2, other);
+  f.write_config(json::object{{"plugin", other.string() + "#test_processes"},
+                              {"config", json::object{{"root", f.root.string()}}}});
+  CHECK(Fixture::eventually([&] { return f.current_version() == "2.0.0"; }));
+  fs::copy_file(kV1, f.dir.path / "other.so.new");
+  fs::rename(f.dir.path / "other.so.new", other);
+  CHECK(Fixture::eventually([&] { return f.current_version() == "0.1.0"; }));
 
   // Errors by type in /metrics: an unknown sandbox, a missing key, the refused admin body.
   CHECK(request(f.port(), "GET", "/v1/sandboxes/no-such-box", std::nullopt, f.auth).status == 404);

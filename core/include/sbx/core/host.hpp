@@ -141,10 +141,10 @@ class Host {
   // `sandbox` is already on the current generation. The old handle stays usable (operations
   // started on it finish on the old generation) and no longer closes the sandbox when destroyed;
   // closing through either handle closes the sandbox. Throws FailedPreconditionError when the
-  // sandbox cannot move: it is empty or closed, its block was removed, either generation lacks
-  // sbx.connect/1, or their provider ids differ (a descriptor is only read by the provider kind
-  // that wrote it); or the error of the serialize or the connect. `sandbox` is then unchanged and
-  // drains on its generation.
+  // sandbox cannot move: it is empty or closed (also: closed while moving), it was moved already,
+  // its block was removed, either generation lacks sbx.connect/1, or their provider ids differ (a
+  // descriptor is only read by the provider kind that wrote it); or the error of the serialize or
+  // the connect. `sandbox` is then unchanged and drains on its generation.
   // THREADING: thread-safe. Blocking: a serialize and a connect (plugin calls, within the host's
   // deadlines).
   std::optional<Sandbox> move_to_current(Sandbox& sandbox);
