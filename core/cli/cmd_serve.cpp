@@ -170,11 +170,9 @@ int serve(ServeFields& f, const Global& g) {
       .generations = [&host] { return host.generations(); },
       .move = [&host](sbx::Sandbox& sandbox) { return host.move_to_current(sandbox); },
       .move_sandboxes = f.move_sandboxes,
-      .watched = {},
+      .watched = f.watch ? std::function([&host, config] { return watched_paths(host, config); })
+                         : nullptr,
   };
-  if (f.watch) {
-    options.admin->watched = [&host, config] { return watched_paths(host, config); };
-  }
 
   std::optional<sbx::serve::Server> made;
   try {

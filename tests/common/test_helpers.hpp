@@ -6,11 +6,13 @@
 
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace sbx::testing {
 
@@ -53,6 +55,31 @@ inline std::string read_file(const std::filesystem::path& path) {
 
 inline void write_file(const std::filesystem::path& path, const std::string& contents) {
   std::ofstream(path, std::ios::binary) << contents;
+}
+
+// Replaces `target` the way a deploy should: the new contents written beside it (`target`.new),
+// then renamed over it, so a reader never sees half a file.
+inline void replace_file(const std::filesystem::path& target, const std::string& contents) {
+  const std::filesystem::path next = target.string() + ".new";
+  write_file(next, contents);
+  std::filesystem::rename(next, target);
+}
+inline void replace_file_with_copy(const std::filesystem::path& target,
+                                   const std::filesystem::path& from) {
+  const std::filesystem::path next = target.string() + ".new";
+  std::filesystem::copy_file(from, next, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::rename(next, target);
+}
+
+// Polls `done` every 50 ms until it holds or `limit` passed; whether it held.
+template <class Done>
+bool eventually(Done done, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
 }
 
 // Runs `fn`, which must throw an `E`, and returns that error (fails the test otherwise).

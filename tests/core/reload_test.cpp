@@ -57,16 +57,8 @@ struct Fixture {
   }
 
   // Puts `file` in place of plugin.so as an operator would: copy next to it, rename over it.
-  void install(const fs::path& file) const {
-    const fs::path next = dir.path / "plugin.so.new";
-    fs::copy_file(file, next, fs::copy_options::overwrite_existing);
-    fs::rename(next, plugin);
-  }
-  void install_text(const std::string& text) const {
-    const fs::path next = dir.path / "plugin.so.new";
-    std::ofstream(next) << text;
-    fs::rename(next, plugin);
-  }
+  void install(const fs::path& file) const { sbx::testing::replace_file_with_copy(plugin, file); }
+  void install_text(const std::string& text) const { sbx::testing::replace_file(plugin, text); }
 
   // {"providers": {"p": {"plugin": "<dir>/plugin.so#test_processes", "config": {"root"}}}} plus
   // `extra` blocks and a `canary` for p when given.

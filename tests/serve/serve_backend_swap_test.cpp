@@ -66,9 +66,8 @@ json::object opensandbox_block(int port_b) {
 
 // An operator's edit: the new file beside the old one, renamed over it.
 void write_config(const fs::path& path, const std::string& name, json::object block) {
-  const fs::path next = path.string() + ".new";
-  std::ofstream(next) << json::serialize(json::object{{"providers", json::object{{name, block}}}});
-  fs::rename(next, path);
+  sbx::testing::replace_file(
+      path, json::serialize(json::object{{"providers", json::object{{name, block}}}}));
 }
 
 bool contains(const std::vector<std::string>& ids, const std::string& id) {

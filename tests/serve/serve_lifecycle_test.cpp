@@ -4,6 +4,7 @@
 // it passed, the sandbox closed), the cap on sandboxes, and sandboxes found again by a restarted
 // server through --state-dir (--keep-on-stop).
 
+#include "../common/test_helpers.hpp"
 #include "support.hpp"
 
 #include <doctest/doctest.h>
@@ -78,17 +79,6 @@ std::string hmac_hex(const std::string& key, const std::string& text) {
     out += hex[digest[i] & 0xf];
   }
   return out;
-}
-
-// Waits (up to `limit`) until `done` holds.
-template <class F>
-bool eventually(F done, std::chrono::seconds limit = std::chrono::seconds(20)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return done();
 }
 
 }  // namespace
@@ -301,7 +291,7 @@ TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody
   CHECK(request(f.port(), "GET", "/v1/sandboxes/" + touched).status == 200);
   std::this_thread::sleep_for(std::chrono::seconds(4));
   // Closed by the server's sweep, with no request about them.
-  CHECK(eventually([&] { return f.sandboxes_on_disk() == 1; }));
+  CHECK(sbx::testing::eventually([&] { return f.sandboxes_on_disk() == 1; }));
   CHECK(fs::exists(f.root / kept));
   CHECK(f.log_text().find("closing sandbox " + untouched + " (its TTL passed)") !=
         std::string::npos);

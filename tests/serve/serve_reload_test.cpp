@@ -67,16 +67,8 @@ struct Fixture : ProcessesServer {
   }
 
   // An operator's replacement: a copy next to it, renamed over it.
-  void install(const fs::path& file) const {
-    const fs::path next = dir.path / "plugin.so.new";
-    fs::copy_file(file, next, fs::copy_options::overwrite_existing);
-    fs::rename(next, plugin);
-  }
-  void install_text(const std::string& text) const {
-    const fs::path next = dir.path / "plugin.so.new";
-    std::ofstream(next) << text;
-    fs::rename(next, plugin);
-  }
+  void install(const fs::path& file) const { sbx::testing::replace_file_with_copy(plugin, file); }
+  void install_text(const std::string& text) const { sbx::testing::replace_file(plugin, text); }
 
   json::object providers() const { return admin_providers(port(), auth); }
   // The current generation's plugin version.
@@ -101,16 +93,6 @@ struct Fixture : ProcessesServer {
           o.at("sandboxes").to_number<int64_t>();
     }
     return out;
-  }
-  // Waits (bounded) until `done` holds; returns whether it did.
-  template <class Done>
-  static bool eventually(Done done, std::chrono::seconds limit = 30s) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(50ms);
-    }
-    return true;
   }
   std::string metrics() {
     const auto r = request(port(), "GET", "/metrics", std::nullopt, auth);
@@ -327,7 +309,7 @@ TEST_CASE(
 
   // --watch: replacing the file is the whole operation. The sandboxes drain by default.
   f.install(kV2);
-  CHECK(Fixture::eventually([&] { return f.current_version() == "2.0.0"; }));
+  CHECK(sbx::testing::eventually([&] { return f.current_version() == "2.0.0"; }));
   CHECK(f.sandboxes_by_version() == std::map<std::string, int64_t>{{"0.1.0", 2}, {"2.0.0", 0}});
 
   // What a reload does with them is the request's choice; a body it cannot read is refused.
@@ -341,18 +323,18 @@ TEST_CASE(
   CHECK(report.at("not_moved").as_array().empty());
   // The old generation held nothing more: it is gone, its image unmapped; both sandboxes work on
   // the new one, as they were.
-  CHECK(Fixture::eventually([&] {
+  CHECK(sbx::testing::eventually([&] {
     return f.sandboxes_by_version() == std::map<std::string, int64_t>{{"2.0.0", 2}};
   }));
   CHECK(a.exec("cat note").stdout_text == "kept\n");
   CHECK(b.exec("echo b").stdout_text == "b\n");
 #if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
-  CHECK(Fixture::eventually([&] { return f.mapped_plugins().size() == 1; }));
+  CHECK(sbx::testing::eventually([&] { return f.mapped_plugins().size() == 1; }));
 #endif
 
   // sbx reload --move, after another replacement the watcher reloads on its own first.
   f.install(kV1);
-  CHECK(Fixture::eventually([&] { return f.current_version() == "0.1.0"; }));
+  CHECK(sbx::testing::eventually([&] { return f.current_version() == "0.1.0"; }));
   std::string out;
   const int code =
       run_to_exit({SBX_CLI, "reload", "--url", "http://127.0.0.1:" + std::to_string(f.port()),
@@ -361,14 +343,14 @@ TEST_CASE(
   CAPTURE(out);
   CHECK(code == 0);
   CHECK(out.find("moved: 2 sandbox(es)") != std::string::npos);
-  CHECK(Fixture::eventually([&] {
+  CHECK(sbx::testing::eventually([&] {
     return f.sandboxes_by_version() == std::map<std::string, int64_t>{{"0.1.0", 2}};
   }));
   CHECK(a.exec("cat note").stdout_text == "kept\n");
 
   // A corrupt replacement: the watcher's reload is refused, the old generation serves on.
   f.install_text("corrupt\n");
-  CHECK(Fixture::eventually(
+  CHECK(sbx::testing::eventually(
       [&] { return f.providers().at("reloads_refused").to_number<int64_t>() == 1; }));
   CHECK(f.current_version() == "0.1.0");
   CHECK(b.exec("echo still").stdout_text == "still\n");
@@ -379,10 +361,9 @@ TEST_CASE(
   fs::copy_file(kV2, other);
   f.write_config(json::object{{"plugin", other.string() + "#test_processes"},
                               {"config", json::object{{"root", f.root.string()}}}});
-  CHECK(Fixture::eventually([&] { return f.current_version() == "2.0.0"; }));
-  fs::copy_file(kV1, f.dir.path / "other.so.new");
-  fs::rename(f.dir.path / "other.so.new", other);
-  CHECK(Fixture::eventually([&] { return f.current_version() == "0.1.0"; }));
+  CHECK(sbx::testing::eventually([&] { return f.current_version() == "2.0.0"; }));
+  sbx::testing::replace_file_with_copy(other, kV1);
+  CHECK(sbx::testing::eventually([&] { return f.current_version() == "0.1.0"; }));
 
   // Errors by type in /metrics: an unknown sandbox, a missing key, the refused admin body.
   CHECK(request(f.port(), "GET", "/v1/sandboxes/no-such-box", std::nullopt, f.auth).status == 404);
