@@ -59,6 +59,17 @@ Response provider_error_response(const Request& request, std::exception_ptr erro
     case SBX_STATUS_CANCELLED:
       return error_response(request, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
                             e.what());
+    case SBX_STATUS_PERMISSION_DENIED:
+      // A create asking for what the operator did not allow (a host path, a named volume, a
+      // GPU): the real server's envelope for a host path outside its allowed_host_paths, else
+      // a plain refusal.
+      if (!e.create_failure()) break;
+      if (std::string_view(e.what()).find("host path") != std::string_view::npos) {
+        return error_response(request, http::status::bad_request, "VOLUME::HOST_PATH_NOT_ALLOWED",
+                              e.what());
+      }
+      return error_response(request, http::status::forbidden, "SANDBOX::PERMISSION_DENIED",
+                            e.what());
     case SBX_STATUS_UNAVAILABLE:
     case SBX_STATUS_RESOURCE_EXHAUSTED:
       return error_response(request, http::status::service_unavailable,

@@ -44,7 +44,12 @@ const char kConfigSchemaText[] = R"json({
         "disk_limit": {"enum": ["error", "warn"], "default": "error"},
         "name_prefix": {"type": "string", "pattern": "^([a-zA-Z0-9][a-zA-Z0-9_.-]*)?$",
                         "default": "sbx-"},
-        "concurrency": {"type": "integer", "minimum": 1, "default": 32}
+        "concurrency": {"type": "integer", "minimum": 1, "default": 32},
+        "allowed_host_paths": {"type": "array", "items": {"type": "string", "pattern": "^/"},
+                               "default": [],
+                               "description": "host path prefixes a request may bind-mount"},
+        "allow_named_volumes": {"type": "boolean", "default": false},
+        "allow_gpu": {"type": "boolean", "default": false}
       }
     },
     "exec": {
@@ -152,6 +157,14 @@ CreateConfig read_create(ObjectReader& reader) {
   }
   c.name_prefix = reader.string("name_prefix", c.name_prefix);
   c.concurrency = reader.integer("concurrency", 1, 1 << 20).value_or(c.concurrency);
+  c.allowed_host_paths = reader.string_list("allowed_host_paths").value_or(c.allowed_host_paths);
+  for (const auto& prefix : c.allowed_host_paths) {
+    if (!prefix.starts_with('/')) {
+      reader.fail("allowed_host_paths", "must hold absolute paths, got '" + prefix + "'");
+    }
+  }
+  c.allow_named_volumes = reader.boolean("allow_named_volumes", c.allow_named_volumes);
+  c.allow_gpu = reader.boolean("allow_gpu", c.allow_gpu);
   if (!is_name_prefix(c.name_prefix)) {
     reader.fail("name_prefix",
                 "must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (a Docker container name "

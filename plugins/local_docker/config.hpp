@@ -39,6 +39,11 @@ struct CreateConfig {
   DiskLimitMode disk_limit = DiskLimitMode::error;
   std::string name_prefix = "sbx-";
   int64_t concurrency = 32;  // creates in flight per provider instance (pull to ready)
+  // What a request may ask of the host (policy.hpp): host path prefixes its bind mounts may use
+  // (resolved, symlinks followed; none by default), named volumes, GPUs.
+  std::vector<std::string> allowed_host_paths;
+  bool allow_named_volumes = false;
+  bool allow_gpu = false;
 };
 
 struct ExecConfig {

@@ -4,6 +4,7 @@
 #include "containers.hpp"
 #include "exec.hpp"
 #include "lifecycle.hpp"
+#include "policy.hpp"
 
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
@@ -210,7 +211,9 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   }
   // Everything that can be refused is checked before the daemon sees anything.
   const ImageRef image = parse_image(*spec.image);
-  const SandboxOptions options = SandboxOptions::parse(spec.provider_options);
+  refuse_host_options(spec.provider_options);
+  SandboxOptions options = SandboxOptions::parse(spec.provider_options);
+  apply_host_policy(config_.create, spec, options);
   const std::optional<int64_t> expires_at = expiry_of(spec);
   container_config(config_, spec, options, image, expires_at, true);
   std::vector<std::pair<std::string, std::string>> files;

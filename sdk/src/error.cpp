@@ -38,6 +38,9 @@ Error Error::failed_precondition(std::string m) {
 Error Error::unimplemented(std::string m) {
   return {SBX_STATUS_UNIMPLEMENTED, std::move(m)};
 }
+Error Error::permission_denied(std::string m) {
+  return {SBX_STATUS_PERMISSION_DENIED, std::move(m)};
+}
 Error Error::internal(std::string m) {
   return {SBX_STATUS_INTERNAL, std::move(m)};
 }

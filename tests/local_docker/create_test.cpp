@@ -11,60 +11,15 @@
 #include <thread>
 
 using namespace std::chrono_literals;
+using ldtest::contains;
+using ldtest::create_failure;
 using ldtest::docker;
+using ldtest::options_with;
 using ldtest::provider;
+using ldtest::provider_with;
 using ldtest::seconds_since;
-
-namespace {
-
-// A spec carrying a label unique to this call, to check afterwards that nothing was left.
-struct Tracked {
-  std::string run = ldtest::unique();
-  sbx::SandboxSpec spec = [this] {
-    auto s = ldtest::spec();
-    s.metadata["sbx.test.run"] = run;
-    return s;
-  }();
-  std::vector<std::string> left() const { return ldtest::leftovers("sbx.test.run", run); }
-};
-
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Every failure of a create is a CreateError (decision 57); its status() keeps the reason.
-sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec) {
-  try {
-    p.create(spec);
-  } catch (const sbx::CreateError& e) {
-    return e.status();
-  }
-  FAIL("create must fail with a CreateError");
-  return SBX_STATUS_OK;
-}
-
-// A host with one provider block "p" using `config` (JSON text).
-sbx::Provider provider_with(sbx::Host& host) {
-  return host.provider("p");
-}
-sbx::Host::Options options_with(const std::string& config) {
-  sbx::Host::Options options;
-  options.config = sbx::Config::parse(
-      R"({"providers": {"p": {"plugin": "local_docker", "config": )" + config + "}}}", "test");
-  options.labels[ldtest::kSuiteLabel] = ldtest::kSuiteValue;
-  return options;
-}
-
-}  // namespace
+using ldtest::Tracked;
+using ldtest::what_of;
 
 TEST_CASE("TTL: the container ends and removes itself, without close") {
   auto spec = ldtest::spec();
@@ -356,9 +311,11 @@ TEST_CASE("disk_gib: refused where the storage driver cannot enforce it, or a wa
 TEST_CASE("gpu: a clear error and nothing left behind (no GPU here); gpu_type is refused") {
   Tracked t;
   t.spec.resources.gpu = 1;
-  const std::string error = what_of([&] { provider().create(t.spec); });
+  sbx::Host host(options_with(R"({"create": {"allow_gpu": true}})"));
+  const std::string error = what_of([&] { provider_with(host).create(t.spec); });
   CHECK(contains(error, "gpu"));
-  CHECK_THROWS_AS(provider().create(t.spec), sbx::CreateError);
+  CHECK_FALSE(contains(error, "allow_gpu"));  // allowed: the daemon's own refusal
+  CHECK_THROWS_AS(provider_with(host).create(t.spec), sbx::CreateError);
   CHECK(t.left().empty());
 
   t.spec.resources.gpu.reset();
@@ -420,7 +377,7 @@ TEST_CASE("volumes from provider_options: bind strings and mount objects") {
   spec.provider_options["volumes"] = boost::json::array{
       (dir.string() + ":/data:ro"),
       boost::json::object{{"source", dir.string()}, {"target", "/rw"}, {"read_only", false}}};
-  sbx::Sandbox box = provider().create(spec);
+  sbx::Sandbox box = provider("docker_volumes").create(spec);
   CHECK(box.exec("cat /data/shared.txt").stdout_text == "from the host");
   CHECK(box.exec("touch /data/nope").return_code != 0);  // read-only
   CHECK(box.exec("echo written > /rw/out.txt").return_code == 0);

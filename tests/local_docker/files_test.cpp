@@ -47,9 +47,7 @@ sbx::SandboxSpec spec_with_workdir() {
   return spec;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using ldtest::contains;
 
 // The temporary files of uploads in `dir`, one per line (none: "").
 std::string partial_files(sbx::Sandbox& box, const std::string& dir) {
@@ -410,7 +408,9 @@ TEST_CASE("a failed or cancelled upload leaves the previous file and no temporar
 TEST_CASE("read-only root file system: uploads go into writable volumes only, leaving nothing") {
   sbx::Host::Options options;
   options.config = sbx::Config::parse(
-      R"({"providers": {"ro": {"plugin": "local_docker", "config": {"create": {"read_only": true}}}}})",
+      R"({"providers": {"ro": {"plugin": "local_docker", "config": {"create": {"read_only": true,
+          "allowed_host_paths": [")" +
+          std::filesystem::temp_directory_path().string() + R"("]}}}}})",
       "test");
   options.labels[ldtest::kSuiteLabel] = ldtest::kSuiteValue;
   sbx::Host host(std::move(options));
@@ -477,7 +477,7 @@ TEST_CASE("no failed upload leaves a temporary file anywhere") {
   auto spec = spec_with_workdir();
   spec.provider_options["volumes"] = boost::json::array{volume.path.string() + ":/ro:ro"};
   spec.files = {{"/work/file.txt", "a file"}};
-  sbx::Sandbox box = provider().create(spec);
+  sbx::Sandbox box = provider("docker_volumes").create(spec);
   std::vector<std::pair<const char*, std::function<void()>>> failures = {
       {"not UTF-8", [&] { box.upload_bytes("x", "/work/bad\xff.txt"); }},
       {"a directory", [&] { box.upload_bytes("x", "/work"); }},

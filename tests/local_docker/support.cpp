@@ -26,6 +26,8 @@ constexpr const char* kHostConfig = R"({
   "providers": {
     "docker": {"plugin": "local_docker", "config": {}},
     "docker_bridge": {"plugin": "local_docker", "config": {"create": {"network": "bridge"}}},
+    "docker_volumes": {"plugin": "local_docker",
+                       "config": {"create": {"allowed_host_paths": ["@TMP@"]}}},
     "docker_disk_warn": {"plugin": "local_docker", "config": {"create": {"disk_limit": "warn"}}},
     "docker_no_limits": {"plugin": "local_docker",
                          "config": {"create": {"apply_resource_limits": false}}},
@@ -133,7 +135,10 @@ Docker& docker() {
 sbx::Host& host() {
   static sbx::Host instance = [] {
     sbx::Host::Options options;
-    options.config = sbx::Config::parse(kHostConfig, "local_docker tests");
+    // The test's own temporary directories (sbx::testing::TempDir) may be bind-mounted.
+    std::string text = kHostConfig;
+    text.replace(text.find("@TMP@"), 5, std::filesystem::temp_directory_path().string());
+    options.config = sbx::Config::parse(text, "local_docker tests");
     options.labels[kSuiteLabel] = kSuiteValue;
     return sbx::Host(std::move(options));
   }();
@@ -163,6 +168,33 @@ std::string unique() {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string what_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec) {
+  try {
+    p.create(spec);
+  } catch (const sbx::CreateError& e) {
+    return e.status();
+  }
+  FAIL("create must fail with a CreateError");
+  return SBX_STATUS_OK;
+}
+
+sbx::Host::Options options_with(const std::string& config) {
+  sbx::Host::Options options;
+  options.config = sbx::Config::parse(
+      R"({"providers": {"p": {"plugin": "local_docker", "config": )" + config + "}}}", "test");
+  options.labels[kSuiteLabel] = kSuiteValue;
+  return options;
 }
 
 std::vector<std::string> leftovers(const std::string& key, const std::string& value) {

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ Docker& docker();
 // The host of these tests; provider blocks (all plugin local_docker):
 //   docker            defaults (network none)
 //   docker_bridge     network bridge (ports)
+//   docker_volumes    create.allowed_host_paths = [the temporary directory]
 //   docker_disk_warn  create.disk_limit = warn
 //   docker_no_limits  create.apply_resource_limits = false
 //   docker_small      exec.concurrency = 2
@@ -81,6 +83,35 @@ double seconds_since(std::chrono::steady_clock::time_point start);
 
 // Sandboxes whose containers carry `key=value` (checks "nothing left behind").
 std::vector<std::string> leftovers(const std::string& key, const std::string& value);
+
+// A spec carrying a label unique to this value, to check afterwards that nothing was left.
+struct Tracked {
+  std::string run = unique();
+  sbx::SandboxSpec spec = [this] {
+    auto s = ldtest::spec();
+    s.metadata["sbx.test.run"] = run;
+    return s;
+  }();
+  std::vector<std::string> left() const { return leftovers("sbx.test.run", run); }
+};
+
+// The message of what `fn` throws; "" when it throws nothing.
+std::string what_of(const std::function<void()>& fn);
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Every failure of a create is a CreateError (decision 57); its status() keeps the reason. Fails
+// the test case when the create succeeds.
+sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec);
+
+// Host options with one provider block "p" of local_docker with `config` (JSON text), and this
+// suite's label; provider_with(host) is that block.
+sbx::Host::Options options_with(const std::string& config);
+inline sbx::Provider provider_with(sbx::Host& host) {
+  return host.provider("p");
+}
 
 // build/bin/sbx, next to the test programs.
 std::string sbx_binary();

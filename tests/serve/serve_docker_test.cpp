@@ -65,6 +65,35 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
   CHECK(!contains(serve_ids(config), second_id));
 }
 
+TEST_CASE("no client mounts the host: host paths, named volumes and Docker settings refused") {
+  TempDir dir;
+  const fs::path config = dir.path / "sbx.json";
+  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
+  ServeProcess server(config, "docker", dir.path / "serve.log");
+  const std::string head = R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+                           R"("resourceLimits":{},"timeout":300,)";
+  struct Case {
+    const char* field;
+    int status;
+    const char* code;
+    const char* names;
+  };
+  for (const Case& c : {Case{R"("volumes":["/:/host:ro","/etc:/rw"])", 400,
+                             "VOLUME::HOST_PATH_NOT_ALLOWED", "create.allowed_host_paths"},
+                        Case{R"("volumes":[{"source":"/","target":"/host","read_only":true}])", 400,
+                             "VOLUME::HOST_PATH_NOT_ALLOWED", "create.allowed_host_paths"},
+                        Case{R"("volumes":["some-volume:/v"])", 403, "SANDBOX::PERMISSION_DENIED",
+                             "create.allow_named_volumes"}}) {
+    CAPTURE(c.field);
+    const auto r = request(server.port(), "POST", "/v1/sandboxes", head + c.field + "}");
+    CHECK(r.status == c.status);
+    CHECK(r.json().at("code") == c.code);
+    CHECK(std::string(r.json().at("message").as_string()).find(c.names) != std::string::npos);
+  }
+  CHECK(labelled_ids(config, "docker", "sbx.run=" + server.run_id()).empty());
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, info") {
   TempDir dir;
   const fs::path config = dir.path / "sbx.json";

@@ -46,6 +46,7 @@ class Error : public std::runtime_error {
   static Error unavailable(std::string message, bool retryable = true);
   static Error failed_precondition(std::string message);
   static Error unimplemented(std::string message);
+  static Error permission_denied(std::string message);
   static Error internal(std::string message);
   static Error create_failed(std::string message, bool retryable = false);
   static Error create_verification_failed(std::string message);
