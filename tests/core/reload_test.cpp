@@ -45,10 +45,11 @@ struct Fixture {
   fs::path root = dir.path / "boxes";
   std::optional<sbx::Host> host;
 
-  Fixture() {
+  explicit Fixture(const sbx::Deadlines& deadlines = {}) {
     fs::create_directories(root);
     install(kV1);
     sbx::Host::Options options;
+    options.deadlines = deadlines;
     options.config = config();
     options.use_default_plugin_dirs = false;
     options.plugin_cache = "off";
@@ -108,6 +109,11 @@ std::string reload_error(Fixture& f, const sbx::Config& config) {
   }
   FAIL("the reload was not refused");
   return {};
+}
+
+// test_processes' config for a hang in `step` ("init", "create", "exec") until `hang` is released.
+json::object hang_config(const sbx::testing::Hang& hang, const std::string& step) {
+  return {{"hang_in", step}, {"hang_fifo", hang.fifo.string()}};
 }
 
 }  // namespace
@@ -250,6 +256,63 @@ TEST_CASE("a corrupt file, a wrong-ABI plugin and a failing init are refused; th
   CHECK(box.exec("echo fine").stdout_text == "fine\n");
   CHECK(f.host->provider("p").create({}).exec("echo new").stdout_text == "new\n");
   box.close();
+}
+
+TEST_CASE("an init or a canary that never returns: the reload is refused at its deadline") {
+  sbx::Deadlines deadlines;
+  deadlines.call_s = 1;
+  deadlines.create_s = 1;
+  deadlines.grace_s = 1;
+  Fixture f(deadlines);
+  const auto first = f.current();
+  sbx::testing::Hang hang(f.dir.path);
+
+  SUBCASE("the provider's init") {
+    const std::string error = reload_error(f, f.config({}, nullptr, hang_config(hang, "init")));
+    CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+    CHECK_MESSAGE(error.find("load: loading, initialising and configuring it did not finish "
+                             "within 1 s (deadlines.call_s)") != std::string::npos,
+                  error);
+    CHECK_MESSAGE(error.find("abandoned: never served") != std::string::npos, error);
+  }
+  SUBCASE("the canary's create") {
+    const json::value canary =
+        json::object{{"spec", json::object{}}, {"command", "true"}, {"timeout_s", 1}};
+    const std::string error = reload_error(f, f.config({}, canary, hang_config(hang, "create")));
+    CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+    CHECK_MESSAGE(
+        error.find("canary: it did not finish within 4 s (deadlines.create_s + canary "
+                   "timeout_s + deadlines.grace_s + deadlines.call_s)") != std::string::npos,
+        error);
+  }
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  // Nothing changed: the old generation serves, the abandoned one is not listed.
+  CHECK(f.current().serial == first.serial);
+  CHECK(f.generations_of() == 1);
+  CHECK(f.host->provider("p").create({}).exec("echo alive").stdout_text == "alive\n");
+  CHECK(f.host->abandoned_reload_steps() == 1);
+  // Released, the plugin code returns; its thread drops the generation and ends.
+  hang.release();
+  CHECK(sbx::testing::eventually([&] { return f.host->abandoned_reload_steps() == 0; }));
+  CHECK(f.host->reload(f.config()).unchanged == std::vector<std::string>{"p"});
+}
+
+TEST_CASE("stop_reloads: a reload hung in plugin code returns at once, later ones are refused") {
+  Fixture f;  // default deadlines: 120 s for a load
+  sbx::testing::Hang hang(f.dir.path);
+  std::string error;
+  std::thread reloading(
+      [&] { error = reload_error(f, f.config({}, nullptr, hang_config(hang, "init"))); });
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  f.host->stop_reloads();
+  reloading.join();
+  CHECK_MESSAGE(error.find("the host is stopping") != std::string::npos, error);
+  CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+  CHECK_THROWS_WITH_AS(f.host->reload(f.config()), doctest::Contains("the host is stopping"),
+                       sbx::ReloadError);
+  CHECK(f.host->abandoned_reload_steps() == 1);
+  hang.release();
+  CHECK(sbx::testing::eventually([&] { return f.host->abandoned_reload_steps() == 0; }));
 }
 
 TEST_CASE("a canary: a failing one refuses the reload, a passing one lets it in") {

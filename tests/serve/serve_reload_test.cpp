@@ -378,3 +378,42 @@ TEST_CASE(
   a.close();
   b.close();
 }
+TEST_CASE(
+    "SIGTERM during a reload hung in a plugin's init: the server ends, the reload is refused") {
+  Fixture f;  // default deadlines: a load may take 120 s
+  sbx::testing::Hang hang(f.dir.path);
+  f.write_config(json::object{{"plugin", f.plugin.string() + "#test_processes"},
+                              {"config", json::object{{"root", f.root.string()},
+                                                      {"hang_in", "init"},
+                                                      {"hang_fifo", hang.fifo.string()}}}});
+  std::optional<Response> answer;
+  std::string failure;
+  std::thread reloading([&] {
+    try {
+      answer = f.reload();
+    } catch (const std::exception& e) {  // the server may go before it answers
+      failure = e.what();
+    }
+  });
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  const pid_t pid = f.server->pid();
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  // The server does not wait for the plugin: it ends (a zombie until reaped below) well before
+  // the load's deadline (120 s).
+  const auto exited = [pid] {
+    const std::string stat = sbx::testing::read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] == 'Z';
+  };
+  const bool ended = sbx::testing::eventually(exited, 60s);
+  if (!ended) ::kill(pid, SIGKILL);  // today's main: it would wait for the plugin forever
+  CHECK(ended);
+  CHECK(f.server->stop() == 0);
+  reloading.join();
+  CAPTURE(failure);
+  if (answer) {
+    CHECK(answer->status == 409);
+    CHECK(answer->body.find("the host is stopping") != std::string::npos);
+  }
+  CHECK(f.log_text().find("the host is stopping") != std::string::npos);
+}
