@@ -55,6 +55,8 @@ PluginInfo info_of(const fs::path& file, const Descriptor& d) {
   return info;
 }
 
+}  // namespace
+
 Descriptor descriptor_of(const PluginInfo& info) {
   Descriptor d;
   d.name = info.name;
@@ -65,6 +67,8 @@ Descriptor descriptor_of(const PluginInfo& info) {
     d.providers.push_back({p.id, p.description, p.config_schema});
   return d;
 }
+
+namespace {
 
 PluginInfo broken(const fs::path& file, const std::string& why) {
   PluginInfo info;

@@ -347,11 +347,15 @@ struct Host::Impl {
     std::string why;
     const auto now = detail::identity_of(probed.info.path, &why);
     if (!now) throw PluginLoadError(probed.info.path.string() + ": cannot read the file: " + why);
+    PluginInfo info = probed.info;
     if (*now != probed.identity) {
-      const PluginInfo again = detail::probe_plugin(probed.info.path, *now, probe);
-      if (!again.ok()) throw PluginLoadError(again.error);
+      info = detail::probe_plugin(probed.info.path, *now, probe);
+      if (!info.ok()) throw PluginLoadError(info.error);
     }
-    return detail::PluginLibrary::load(probed.info.path);
+    // What the probe reported is checked against what this process reads (a forged probe answer
+    // or cache entry is refused before the plugin's init runs).
+    const detail::Descriptor expected = detail::descriptor_of(info);
+    return detail::PluginLibrary::load(probed.info.path, &expected);
   }
 
   // The plugin file a block names and the provider id in it: the file given, or the file of the
@@ -427,7 +431,8 @@ struct Host::Impl {
     };
     if (!info.ok()) refuse(info.error);
     try {
-      return detail::PluginLibrary::load(copy);
+      const detail::Descriptor expected = detail::descriptor_of(info);
+      return detail::PluginLibrary::load(copy, &expected);
     } catch (const PluginLoadError& e) {
       refuse(e.what());
     }
