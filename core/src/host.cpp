@@ -733,6 +733,15 @@ ReloadReport Host::reload(Config next) {
       auto resolved = impl_->resolve(block, catalog.get());
       const Catalog::File probed = std::move(resolved.first);
       const std::string id = std::move(resolved.second);
+      // Another provider kind cannot read the sandboxes the old one made (no move), and clients
+      // see another backend: only when the block says so.
+      if (is_loaded && id != generation->second->provider_id && !block.allow_kind_change) {
+        step = "provider kind";
+        throw FailedPreconditionError(
+            "the provider kind would change from '" + generation->second->provider_id + "' to '" +
+            id + "' (" + probed.info.path.string() +
+            "); set \"allow_kind_change\": true in the block to allow it");
+      }
       std::shared_ptr<detail::PluginLibrary> reuse =
           same_file ? generation->second->library : nullptr;
       Made made = run_bounded<Made>(

@@ -200,10 +200,12 @@ TEST_CASE("a sandbox moves to the new generation through sbx.connect/1 instead o
 #endif
 
   // Another provider kind cannot read this descriptor: the move is refused, the sandbox drains.
+  // (The block allows the kind to change: a reload refuses that otherwise.)
   sbx::Config other = sbx::Config::parse(
       json::serialize(json::object{
           {"providers", json::object{{"p", json::object{{"plugin", std::string(SBX_C_PLUGIN_DIR) +
-                                                                       "/v1_0_processes.so"}}}}}}),
+                                                                       "/v1_0_processes.so"},
+                                                        {"allow_kind_change", true}}}}}}),
       "reload test");
   CHECK(f.host->reload(other).changed == std::vector<std::string>{"p"});
   std::string message;
@@ -313,6 +315,29 @@ TEST_CASE("stop_reloads: a reload hung in plugin code returns at once, later one
   CHECK(f.host->abandoned_reload_steps() == 1);
   hang.release();
   CHECK(sbx::testing::eventually([&] { return f.host->abandoned_reload_steps() == 0; }));
+}
+
+TEST_CASE("a reload that changes a block's provider kind is refused unless the block allows it") {
+  Fixture f;
+  const auto first = f.current();
+  const std::string other_kind = std::string(SBX_C_PLUGIN_DIR) + "/v1_0_processes.so";
+  auto config = [&](bool allow) {
+    json::object p{{"plugin", other_kind}};
+    if (allow) p["allow_kind_change"] = true;
+    return sbx::Config::parse(json::serialize(json::object{{"providers", json::object{{"p", p}}}}),
+                              "reload test");
+  };
+  const std::string error = reload_error(f, config(false));
+  CAPTURE(error);
+  CHECK(error.find("provider 'p' (" + other_kind +
+                   "): provider kind: the provider kind would "
+                   "change from 'test_processes' to 'v1_0_processes'") != std::string::npos);
+  CHECK(error.find("set \"allow_kind_change\": true in the block") != std::string::npos);
+  CHECK(f.current().serial == first.serial);
+  CHECK(f.current().provider_id == "test_processes");
+
+  CHECK(f.host->reload(config(true)).changed == std::vector<std::string>{"p"});
+  CHECK(f.current().provider_id == "v1_0_processes");
 }
 
 TEST_CASE("a canary: a failing one refuses the reload, a passing one lets it in") {
