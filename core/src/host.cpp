@@ -195,6 +195,8 @@ T run_bounded(const std::shared_ptr<ReloadWaits>& waits, std::chrono::millisecon
 
 struct Host::Impl {
   Options options;  // options.config is the config the host started with
+  // Options::deadlines as given: a config's "deadlines" replace them (Host(), reload()).
+  Deadlines base_deadlines;
   StringMap labels;
   detail::ProbeSettings probe;
 
@@ -212,6 +214,8 @@ struct Host::Impl {
     std::lock_guard lock(mutex);
     return config;
   }
+  // The deadlines a generation made under `c` gets.
+  Deadlines deadlines_of(const Config& c) const { return c.deadlines.value_or(base_deadlines); }
 
   // plugin_path is the start's: a reload refuses to change it.
   std::vector<fs::path> dirs() const {
@@ -446,7 +450,7 @@ struct Host::Impl {
     auto [probed, id] = resolve(block, catalog);
     std::shared_ptr<detail::PluginLibrary> lib = reuse;
     if (!lib) lib = fresh ? load_copy(probed.info.path, probe) : load(probed);
-    return make(std::move(lib), probed, id, block, labels, options.deadlines);
+    return make(std::move(lib), probed, id, block, labels, deadlines_of(*current_config()));
   }
 
   // The generation of provider `id` in `lib` for `block` (runs the plugin's factory). Static: a
@@ -504,6 +508,7 @@ struct Host::Impl {
 Host::Host() : Host(Options{}) {}
 
 Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
+  impl_->base_deadlines = options.deadlines;
   if (options.config.deadlines) options.deadlines = *options.config.deadlines;
   options.deadlines.validate();
   for (const auto& [k, v] : options.labels) {
@@ -673,15 +678,20 @@ ReloadReport Host::reload(Config next) {
     std::lock_guard lock(impl_->waits->mutex);
     if (impl_->waits->stopping) refuse("the host is stopping");
   }
-  const Deadlines deadlines = impl_->options.deadlines;
   // What the host reads only at start.
   if (next.plugin_path != current->plugin_path) {
     refuse("plugin_path changed; it applies at the next start");
   }
   if (next.labels != current->labels) refuse("labels changed; they apply at the next start");
-  if (next.deadlines.has_value() != current->deadlines.has_value()) {
-    refuse("deadlines changed; they apply at the next start");
+  // Changed deadlines apply to the new generations; every loaded block gets one (sandboxes and
+  // operations of the old generations keep the deadlines they started with).
+  const Deadlines deadlines = impl_->deadlines_of(next);
+  try {
+    deadlines.validate();
+  } catch (const Error& e) {
+    refuse(std::string("deadlines: ") + e.what());
   }
+  const bool deadlines_changed = !(deadlines == impl_->deadlines_of(*current));
 
   // Plugin files may have been replaced, added or removed since the last scan.
   const auto catalog = impl_->scan();
@@ -717,7 +727,7 @@ ReloadReport Host::reload(Config next) {
       }
       const bool same_block = before != current->providers.end() &&
                               before->second.same_provider(block) && is_loaded &&
-                              origin->second.block.same_provider(block);
+                              origin->second.block.same_provider(block) && !deadlines_changed;
       if (before == current->providers.end()) {
         report.added.push_back(name);
       } else if (same_block && same_file) {

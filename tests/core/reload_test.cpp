@@ -340,6 +340,44 @@ TEST_CASE("a reload that changes a block's provider kind is refused unless the b
   CHECK(f.current().provider_id == "v1_0_processes");
 }
 
+TEST_CASE("changed deadlines apply to the new generation; the old one keeps its own") {
+  Fixture f;
+  sbx::Sandbox old_box = f.host->provider("p").create({});
+  auto with_deadlines = [&](double exec_s) {
+    json::value root = json::parse(json::serialize(json::object{
+        {"deadlines", json::object{{"exec_s", exec_s}, {"cancel_grace_s", 1}}},
+        {"providers",
+         json::object{{"p", json::object{{"plugin", f.plugin.string() + "#test_processes"},
+                                         {"config", json::object{{"root", f.root.string()}}}}}}}}));
+    return sbx::Config::parse(json::serialize(root), "reload test");
+  };
+  // From none to some: the block gets a new generation (same library), with the new deadlines.
+  const auto first = f.current();
+  CHECK(f.host->reload(with_deadlines(3600)).changed == std::vector<std::string>{"p"});
+  CHECK(f.current().serial != first.serial);
+  // Changed again: an exec without a timeout is cut at the new exec_s on the new generation.
+  CHECK(f.host->reload(with_deadlines(1)).changed == std::vector<std::string>{"p"});
+  CHECK(f.host->config().deadlines->exec_s == 1);
+  sbx::Sandbox new_box = f.host->provider("p").create({});
+  // (The host cancels it at 1 s: an error, or the provider's cancelled result.)
+  const auto cut = [&] {
+    try {
+      return new_box.exec("sleep 3").return_code != 0;
+    } catch (const sbx::Error&) {
+      return true;
+    }
+  };
+  CHECK(cut());
+  // The sandbox of the first generation keeps the deadlines it was made with (none: 3600 s).
+  CHECK(old_box.exec("sleep 3").return_code == 0);
+  // Unchanged deadlines: nothing to do.
+  CHECK(f.host->reload(with_deadlines(1)).unchanged == std::vector<std::string>{"p"});
+  // Invalid ones (a Config made in code, not parsed) are refused with the reason.
+  sbx::Config invalid = with_deadlines(1);
+  invalid.deadlines->exec_s = -1;
+  CHECK(reload_error(f, invalid).find("reload refused, nothing changed: deadlines: ") == 0);
+}
+
 TEST_CASE("a canary: a failing one refuses the reload, a passing one lets it in") {
   Fixture f;
   const auto before = f.current();

@@ -129,8 +129,9 @@ class Host {
   // after its last sandbox and operation are gone. Removed blocks stop being served by name.
   // Throws ReloadError ("reload refused, nothing changed: provider 'x' (plugin): load|canary:
   // why") when any step fails: the old generations stay in service and nothing changed. Refuses
-  // changes to plugin_path, labels and deadlines (read at start). One reload runs at a time.
-  // Plugin code runs on a thread of its own per step, within a deadline: the
+  // changes to plugin_path and labels (read at start). Changed deadlines apply to new generations:
+  // every loaded block gets one (sandboxes of the old generations keep the old deadlines). One
+  // reload runs at a time. Plugin code runs on a thread of its own per step, within a deadline: the
   // load (dlopen, the plugin's init, the provider's creation) within deadlines.call_s, the canary
   // within deadlines.create_s + its timeout_s + deadlines.grace_s + deadlines.call_s. A step past
   // its deadline refuses the reload naming the block, the step and the deadline; its generation is
