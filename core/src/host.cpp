@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -244,6 +245,7 @@ struct Host::Impl {
     return file;
   }
 
+  static constexpr size_t kParallelProbes = 8;
   std::shared_ptr<const Catalog> scan() const {
     auto catalog = std::make_shared<Catalog>();
     std::set<fs::path> files;
@@ -256,11 +258,23 @@ struct Host::Impl {
         files.insert(canonical_or_same(it->path()));
       }
     }
-    for (const fs::path& file : files) {
-      catalog->files.push_back(examine(file));
-      if (!catalog->files.back().info.ok()) {
-        detail::logger()->debug("plugin file not usable: {}", catalog->files.back().info.error);
-      }
+    // Probed in parallel (a few at a time): hung files cost one probe timeout, not one each.
+    const std::vector<fs::path> list(files.begin(), files.end());
+    catalog->files.resize(list.size());
+    std::atomic<size_t> next{0};
+    const auto work = [&] {
+      for (size_t i = next++; i < list.size(); i = next++)
+        catalog->files[i] = examine(list[i]);
+    };
+    std::vector<std::thread> workers;
+    const size_t count = std::min<size_t>(list.size(), kParallelProbes);
+    for (size_t i = 1; i < count; ++i)
+      workers.emplace_back(work);
+    work();
+    for (auto& worker : workers)
+      worker.join();
+    for (const auto& file : catalog->files) {
+      if (!file.info.ok()) detail::logger()->debug("plugin file not usable: {}", file.info.error);
     }
     return catalog;
   }

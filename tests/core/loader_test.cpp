@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <future>
 #include <memory>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -351,3 +353,100 @@ TEST_CASE("a forged probe line: invalid ones list the file as broken, others are
   CHECK(contains(e.what(), "is not what the plugin probe reported"));
 }
 
+namespace {
+
+// Whether process `pid` is alive (not gone, not a zombie).
+bool alive(int pid) {
+  const std::string stat = sbx::testing::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
+}
+
+// The processes whose command line mentions `text`.
+std::vector<int> processes_naming(const std::string& text) {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = sbx::testing::read_file(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(text) != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::vector<int> recorded_pids(const std::filesystem::path& record) {
+  std::istringstream in(sbx::testing::read_file(record));
+  std::vector<int> out;
+  for (int pid; in >> pid;)
+    out.push_back(pid);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hung plugin files: probed in parallel, remembered per file version, no probe left") {
+  sbx::testing::TempDir dir("sbx-hung-probes");
+  const auto plugins = dir.path / "plugins";
+  const auto record = dir.path / "loads";  // hangs_on_load writes its pid here when loaded
+  std::filesystem::create_directory(plugins);
+  for (const char* name : {"h1.so", "h2.so", "h3.so"}) {
+    std::filesystem::copy_file(std::filesystem::path(SBX_HANG_PLUGIN_DIR) / "hangs_on_load.so",
+                               plugins / name);
+  }
+  REQUIRE(::setenv("SBX_TEST_HANG_RECORD", record.c_str(), 1) == 0);
+  struct Unset {
+    ~Unset() { ::unsetenv("SBX_TEST_HANG_RECORD"); }
+  } unset;
+  sbx::Host::Options options;
+  options.plugin_dirs = {plugins};
+  options.use_default_plugin_dirs = false;
+  options.plugin_cache = dir.path / "cache.json";
+  options.probe_timeout_s = 5;
+  {
+    sbx::Host host(options);
+    auto listing = std::async(std::launch::async, [&] { return host.plugins(); });
+    // All three probes run at once: when the third has loaded its file, the first two still hang
+    // (probed one at a time, each would have been killed and reaped before the next started).
+    REQUIRE(sbx::testing::eventually([&] { return recorded_pids(record).size() == 3; }));
+    for (int pid : recorded_pids(record)) {
+      CAPTURE(pid);
+      CHECK(alive(pid));
+    }
+    const auto first = listing.get();
+    for (const char* name : {"h1.so", "h2.so", "h3.so"}) {
+      CHECK(contains(error_of(first, name), "loading it did not finish within 5 s"));
+    }
+  }
+  // Killed with their process group and reaped: no probe of these files is left.
+  CHECK(processes_naming(plugins.string()).empty());
+  for (int pid : recorded_pids(record)) {
+    CAPTURE(pid);
+    CHECK_FALSE(alive(pid));
+  }
+  // The next command (a new process: nothing in memory) is answered from the timeouts the cache
+  // remembers (5 s: its own probes would say 10 s): no probe starts.
+  FILE* pipe = ::popen(
+      ("SBX_PLUGIN_CACHE='" + options.plugin_cache.string() + "' SBX_PLUGIN_PATH= " + SBX_CLI +
+       " --plugin-dir '" + plugins.string() + "' plugins 2>&1")
+          .c_str(),
+      "r");
+  REQUIRE(pipe);
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;)
+    out.append(buffer, n);
+  ::pclose(pipe);
+  CAPTURE(out);
+  CHECK(contains(out, "h1.so"));
+  CHECK(contains(out, "loading it did not finish within 5 s"));
+  CHECK_FALSE(contains(out, "within 10 s"));
+  CHECK(recorded_pids(record).size() == 3);
+  // Another version of a file (touched: a new modification time) is probed again.
+  std::filesystem::last_write_time(plugins / "h1.so",
+                                   std::filesystem::file_time_type::clock::now());
+  sbx::Host touched(options);
+  CHECK(contains(error_of(touched.plugins(), "h1.so"), "loading it did not finish within 5 s"));
+  CHECK(recorded_pids(record).size() == 4);
+}
