@@ -167,6 +167,7 @@ int serve(ServeFields& f, const Global& g) {
             }
             return host.reload(std::move(next));
           },
+      .stop_reloads = [&host] { host.stop_reloads(); },
       .generations = [&host] { return host.generations(); },
       .move = [&host](sbx::Sandbox& sandbox) { return host.move_to_current(sandbox); },
       .move_sandboxes = f.move_sandboxes,

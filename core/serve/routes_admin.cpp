@@ -177,6 +177,9 @@ void stop_admin(Server::State& state) {
     queue.on_reloaded = nullptr;
   }
   queue.wake.notify_all();
+  // A reload hung in plugin code (a load or a canary that never returns) is abandoned, not
+  // waited for: the join below then waits only for host-side work.
+  if (state.options.admin && state.options.admin->stop_reloads) state.options.admin->stop_reloads();
   if (queue.thread.joinable()) queue.thread.join();
   for (auto& job : left)
     if (job.done) job.done(false, stopping_refusal());

@@ -20,11 +20,14 @@ namespace json = boost::json;
 
 namespace {
 
-Response unsupported(const Request& request, const Server::State& state, const char* what,
+// A sandbox whose generation (the plugin that made it, which may differ from the block's current
+// one after a reload) lacks `extension`.
+Response unsupported(const Request& request, const sbx::Sandbox& box, const char* what,
                      const char* extension) {
   return error_response(request, http::status::not_implemented, "SANDBOX::API_NOT_SUPPORTED",
-                        "Provider '" + state.current_provider().name() + "' cannot " + what + " (" +
-                            extension + ").");
+                        "Provider '" + box.provider_name() + "' cannot " + what + " (" + extension +
+                            "): sandbox " + box.id() +
+                            " runs on a generation of its plugin that does not offer it.");
 }
 
 // A failed provider call of an operation: the statuses with a meaning of their own as for every
@@ -52,9 +55,11 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
     reply(not_found(request, id));
     return;
   }
-  if (!state->current_provider().supports("sbx.pause/1")) {
-    reply(unsupported(request, *state, pause ? "pause sandboxes" : "resume sandboxes",
-                      "sbx.pause/1"));
+  // The sandbox's own generation answers, not the block's current one (docs/hot-swap.md).
+  const std::shared_ptr<sbx::Sandbox> box = entry->box();
+  if (!box->supports("sbx.pause/1")) {
+    reply(
+        unsupported(request, *box, pause ? "pause sandboxes" : "resume sandboxes", "sbx.pause/1"));
     return;
   }
   const auto version = request.version();
@@ -163,8 +168,8 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
     reply(not_found(request, id));
     return;
   }
-  if (!state->current_provider().supports("sbx.renew/1")) {
-    reply(unsupported(request, *state, "renew sandboxes", "sbx.renew/1"));
+  if (const std::shared_ptr<sbx::Sandbox> box = entry->box(); !box->supports("sbx.renew/1")) {
+    reply(unsupported(request, *box, "renew sandboxes", "sbx.renew/1"));
     return;
   }
   if (*wanted <= std::chrono::system_clock::now()) {

@@ -954,6 +954,11 @@ void Server::stop() {
   }
   for (auto& op : to_cancel)
     op.cancel();
+  // A reload hung in plugin code is abandoned now: its request is answered (a refusal) and the
+  // stop does not wait for the plugin (nor for the grace period, counting that request).
+  if (state->options.admin && state->options.admin->stop_reloads) {
+    state->options.admin->stop_reloads();
+  }
   spdlog::info("sbx serve: stopping: {} sandbox(es) to close, {} to keep", to_close.size(), kept);
   asio::post(state->control, [state, to_close = std::move(to_close)]() mutable {
     beast::error_code ignored;

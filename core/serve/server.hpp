@@ -69,6 +69,10 @@ struct Options {
     // Reloads (re-reading the config file). Throws sbx::Error (ReloadError for a refused reload).
     // Runs plugin code (loads, canaries): called on the server's admin thread, one at a time.
     std::function<sbx::ReloadReport()> reload;
+    // Makes a reload in progress stop waiting for plugin code (Host::stop_reloads), so that a
+    // stopping server never waits for a plugin that does not return. Called when the stop begins
+    // and before the admin thread is joined (any thread). Optional.
+    std::function<void()> stop_reloads;
     // The generations alive, current and draining (Host::generations).
     std::function<std::vector<sbx::GenerationInfo>()> generations;
     // Host::move_to_current: a handle on the current generation, or nullopt when `sandbox` is on

@@ -63,6 +63,7 @@ ProviderBlock read_block(base::json::ObjectReader& r, const std::string& name,
     block.config = std::move(copy.get_object());
   }
   block.default_metadata = r.string_map("default_metadata").value_or(StringMap{});
+  block.allow_kind_change = r.boolean("allow_kind_change", false);
   if (auto canary = r.object("canary")) {
     Canary c;
     if (const auto* spec = canary->value("spec"); spec && !spec->is_null()) {

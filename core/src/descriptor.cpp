@@ -137,7 +137,37 @@ Descriptor Descriptor::from_json(const json::value& value) {
     d.providers.push_back(
         {string_at(p, "id"), string_at(p, "description"), string_at(p, "config_schema")});
   }
+  // The rules read_descriptor applies to a plugin: this JSON came from another process or a file
+  // (a probe's answer, the probe cache), which a plugin or a user may have forged.
+  const sbx_version host_abi = SBX_ABI_VERSION_INIT;
+  if (!sbx_version_is_compatible(d.abi_version)) {
+    refuse("descriptor JSON: plugin ABI version " + version_text(d.abi_version) +
+           " is not compatible with this host's ABI version " + version_text(host_abi));
+  }
+  if (d.name.empty()) refuse("descriptor JSON: the plugin name is empty");
+  for (const std::string* text : {&d.name, &d.version, &d.description}) {
+    if (!base::utf8::valid(*text)) refuse("descriptor JSON: a string is not valid UTF-8");
+  }
+  std::set<std::string> ids;
+  for (const auto& p : d.providers) {
+    if (!valid_provider_id(p.id)) {
+      refuse("descriptor JSON: the provider id '" + p.id +
+             "' is not 1 to 64 characters of a-z, 0-9, '_', '.' and '-'");
+    }
+    if (!ids.insert(p.id).second) refuse("descriptor JSON: provider id '" + p.id + "' twice");
+    if (!base::utf8::valid(p.description) || !base::utf8::valid(p.config_schema)) {
+      refuse("descriptor JSON: a string of provider '" + p.id + "' is not valid UTF-8");
+    }
+  }
   return d;
+}
+
+std::string Descriptor::summary() const {
+  std::string ids;
+  for (const auto& p : providers)
+    ids += (ids.empty() ? "" : ", ") + p.id;
+  return name + " " + version + " (ABI " + version_text(abi_version) +
+         ", provider ids: " + (ids.empty() ? "none" : ids) + ")";
 }
 
 }  // namespace sbx::detail

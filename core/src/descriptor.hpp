@@ -28,8 +28,14 @@ struct Descriptor {
   std::vector<Provider> providers;
 
   boost::json::value to_json() const;
-  // Throws std::runtime_error for JSON that is not a descriptor (e.g. a damaged cache entry).
+  // Throws std::runtime_error for JSON that is not a descriptor (e.g. a damaged cache entry), and
+  // DescriptorError for one read_descriptor would refuse (an incompatible ABI major, an invalid
+  // or repeated provider id, an empty name, text that is not UTF-8): it came from another process
+  // or a file, and may be forged.
   static Descriptor from_json(const boost::json::value& json);
+  // "name version (ABI x.y, provider ids: a, b)", for messages.
+  std::string summary() const;
+  bool operator==(const Descriptor& other) const { return to_json() == other.to_json(); }
 };
 
 // Why a descriptor is refused, e.g. "plugin ABI version 2.0 is not compatible with ...".

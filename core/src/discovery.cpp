@@ -55,6 +55,8 @@ PluginInfo info_of(const fs::path& file, const Descriptor& d) {
   return info;
 }
 
+}  // namespace
+
 Descriptor descriptor_of(const PluginInfo& info) {
   Descriptor d;
   d.name = info.name;
@@ -65,6 +67,8 @@ Descriptor descriptor_of(const PluginInfo& info) {
     d.providers.push_back({p.id, p.description, p.config_schema});
   return d;
 }
+
+namespace {
 
 PluginInfo broken(const fs::path& file, const std::string& why) {
   PluginInfo info;
@@ -141,7 +145,10 @@ ProbeRun run_probe(const fs::path& program, const fs::path& file,
   sigdelset(&defaults, SIGSTOP);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // A process group of its own: whatever the plugin's code starts in it is killed with it.
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   std::string program_text = program.string();
   std::string file_text = file.string();
   char* argv[] = {program_text.data(), file_text.data(), nullptr};
@@ -160,7 +167,9 @@ ProbeRun run_probe(const fs::path& program, const fs::path& file,
   drain(out[0], err[0], run, Clock::now() + timeout);
   ::close(out[0]);
   ::close(err[0]);
-  if (run.timed_out) ::kill(pid, SIGKILL);
+  // The group goes (a hung probe, anything it started); its id is still the unreaped probe's, so
+  // no other process can have it.
+  if (run.timed_out) ::kill(-pid, SIGKILL);
   while (::waitpid(pid, &run.status, 0) < 0 && errno == EINTR) {
   }
   return run;
@@ -173,7 +182,9 @@ std::string first_line(const std::string& text) {
 }
 
 // The probe's verdict on `file`; `cacheable` is false for a verdict that may change with no change
-// to the file (a timeout on a busy machine, a probe that could not start).
+// to the file (a probe that could not start, an unreadable answer). A timeout is remembered for
+// the file's version (its identity): a hung file costs one probe timeout, not one per command;
+// a changed file is probed again.
 PluginInfo probe_out_of_process(const fs::path& file, const ProbeSettings& settings,
                                 bool& cacheable) {
   cacheable = false;
@@ -184,6 +195,7 @@ PluginInfo probe_out_of_process(const fs::path& file, const ProbeSettings& setti
     return broken(file, std::string("cannot run the plugin probe: ") + e.what());
   }
   if (run.timed_out) {
+    cacheable = true;
     return broken(file, "broken plugin file: loading it did not finish within " +
                             std::to_string(settings.timeout.count() / 1000) + " s");
   }

@@ -41,6 +41,11 @@ std::filesystem::path probe_program(const std::filesystem::path& configured);
 // $XDG_CACHE_HOME/sbx/plugin-scan.json or ~/.cache/sbx/plugin-scan.json.
 std::filesystem::path probe_cache_file(const std::filesystem::path& configured);
 
+// The descriptor a probe reported (`info` must be ok()), for the in-process load to compare with
+// what it reads itself (PluginLibrary::load).
+struct Descriptor;
+Descriptor descriptor_of(const PluginInfo& info);
+
 // What `file` offers, or why it is unusable (PluginInfo::error). `identity` is the file's, as
 // read by the caller. Thread-safe; never throws for a bad file.
 PluginInfo probe_plugin(const std::filesystem::path& file, const FileIdentity& identity,

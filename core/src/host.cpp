@@ -13,13 +13,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
+#include <sstream>
+#include <thread>
 
 namespace sbx {
 namespace {
@@ -104,12 +110,99 @@ struct Made {
   Origin origin;
 };
 
+namespace {
+
+// What a reload waits on while plugin code runs on a thread of its own (run_bounded), shared with
+// the threads of steps it abandoned, which may outlive the Host.
+struct ReloadWaits {
+  std::mutex mutex;
+  std::condition_variable wake;  // a step finished, or stop_reloads() was called
+  bool stopping = false;         // Host::stop_reloads(): no reload waits for plugin code any more
+  size_t abandoned = 0;          // steps abandoned whose plugin code has not returned yet
+};
+
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << seconds << " s";
+  return out.str();
+}
+
+// Runs `work` (plugin code: a load, init, provider creation or canary) on a thread of its own and
+// waits until it returns, `limit` passes or the host stops reloading. On time: its result (or its
+// exception). Else the step is abandoned: TimeoutError (`what` says which deadline) or, when
+// stopping, CancelledError; the thread is detached and keeps what it made (a library and a
+// generation are never unloaded while that thread may still run in them); if the plugin code
+// ever returns, the thread drops the result (destroying the provider, unloading the library) and
+// ends. `work` must not refer to the Host: the Host may be gone by then.
+template <class T>
+T run_bounded(const std::shared_ptr<ReloadWaits>& waits, std::chrono::milliseconds limit,
+              const std::string& what, std::function<T()> work) {
+  struct Step {
+    bool done = false;
+    bool abandoned = false;
+    std::optional<T> result;
+    std::exception_ptr error;
+  };
+  auto step = std::make_shared<Step>();
+  std::thread worker([waits, step, work = std::move(work)]() mutable {
+    std::optional<T> result;
+    std::exception_ptr error;
+    try {
+      result.emplace(work());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work = nullptr;  // what it captured goes here, before the step counts as finished
+    bool abandoned = false;
+    {
+      std::lock_guard lock(waits->mutex);
+      step->done = true;
+      abandoned = step->abandoned;
+      if (!abandoned) {
+        step->result = std::move(result);
+        step->error = error;
+      }
+    }
+    if (abandoned) {
+      result.reset();  // an abandoned generation: destroyed and unloaded here, on this thread
+      error = nullptr;
+      std::lock_guard lock(waits->mutex);
+      --waits->abandoned;
+    }
+    waits->wake.notify_all();
+  });
+  std::unique_lock lock(waits->mutex);
+  waits->wake.wait_for(lock, limit, [&] { return step->done || waits->stopping; });
+  if (step->done) {
+    lock.unlock();
+    worker.join();
+    if (step->error) std::rethrow_exception(step->error);
+    return std::move(*step->result);
+  }
+  step->abandoned = true;
+  ++waits->abandoned;
+  const bool stopping = waits->stopping;
+  lock.unlock();
+  worker.detach();
+  const std::string fate =
+      "; the new generation is abandoned: never served, and left loaded while its plugin code "
+      "runs (unloaded if that code ever returns)";
+  if (stopping)
+    throw CancelledError("the host is stopping: " + what + " was not waited for" + fate);
+  throw TimeoutError(what + fate);
+}
+
+}  // namespace
+
 struct Host::Impl {
   Options options;  // options.config is the config the host started with
+  // Options::deadlines as given: a config's "deadlines" replace them (Host(), reload()).
+  Deadlines base_deadlines;
   StringMap labels;
   detail::ProbeSettings probe;
 
   std::mutex reload_mutex;  // one reload at a time; held while plugin code runs (not `mutex`)
+  std::shared_ptr<ReloadWaits> waits = std::make_shared<ReloadWaits>();
   std::mutex mutex;         // guards the members below; never held while plugin code runs
   std::shared_ptr<const Config> config;  // the config in force (replaced by a reload)
   std::optional<std::shared_future<std::shared_ptr<const Catalog>>> catalog;
@@ -122,6 +215,8 @@ struct Host::Impl {
     std::lock_guard lock(mutex);
     return config;
   }
+  // The deadlines a generation made under `c` gets.
+  Deadlines deadlines_of(const Config& c) const { return c.deadlines.value_or(base_deadlines); }
 
   // plugin_path is the start's: a reload refuses to change it.
   std::vector<fs::path> dirs() const {
@@ -150,6 +245,7 @@ struct Host::Impl {
     return file;
   }
 
+  static constexpr size_t kParallelProbes = 8;
   std::shared_ptr<const Catalog> scan() const {
     auto catalog = std::make_shared<Catalog>();
     std::set<fs::path> files;
@@ -162,11 +258,23 @@ struct Host::Impl {
         files.insert(canonical_or_same(it->path()));
       }
     }
-    for (const fs::path& file : files) {
-      catalog->files.push_back(examine(file));
-      if (!catalog->files.back().info.ok()) {
-        detail::logger()->debug("plugin file not usable: {}", catalog->files.back().info.error);
-      }
+    // Probed in parallel (a few at a time): hung files cost one probe timeout, not one each.
+    const std::vector<fs::path> list(files.begin(), files.end());
+    catalog->files.resize(list.size());
+    std::atomic<size_t> next{0};
+    const auto work = [&] {
+      for (size_t i = next++; i < list.size(); i = next++)
+        catalog->files[i] = examine(list[i]);
+    };
+    std::vector<std::thread> workers;
+    const size_t count = std::min<size_t>(list.size(), kParallelProbes);
+    for (size_t i = 1; i < count; ++i)
+      workers.emplace_back(work);
+    work();
+    for (auto& worker : workers)
+      worker.join();
+    for (const auto& file : catalog->files) {
+      if (!file.info.ok()) detail::logger()->debug("plugin file not usable: {}", file.info.error);
     }
     return catalog;
   }
@@ -257,11 +365,15 @@ struct Host::Impl {
     std::string why;
     const auto now = detail::identity_of(probed.info.path, &why);
     if (!now) throw PluginLoadError(probed.info.path.string() + ": cannot read the file: " + why);
+    PluginInfo info = probed.info;
     if (*now != probed.identity) {
-      const PluginInfo again = detail::probe_plugin(probed.info.path, *now, probe);
-      if (!again.ok()) throw PluginLoadError(again.error);
+      info = detail::probe_plugin(probed.info.path, *now, probe);
+      if (!info.ok()) throw PluginLoadError(info.error);
     }
-    return detail::PluginLibrary::load(probed.info.path);
+    // What the probe reported is checked against what this process reads (a forged probe answer
+    // or cache entry is refused before the plugin's init runs).
+    const detail::Descriptor expected = detail::descriptor_of(info);
+    return detail::PluginLibrary::load(probed.info.path, &expected);
   }
 
   // The plugin file a block names and the provider id in it: the file given, or the file of the
@@ -299,7 +411,9 @@ struct Host::Impl {
   // already loaded for a path, so a file replaced on disk would otherwise come back as the old
   // code), read by the probe first (a corrupt or foreign file is refused without being loaded
   // here), loaded, then unlinked (the mapping stays; nothing is left on disk).
-  std::shared_ptr<detail::PluginLibrary> load_copy(const fs::path& source) const {
+  // Static, with the probe settings given: a reload runs it on a thread that may outlive the Host.
+  static std::shared_ptr<detail::PluginLibrary> load_copy(const fs::path& source,
+                                                          const detail::ProbeSettings& probe) {
     const fs::path pattern = fs::temp_directory_path() / (source.stem().string() + "-XXXXXX.so");
     std::string name = pattern.string();
     const int fd = ::mkstemps(name.data(), 3);
@@ -335,7 +449,8 @@ struct Host::Impl {
     };
     if (!info.ok()) refuse(info.error);
     try {
-      return detail::PluginLibrary::load(copy);
+      const detail::Descriptor expected = detail::descriptor_of(info);
+      return detail::PluginLibrary::load(copy, &expected);
     } catch (const PluginLoadError& e) {
       refuse(e.what());
     }
@@ -348,13 +463,21 @@ struct Host::Impl {
               std::shared_ptr<detail::PluginLibrary> reuse = {}) {
     auto [probed, id] = resolve(block, catalog);
     std::shared_ptr<detail::PluginLibrary> lib = reuse;
-    if (!lib) lib = fresh ? load_copy(probed.info.path) : load(probed);
+    if (!lib) lib = fresh ? load_copy(probed.info.path, probe) : load(probed);
+    return make(std::move(lib), probed, id, block, labels, deadlines_of(*current_config()));
+  }
+
+  // The generation of provider `id` in `lib` for `block` (runs the plugin's factory). Static: a
+  // reload runs it on a thread that may outlive the Host.
+  static Made make(std::shared_ptr<detail::PluginLibrary> lib, const Catalog::File& probed,
+                   const std::string& id, const ProviderBlock& block, const StringMap& labels,
+                   const Deadlines& deadlines) {
     const sbx_provider_factory* factory = lib->factory(id);
     if (!factory) {
       throw ConfigError("provider '" + block.name + "': " + probed.info.path.string() +
                         " does not offer provider id '" + id + "'");
     }
-    Made made{detail::make_generation(lib, *factory, block, labels, options.deadlines),
+    Made made{detail::make_generation(lib, *factory, block, labels, deadlines),
               Origin{probed.info.path, probed.identity, block}};
     made.generation->source_path = probed.info.path.string();
     return made;
@@ -399,6 +522,7 @@ struct Host::Impl {
 Host::Host() : Host(Options{}) {}
 
 Host::Host(Options options) : impl_(std::make_unique<Impl>()) {
+  impl_->base_deadlines = options.deadlines;
   if (options.config.deadlines) options.deadlines = *options.config.deadlines;
   options.deadlines.validate();
   for (const auto& [k, v] : options.labels) {
@@ -564,14 +688,24 @@ ReloadReport Host::reload(Config next) {
   const auto refuse = [](const std::string& why) -> void {
     throw ReloadError("reload refused, nothing changed: " + why);
   };
+  {
+    std::lock_guard lock(impl_->waits->mutex);
+    if (impl_->waits->stopping) refuse("the host is stopping");
+  }
   // What the host reads only at start.
   if (next.plugin_path != current->plugin_path) {
     refuse("plugin_path changed; it applies at the next start");
   }
   if (next.labels != current->labels) refuse("labels changed; they apply at the next start");
-  if (next.deadlines.has_value() != current->deadlines.has_value()) {
-    refuse("deadlines changed; they apply at the next start");
+  // Changed deadlines apply to the new generations; every loaded block gets one (sandboxes and
+  // operations of the old generations keep the deadlines they started with).
+  const Deadlines deadlines = impl_->deadlines_of(next);
+  try {
+    deadlines.validate();
+  } catch (const Error& e) {
+    refuse(std::string("deadlines: ") + e.what());
   }
+  const bool deadlines_changed = !(deadlines == impl_->deadlines_of(*current));
 
   // Plugin files may have been replaced, added or removed since the last scan.
   const auto catalog = impl_->scan();
@@ -607,7 +741,7 @@ ReloadReport Host::reload(Config next) {
       }
       const bool same_block = before != current->providers.end() &&
                               before->second.same_provider(block) && is_loaded &&
-                              origin->second.block.same_provider(block);
+                              origin->second.block.same_provider(block) && !deadlines_changed;
       if (before == current->providers.end()) {
         report.added.push_back(name);
       } else if (same_block && same_file) {
@@ -619,10 +753,45 @@ ReloadReport Host::reload(Config next) {
       } else {
         report.changed.push_back(name);
       }
-      Made made = impl_->create(block, catalog.get(), /*fresh=*/true,
-                                same_file ? generation->second->library : nullptr);
+      // Plugin code runs on threads of their own, each step within a deadline (run_bounded).
+      auto resolved = impl_->resolve(block, catalog.get());
+      const Catalog::File probed = std::move(resolved.first);
+      const std::string id = std::move(resolved.second);
+      // Another provider kind cannot read the sandboxes the old one made (no move), and clients
+      // see another backend: only when the block says so.
+      if (is_loaded && id != generation->second->provider_id && !block.allow_kind_change) {
+        step = "provider kind";
+        throw FailedPreconditionError(
+            "the provider kind would change from '" + generation->second->provider_id + "' to '" +
+            id + "' (" + probed.info.path.string() +
+            "); set \"allow_kind_change\": true in the block to allow it");
+      }
+      std::shared_ptr<detail::PluginLibrary> reuse =
+          same_file ? generation->second->library : nullptr;
+      Made made = run_bounded<Made>(
+          impl_->waits, deadlines.call(),
+          "loading, initialising and configuring it did not finish within " +
+              seconds_text(deadlines.call_s) + " (deadlines.call_s)",
+          [probed, id, block, reuse, probe = impl_->probe, labels = impl_->labels, deadlines] {
+            return Impl::make(reuse ? reuse : Impl::load_copy(probed.info.path, probe), probed, id,
+                              block, labels, deadlines);
+          });
       step = "canary";
-      if (block.canary) run_canary(made.generation, *block.canary);
+      if (block.canary) {
+        const Canary& canary = *block.canary;
+        // What the host would wait for its three calls: the create, the exec, the close.
+        const double create_s = std::max(
+            deadlines.create_s, canary.spec.ready_timeout_s.value_or(0) + deadlines.grace_s);
+        const double limit_s = create_s + canary.timeout_s + deadlines.grace_s + deadlines.call_s;
+        run_bounded<bool>(impl_->waits, Deadlines::ms(limit_s),
+                          "it did not finish within " + seconds_text(limit_s) +
+                              " (deadlines.create_s + canary timeout_s + deadlines.grace_s + "
+                              "deadlines.call_s)",
+                          [generation = made.generation, canary] {
+                            run_canary(generation, canary);
+                            return true;
+                          });
+      }
       built.push_back(std::move(made));
     } catch (const Error& e) {
       // The new generations made so far are dropped here, unused: their libraries unload.
@@ -662,6 +831,19 @@ ReloadReport Host::reload(Config next) {
                          list_text(report.added), list_text(report.changed),
                          list_text(report.removed), list_text(report.unchanged));
   return report;
+}
+
+void Host::stop_reloads() {
+  {
+    std::lock_guard lock(impl_->waits->mutex);
+    impl_->waits->stopping = true;
+  }
+  impl_->waits->wake.notify_all();
+}
+
+size_t Host::abandoned_reload_steps() const {
+  std::lock_guard lock(impl_->waits->mutex);
+  return impl_->waits->abandoned;
 }
 
 std::vector<GenerationInfo> Host::generations() {

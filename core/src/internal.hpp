@@ -79,8 +79,11 @@ class PluginLibrary {
  public:
   // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol and the descriptor
   // (descriptor.hpp), then calls init. Throws PluginLoadError naming the file. A file already
-  // loaded in this process (by any Host) gives the same library.
-  static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path);
+  // loaded in this process (by any Host) gives the same library. `expected`: what the probe
+  // reported for the file; a descriptor that differs is refused before init (a forged probe
+  // answer or cache entry).
+  static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path,
+                                             const Descriptor* expected = nullptr);
   // Reads the descriptor of `path` in this process without calling init, for hosts that have no
   // probe program (discovery.cpp): a broken file can crash the process. Throws PluginLoadError.
   static Descriptor describe(const std::filesystem::path& path);
@@ -92,7 +95,8 @@ class PluginLibrary {
 
  private:
   PluginLibrary() = default;
-  static std::shared_ptr<PluginLibrary> open(const std::filesystem::path& path);
+  static std::shared_ptr<PluginLibrary> open(const std::filesystem::path& path,
+                                             const Descriptor* expected);
   std::filesystem::path path_;
   boost::dll::shared_library library_;
   const sbx_plugin* plugin_ = nullptr;

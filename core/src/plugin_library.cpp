@@ -58,10 +58,20 @@ Registry& registry() {
   return *instance;
 }
 
+// Refuses a loaded descriptor that is not what the probe reported for the file.
+void check_expected(const std::filesystem::path& path, const Descriptor& loaded,
+                    const Descriptor* expected) {
+  if (!expected || loaded == *expected) return;
+  refuse(path, "its descriptor, read in this process, is not what the plugin probe reported (" +
+                   expected->summary() + " reported, " + loaded.summary() +
+                   " loaded): a forged probe answer or probe cache entry; not initialised");
+}
+
 // Loads the file and reads its descriptor; nothing of the plugin but its loading and
 // sbx_plugin_entry has run when this returns.
 const sbx_plugin* open_library(const std::filesystem::path& path,
-                               boost::dll::shared_library& library) {
+                               boost::dll::shared_library& library,
+                               const Descriptor* expected = nullptr) {
   boost::dll::fs::error_code ec;
   library.load(path, load_flags(), ec);
   if (ec) {
@@ -74,17 +84,20 @@ const sbx_plugin* open_library(const std::filesystem::path& path,
   }
   auto& entry = library.get<const sbx_plugin*()>(SBX_PLUGIN_ENTRY_SYMBOL);
   const sbx_plugin* plugin = entry();
+  Descriptor loaded;
   try {
-    read_descriptor(plugin);
+    loaded = read_descriptor(plugin);
   } catch (const DescriptorError& e) {
     refuse(path, e.what());
   }
+  check_expected(path, loaded, expected);
   return plugin;
 }
 
 }  // namespace
 
-std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path) {
+std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path,
+                                                   const Descriptor* expected) {
   Registry& r = registry();
   std::unique_lock lock(r.mutex);
   for (;;) {
@@ -94,7 +107,11 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
       break;
     }
     if (it->second.state == Registry::State::open) {
-      if (auto lib = it->second.library.lock()) return lib;
+      if (auto lib = it->second.library.lock()) {
+        lock.unlock();
+        check_expected(path, read_descriptor(lib->plugin_), expected);
+        return lib;
+      }
     }
     // Opening elsewhere, closing, or open with its last reference going away: wait until settled.
     r.changed.wait(lock);
@@ -102,7 +119,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
   lock.unlock();
   std::shared_ptr<PluginLibrary> lib;
   try {
-    lib = open(path);
+    lib = open(path, expected);
   } catch (...) {
     lock.lock();
     r.entries.erase(path);
@@ -116,10 +133,11 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
   return lib;
 }
 
-std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& path) {
+std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& path,
+                                                   const Descriptor* expected) {
   std::shared_ptr<PluginLibrary> lib = make_deferred_shared(new PluginLibrary());
   lib->path_ = path;
-  const sbx_plugin* plugin = open_library(path, lib->library_);
+  const sbx_plugin* plugin = open_library(path, lib->library_, expected);
   lib->plugin_ = plugin;
   lib->host_ = std::make_unique<HostBinding>(std::string("plugin.") + plugin->name);
 

@@ -532,6 +532,10 @@ const std::string& Sandbox::provider_name() const {
 bool Sandbox::closed() const {
   return started(state_).closed.load();
 }
+bool Sandbox::supports(std::string_view extension_id) const {
+  const std::string id(extension_id);
+  return started(state_).generation->extension(id.c_str()) != nullptr;
+}
 
 Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions options) {
   require_open(state_);

@@ -4,7 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -93,5 +96,30 @@ E error_of(Fn&& fn) {
   FAIL("expected an exception");
   throw std::logic_error("unreachable");
 }
+
+// A FIFO in a test's directory that test_processes' "hang_in"/"hang_fifo" config waits on: the
+// plugin never returns until release(), which happens at the latest when the object goes. The test
+// holds the FIFO's only writer; release() puts a regular file in its place (a plugin that opens it
+// later reads its end at once), then closes the writer (one reading already sees its end).
+struct Hang {
+  std::filesystem::path fifo;
+  int writer = -1;
+  explicit Hang(const std::filesystem::path& dir) : fifo(dir / "hang.fifo") {
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    writer = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);  // never blocks (Linux)
+    REQUIRE(writer >= 0);
+  }
+  ~Hang() { release(); }
+  Hang(const Hang&) = delete;
+  Hang& operator=(const Hang&) = delete;
+  // Whether a plugin has reached its hang (it writes <fifo>.hanging first).
+  bool reached() const { return std::filesystem::exists(fifo.string() + ".hanging"); }
+  void release() {
+    if (writer < 0) return;
+    replace_file(fifo, "");
+    ::close(writer);
+    writer = -1;
+  }
+};
 
 }  // namespace sbx::testing

@@ -45,10 +45,11 @@ struct Fixture {
   fs::path root = dir.path / "boxes";
   std::optional<sbx::Host> host;
 
-  Fixture() {
+  explicit Fixture(const sbx::Deadlines& deadlines = {}) {
     fs::create_directories(root);
     install(kV1);
     sbx::Host::Options options;
+    options.deadlines = deadlines;
     options.config = config();
     options.use_default_plugin_dirs = false;
     options.plugin_cache = "off";
@@ -108,6 +109,11 @@ std::string reload_error(Fixture& f, const sbx::Config& config) {
   }
   FAIL("the reload was not refused");
   return {};
+}
+
+// test_processes' config for a hang in `step` ("init", "create", "exec") until `hang` is released.
+json::object hang_config(const sbx::testing::Hang& hang, const std::string& step) {
+  return {{"hang_in", step}, {"hang_fifo", hang.fifo.string()}};
 }
 
 }  // namespace
@@ -194,10 +200,12 @@ TEST_CASE("a sandbox moves to the new generation through sbx.connect/1 instead o
 #endif
 
   // Another provider kind cannot read this descriptor: the move is refused, the sandbox drains.
+  // (The block allows the kind to change: a reload refuses that otherwise.)
   sbx::Config other = sbx::Config::parse(
       json::serialize(json::object{
           {"providers", json::object{{"p", json::object{{"plugin", std::string(SBX_C_PLUGIN_DIR) +
-                                                                       "/v1_0_processes.so"}}}}}}),
+                                                                       "/v1_0_processes.so"},
+                                                        {"allow_kind_change", true}}}}}}),
       "reload test");
   CHECK(f.host->reload(other).changed == std::vector<std::string>{"p"});
   std::string message;
@@ -250,6 +258,124 @@ TEST_CASE("a corrupt file, a wrong-ABI plugin and a failing init are refused; th
   CHECK(box.exec("echo fine").stdout_text == "fine\n");
   CHECK(f.host->provider("p").create({}).exec("echo new").stdout_text == "new\n");
   box.close();
+}
+
+TEST_CASE("an init or a canary that never returns: the reload is refused at its deadline") {
+  sbx::Deadlines deadlines;
+  deadlines.call_s = 1;
+  deadlines.create_s = 1;
+  deadlines.grace_s = 1;
+  Fixture f(deadlines);
+  const auto first = f.current();
+  sbx::testing::Hang hang(f.dir.path);
+
+  SUBCASE("the provider's init") {
+    const std::string error = reload_error(f, f.config({}, nullptr, hang_config(hang, "init")));
+    CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+    CHECK_MESSAGE(error.find("load: loading, initialising and configuring it did not finish "
+                             "within 1 s (deadlines.call_s)") != std::string::npos,
+                  error);
+    CHECK_MESSAGE(error.find("abandoned: never served") != std::string::npos, error);
+  }
+  SUBCASE("the canary's create") {
+    const json::value canary =
+        json::object{{"spec", json::object{}}, {"command", "true"}, {"timeout_s", 1}};
+    const std::string error = reload_error(f, f.config({}, canary, hang_config(hang, "create")));
+    CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+    CHECK_MESSAGE(
+        error.find("canary: it did not finish within 4 s (deadlines.create_s + canary "
+                   "timeout_s + deadlines.grace_s + deadlines.call_s)") != std::string::npos,
+        error);
+  }
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  // Nothing changed: the old generation serves, the abandoned one is not listed.
+  CHECK(f.current().serial == first.serial);
+  CHECK(f.generations_of() == 1);
+  CHECK(f.host->provider("p").create({}).exec("echo alive").stdout_text == "alive\n");
+  CHECK(f.host->abandoned_reload_steps() == 1);
+  // Released, the plugin code returns; its thread drops the generation and ends.
+  hang.release();
+  CHECK(sbx::testing::eventually([&] { return f.host->abandoned_reload_steps() == 0; }));
+  CHECK(f.host->reload(f.config()).unchanged == std::vector<std::string>{"p"});
+}
+
+TEST_CASE("stop_reloads: a reload hung in plugin code returns at once, later ones are refused") {
+  Fixture f;  // default deadlines: 120 s for a load
+  sbx::testing::Hang hang(f.dir.path);
+  std::string error;
+  std::thread reloading(
+      [&] { error = reload_error(f, f.config({}, nullptr, hang_config(hang, "init"))); });
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  f.host->stop_reloads();
+  reloading.join();
+  CHECK_MESSAGE(error.find("the host is stopping") != std::string::npos, error);
+  CHECK_MESSAGE(error.find("provider 'p'") != std::string::npos, error);
+  CHECK_THROWS_WITH_AS(f.host->reload(f.config()), doctest::Contains("the host is stopping"),
+                       sbx::ReloadError);
+  CHECK(f.host->abandoned_reload_steps() == 1);
+  hang.release();
+  CHECK(sbx::testing::eventually([&] { return f.host->abandoned_reload_steps() == 0; }));
+}
+
+TEST_CASE("a reload that changes a block's provider kind is refused unless the block allows it") {
+  Fixture f;
+  const auto first = f.current();
+  const std::string other_kind = std::string(SBX_C_PLUGIN_DIR) + "/v1_0_processes.so";
+  auto config = [&](bool allow) {
+    json::object p{{"plugin", other_kind}};
+    if (allow) p["allow_kind_change"] = true;
+    return sbx::Config::parse(json::serialize(json::object{{"providers", json::object{{"p", p}}}}),
+                              "reload test");
+  };
+  const std::string error = reload_error(f, config(false));
+  CAPTURE(error);
+  CHECK(error.find("provider 'p' (" + other_kind +
+                   "): provider kind: the provider kind would "
+                   "change from 'test_processes' to 'v1_0_processes'") != std::string::npos);
+  CHECK(error.find("set \"allow_kind_change\": true in the block") != std::string::npos);
+  CHECK(f.current().serial == first.serial);
+  CHECK(f.current().provider_id == "test_processes");
+
+  CHECK(f.host->reload(config(true)).changed == std::vector<std::string>{"p"});
+  CHECK(f.current().provider_id == "v1_0_processes");
+}
+
+TEST_CASE("changed deadlines apply to the new generation; the old one keeps its own") {
+  Fixture f;
+  sbx::Sandbox old_box = f.host->provider("p").create({});
+  auto with_deadlines = [&](double exec_s) {
+    json::value root = json::parse(json::serialize(json::object{
+        {"deadlines", json::object{{"exec_s", exec_s}, {"cancel_grace_s", 1}}},
+        {"providers",
+         json::object{{"p", json::object{{"plugin", f.plugin.string() + "#test_processes"},
+                                         {"config", json::object{{"root", f.root.string()}}}}}}}}));
+    return sbx::Config::parse(json::serialize(root), "reload test");
+  };
+  // From none to some: the block gets a new generation (same library), with the new deadlines.
+  const auto first = f.current();
+  CHECK(f.host->reload(with_deadlines(3600)).changed == std::vector<std::string>{"p"});
+  CHECK(f.current().serial != first.serial);
+  // Changed again: an exec without a timeout is cut at the new exec_s on the new generation.
+  CHECK(f.host->reload(with_deadlines(1)).changed == std::vector<std::string>{"p"});
+  CHECK(f.host->config().deadlines->exec_s == 1);
+  sbx::Sandbox new_box = f.host->provider("p").create({});
+  // (The host cancels it at 1 s: an error, or the provider's cancelled result.)
+  const auto cut = [&] {
+    try {
+      return new_box.exec("sleep 3").return_code != 0;
+    } catch (const sbx::Error&) {
+      return true;
+    }
+  };
+  CHECK(cut());
+  // The sandbox of the first generation keeps the deadlines it was made with (none: 3600 s).
+  CHECK(old_box.exec("sleep 3").return_code == 0);
+  // Unchanged deadlines: nothing to do.
+  CHECK(f.host->reload(with_deadlines(1)).unchanged == std::vector<std::string>{"p"});
+  // Invalid ones (a Config made in code, not parsed) are refused with the reason.
+  sbx::Config invalid = with_deadlines(1);
+  invalid.deadlines->exec_s = -1;
+  CHECK(reload_error(f, invalid).find("reload refused, nothing changed: deadlines: ") == 0);
 }
 
 TEST_CASE("a canary: a failing one refuses the reload, a passing one lets it in") {

@@ -49,14 +49,17 @@ constexpr int kHeld = 3;
 // ends in the same phase made its sandbox on that phase's backend for sure.
 enum Phase : int { kBefore, kSwapping1, kOnB, kSwapping2, kBack, kPhases };
 
+// Both blocks say a reload may change the provider kind (refused otherwise: docs/hot-swap.md).
 json::object docker_block() {
   return {{"plugin", "local_docker"},
+          {"allow_kind_change", true},
           {"config", json::object{{"create", json::object{{"network", "none"}}}}}};
 }
 
 // The opensandbox plugin pointed at B; B's key comes from A's environment.
 json::object opensandbox_block(int port_b) {
   return {{"plugin", "opensandbox"},
+          {"allow_kind_change", true},
           {"config", json::object{{"connection",
                                    json::object{{"domain", "127.0.0.1:" + std::to_string(port_b)},
                                                 {"api_key", "${env:SBX_SWAP_KEY_B}"}}},

@@ -83,6 +83,10 @@ struct Fixture : ProcessesServer {
   Response reload(std::optional<std::string> body = std::nullopt) {
     return request(port(), "POST", "/admin/reload", std::move(body), auth);
   }
+  Response request_json(const std::string& method, const std::string& target,
+                        std::optional<std::string> body = std::nullopt) {
+    return request(port(), method, target, std::move(body), auth);
+  }
   // The generations alive: {plugin_version: sandboxes held}.
   std::map<std::string, int64_t> sandboxes_by_version() {
     std::map<std::string, int64_t> out;
@@ -377,4 +381,89 @@ TEST_CASE(
   CHECK(text.find("sbx_serve_reloads_total{result=\"refused\"} 1\n") != std::string::npos);
   a.close();
   b.close();
+}
+
+TEST_CASE("pause and renew ask the sandbox's own generation, not the block's current one") {
+  Fixture f;
+  const auto create = [&](const std::string& timeout) {
+    const auto r = f.request_json(
+        "POST", "/v1/sandboxes",
+        R"({"image":{"uri":"local/any:latest"},"entrypoint":["tail","-f","/dev/null"],)"
+        R"("resourceLimits":{"cpu":"500m","memory":"512Mi"},"timeout":)" +
+            timeout + "}");
+    REQUIRE_MESSAGE(r.status == 202, r.body);
+    return std::string(r.json().at("id").as_string());
+  };
+  const auto op = [&](const std::string& id, const std::string& what) {
+    std::optional<std::string> body;
+    if (what == "renew-expiration") {
+      body = R"({"expiresAt":")" + rfc3339(std::chrono::system_clock::now() + 1h) + R"("})";
+    }
+    return f.request_json("POST", "/v1/sandboxes/" + id + "/" + what, body);
+  };
+  const std::string on_v1 = create("600");  // test_processes: pause and renew
+
+  // Block "p" becomes v1_0_processes (ABI 1.0: neither pause nor renew), another provider kind.
+  f.write_config(json::object{{"plugin", std::string(SBX_C_PLUGIN_DIR) + "/v1_0_processes.so"},
+                              {"allow_kind_change", true}});
+  const auto reloaded = f.reload();
+  REQUIRE_MESSAGE(reloaded.status == 200, reloaded.body);
+  const std::string on_v10 = create("null");  // ABI 1.0 plugins keep no TTL
+
+  // The sandbox made by test_processes can still be paused, resumed and renewed...
+  CHECK(op(on_v1, "pause").status == 202);
+  CHECK(op(on_v1, "resume").status == 202);
+  CHECK(op(on_v1, "renew-expiration").status == 200);
+  // ...and the one made by v1_0_processes is refused, naming the sandbox and the extension.
+  for (const char* what : {"pause", "resume", "renew-expiration"}) {
+    CAPTURE(what);
+    const auto r = op(on_v10, what);
+    CHECK(r.status == 501);
+    const std::string message(r.json().at("message").as_string());
+    CHECK(message.find("sandbox " + on_v10) != std::string::npos);
+    CHECK(message.find(std::string(what) == "renew-expiration" ? "sbx.renew/1" : "sbx.pause/1") !=
+          std::string::npos);
+  }
+  CHECK(f.request_json("DELETE", "/v1/sandboxes/" + on_v1).status == 204);
+  CHECK(f.request_json("DELETE", "/v1/sandboxes/" + on_v10).status == 204);
+}
+
+TEST_CASE(
+    "SIGTERM during a reload hung in a plugin's init: the server ends, the reload is refused") {
+  Fixture f;  // default deadlines: a load may take 120 s
+  sbx::testing::Hang hang(f.dir.path);
+  f.write_config(json::object{{"plugin", f.plugin.string() + "#test_processes"},
+                              {"config", json::object{{"root", f.root.string()},
+                                                      {"hang_in", "init"},
+                                                      {"hang_fifo", hang.fifo.string()}}}});
+  std::optional<Response> answer;
+  std::string failure;
+  std::thread reloading([&] {
+    try {
+      answer = f.reload();
+    } catch (const std::exception& e) {  // the server may go before it answers
+      failure = e.what();
+    }
+  });
+  CHECK(sbx::testing::eventually([&] { return hang.reached(); }));
+  const pid_t pid = f.server->pid();
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  // The server does not wait for the plugin: it ends (a zombie until reaped below) well before
+  // the load's deadline (120 s).
+  const auto exited = [pid] {
+    const std::string stat = sbx::testing::read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] == 'Z';
+  };
+  const bool ended = sbx::testing::eventually(exited, 60s);
+  if (!ended) ::kill(pid, SIGKILL);  // today's main: it would wait for the plugin forever
+  CHECK(ended);
+  CHECK(f.server->stop() == 0);
+  reloading.join();
+  CAPTURE(failure);
+  if (answer) {
+    CHECK(answer->status == 409);
+    CHECK(answer->body.find("the host is stopping") != std::string::npos);
+  }
+  CHECK(f.log_text().find("the host is stopping") != std::string::npos);
 }

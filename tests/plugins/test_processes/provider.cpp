@@ -65,6 +65,12 @@ struct Config {
   bool complete_inline = false;            // status and close complete inside the start call
   std::chrono::milliseconds create_delay{0};
   std::chrono::milliseconds upload_delay{0};  // before an upload reads its source
+  // "init" (the provider's creation from this config), "create" or "exec" (in the call itself,
+  // before it returns): that step waits until a writer opens and closes `hang_fifo`, a FIFO the
+  // test made (never, when nobody does): a plugin that never returns (tests/core/reload_test.cpp).
+  // It writes "<hang_fifo>.hanging" first, for the test to wait on.
+  std::optional<std::string> hang_in;
+  fs::path hang_fifo;
 
   static Config read(const boost::json::object& json) {
     sdk::json::ObjectReader r(json);
@@ -82,6 +88,13 @@ struct Config {
         std::chrono::milliseconds(r.integer("create_delay_ms", 0, 600'000).value_or(0));
     c.upload_delay =
         std::chrono::milliseconds(r.integer("upload_delay_ms", 0, 600'000).value_or(0));
+    c.hang_in = r.string("hang_in");
+    c.hang_fifo = r.string("hang_fifo", "");
+    if (c.hang_in && (c.hang_fifo.empty() ||
+                      (*c.hang_in != "init" && *c.hang_in != "create" && *c.hang_in != "exec"))) {
+      throw Error::invalid_argument(
+          "$.hang_in: one of \"init\", \"create\", \"exec\", with \"hang_fifo\"");
+    }
     r.finish();
     return c;
   }
@@ -314,14 +327,19 @@ class TestProcessesProvider final : public sdk::Provider,
     "throw_in": {"type": ["string", "null"]},
     "complete_inline": {"type": "boolean"},
     "create_delay_ms": {"type": "integer", "minimum": 0},
-    "upload_delay_ms": {"type": "integer", "minimum": 0}
+    "upload_delay_ms": {"type": "integer", "minimum": 0},
+    "hang_in": {"enum": ["init", "create", "exec"]},
+    "hang_fifo": {"type": "string"}
   }
 })";
 
   TestProcessesProvider(const sdk::ProviderContext& context, const boost::json::object& config)
-      : config_(Config::read(config)), log_(context.log), pool_({.max_threads = 32}) {}
+      : config_(Config::read(config)), log_(context.log), pool_({.max_threads = 32}) {
+    maybe_hang("init");
+  }
 
   void create(sdk::Spec spec, sdk::Completion<std::unique_ptr<sdk::Sandbox>> done) override {
+    maybe_hang("create");
     maybe_throw("create");
     pool_.submit([this, spec = std::move(spec), done = std::move(done)]() mutable {
       try {
@@ -333,6 +351,7 @@ class TestProcessesProvider final : public sdk::Provider,
   }
 
   void exec(sdk::Sandbox& s, sdk::ExecRequest request, sdk::ExecCompletion done) override {
+    maybe_hang("exec");
     maybe_throw("exec");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     sandbox.require_running();
@@ -514,6 +533,24 @@ class TestProcessesProvider final : public sdk::Provider,
         spec.ports.push_back(static_cast<uint16_t>(p.to_number<int64_t>()));
     }
     return spec;
+  }
+
+  // Blocks the calling thread in `step` until a writer opens and closes the configured FIFO.
+  void maybe_hang(std::string_view step) const {
+    if (!config_.hang_in || *config_.hang_in != step) return;
+    log_.info("hanging in ", std::string(step), " until ", config_.hang_fifo.string(),
+              " is written");
+    std::ofstream(config_.hang_fifo.string() + ".hanging") << step;  // for the test to wait on
+    int fd = -1;
+    while ((fd = ::open(config_.hang_fifo.c_str(), O_RDONLY | O_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    if (fd < 0) return;
+    char c = 0;
+    for (;;) {  // until the writer closes its end
+      const ssize_t n = ::read(fd, &c, 1);
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    ::close(fd);
   }
 
   void maybe_throw(std::string_view method) const {

@@ -14,7 +14,8 @@
 //         "plugin": "local_docker",                 // provider id, or "path/x.so[#id]"
 //         "config": {"exec": {"default_timeout_s": 60}},
 //         "default_metadata": {"team": "infra"},
-//         "canary": {"spec": {"image": "x"}, "command": "true"}  // optional: checked on reload
+//         "canary": {"spec": {"image": "x"}, "command": "true"},  // optional: checked on reload
+//         "allow_kind_change": false                // a reload may change the provider id
 //       }
 //     }
 //   }
@@ -60,6 +61,10 @@ struct ProviderBlock {
   std::string config_path;
   // "canary": {"spec": {...}, "command": "true", "timeout_s": 60}; only reloads run it.
   std::optional<Canary> canary;
+  // "allow_kind_change": true lets a reload give this block a generation of another provider id
+  // than its current one (e.g. opensandbox after local_docker); refused otherwise. Read by
+  // reloads only; not part of the provider (same_provider).
+  bool allow_kind_change = false;
 
   // The plugin file `plugin` names (absolute when the config came from a file), or nullopt when
   // it names a provider id.

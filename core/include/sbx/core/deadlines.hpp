@@ -22,6 +22,7 @@ struct Deadlines {
 
   // Throws InvalidArgumentError unless every value is a positive number.
   void validate() const;
+  bool operator==(const Deadlines&) const = default;
 
   std::chrono::milliseconds grace() const { return ms(grace_s); }
   std::chrono::milliseconds cancel_grace() const { return ms(cancel_grace_s); }

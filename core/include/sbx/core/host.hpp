@@ -129,8 +129,23 @@ class Host {
   // after its last sandbox and operation are gone. Removed blocks stop being served by name.
   // Throws ReloadError ("reload refused, nothing changed: provider 'x' (plugin): load|canary:
   // why") when any step fails: the old generations stay in service and nothing changed. Refuses
-  // changes to plugin_path, labels and deadlines (read at start). One reload runs at a time.
+  // changes to plugin_path and labels (read at start). Changed deadlines apply to new generations:
+  // every loaded block gets one (sandboxes of the old generations keep the old deadlines). One
+  // reload runs at a time. Plugin code runs on a thread of its own per step, within a deadline: the
+  // load (dlopen, the plugin's init, the provider's creation) within deadlines.call_s, the canary
+  // within deadlines.create_s + its timeout_s + deadlines.grace_s + deadlines.call_s. A step past
+  // its deadline refuses the reload naming the block, the step and the deadline; its generation is
+  // abandoned (never served; it stays loaded while its thread may run in it, and is unloaded by
+  // that thread if the plugin code ever returns: abandoned_reload_steps()).
   ReloadReport reload(Config next);
+
+  // Makes a reload in progress stop waiting for plugin code at once (its step is abandoned as at
+  // a deadline and the reload refused: "the host is stopping"), and refuses later reloads. For a
+  // server that stops while a reload hangs in a plugin. THREADING: thread-safe; does not block.
+  void stop_reloads();
+  // Steps of reloads that were abandoned (deadline passed, or stop_reloads()) and whose plugin
+  // code has not returned yet: each holds a thread and a loaded library. THREADING: thread-safe.
+  size_t abandoned_reload_steps() const;
 
   // Every generation this host made that is still alive: the current ones and those draining.
   std::vector<GenerationInfo> generations();

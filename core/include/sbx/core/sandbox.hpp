@@ -41,6 +41,9 @@ class Sandbox {
   const std::string& id() const;
   const std::string& provider_name() const;
   bool closed() const;
+  // Whether the generation that made this sandbox (Host::reload) offers `extension_id` (e.g.
+  // "sbx.pause/1"): what its calls need, whatever the block's current generation offers.
+  bool supports(std::string_view extension_id) const;
 
   // Runs a shell command. cwd defaults to the spec's workdir. A non-zero exit, a timeout (125,
   // "timeout") and a command the sandbox could not start (125, "sandbox") are results; errors
