@@ -517,6 +517,33 @@ TEST_CASE("one sandbox over several sbx processes: create, exec, cp, status, pau
   CHECK(fs::is_empty(root.path));  // closed: nothing left
 }
 
+TEST_CASE(
+    "sbx cp to /dev/null writes into the device and leaves it a device; to a socket it is "
+    "refused naming it") {
+  sbx::testing::TempDir root("sbx-cli-cp-device");
+  sbx::testing::TempDir files("sbx-cli-cp-device-files");
+  const std::string sbx = std::string(SBX_CLI) + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " ";
+  const std::string script =
+      with_test_provider("create --workdir /w") + " > " + (files.path / "id").string() +
+      "\nid=$(cat " + (files.path / "id").string() + ")" + "\n" + sbx +
+      with_test_provider("exec $id -- 'seq 1 100000 > out.txt'") + "\n" + sbx +
+      with_test_provider("cp $id:out.txt /dev/null") + "\necho \"cp null rc=$?\"" +
+      "\n[ -c /dev/null ] && echo 'still a device'" +
+      "\npython3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])' " +
+      (files.path / "sock").string() + "\n" + sbx +
+      with_test_provider("cp $id:out.txt " + (files.path / "sock").string()) +
+      "\necho \"cp socket rc=$?\"" + "\n[ -S " + (files.path / "sock").string() +
+      " ] && echo 'still a socket'" + "\n" + sbx + with_test_provider("close $id");
+  const std::string out = run_cli_in_bash(root.path, script);
+  CHECK_MESSAGE(has(out, "cp null rc=0"), out);
+  CHECK_MESSAGE(has(out, "still a device"), out);
+  CHECK_MESSAGE(
+      has(out, "cannot download to " + (files.path / "sock").string() + ": it is a socket"), out);
+  CHECK_MESSAGE(has(out, "cp socket rc=74"), out);
+  CHECK_MESSAGE(has(out, "still a socket"), out);
+  CHECK(fs::is_empty(root.path));  // closed: nothing left
+}
+
 TEST_CASE("usage errors of the multi-step commands exit 2 before any provider is used") {
   sbx::testing::TempDir root("sbx-cli-multistep-usage");
   for (const std::string& args : std::vector<std::string>{
