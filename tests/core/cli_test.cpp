@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -307,11 +308,28 @@ TEST_CASE("config files and provider options are checked like config files") {
   CHECK(has(empty.out, "the file is empty"));
   const Run zero = run_cli("--config /dev/zero providers");
   CHECK(zero.exit_code == 2);
-  CHECK(has(zero.out, "larger than 16 MiB"));
+  CHECK(has(zero.out, "/dev/zero: is a character device, not a config file"));
+  fs::resize_file((root.path / "empty.json"), 17 * 1024 * 1024);  // 17 MiB of zeros
+  const Run large = run_cli("--config " + (root.path / "empty.json").string() + " providers");
+  CHECK(large.exit_code == 2);
+  CHECK(has(large.out, "larger than 16 MiB"));
   const Run dup =
       run_cli(R"(run --provider test_processes --provider-options '{"a": 1, "a": 2}' -- true)");
   CHECK(dup.exit_code == 2);
   CHECK(has(dup.out, "$.a: duplicate key"));
+}
+
+TEST_CASE(
+    "a config file that is a FIFO is refused at once, naming it, without waiting for a "
+    "writer") {
+  sbx::testing::TempDir root("sbx-cli-config-fifo");
+  const fs::path fifo = root.path / "sbx.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Bounded: a regression waits for a writer forever, and is killed after 60 s (exit 137).
+  const Run r = run_shell("timeout -s KILL 60 " + std::string(SBX_CLI) + " --plugin-dir " +
+                          SBX_TEST_PLUGIN_DIR + " --config " + fifo.string() + " providers");
+  CHECK_MESSAGE(r.exit_code == 2, r.out);
+  CHECK_MESSAGE(has(r.out, fifo.string() + ": is a FIFO, not a config file"), r.out);
 }
 
 namespace {
