@@ -9,6 +9,7 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -251,19 +252,6 @@ struct Host::Impl {
     return {names.begin(), names.end()};
   }
 
-  // Loads a file into this process, once its descriptor was read out of process: a file that
-  // changed since it was probed is probed again first.
-  std::shared_ptr<detail::PluginLibrary> load(const Catalog::File& probed) const {
-    std::string why;
-    const auto now = detail::identity_of(probed.info.path, &why);
-    if (!now) throw PluginLoadError(probed.info.path.string() + ": cannot read the file: " + why);
-    if (*now != probed.identity) {
-      const PluginInfo again = detail::probe_plugin(probed.info.path, *now, probe);
-      if (!again.ok()) throw PluginLoadError(again.error);
-    }
-    return detail::PluginLibrary::load(probed.info.path);
-  }
-
   // The plugin file a block names and the provider id in it: the file given, or the file of the
   // catalog that offers the id first in search order.
   std::pair<Catalog::File, std::string> resolve(const ProviderBlock& block,
@@ -295,14 +283,34 @@ struct Host::Impl {
     return {first_in_search_order(candidates, block.name, id), id};
   }
 
-  // Loads a fresh image of `source`: a copy under a name of its own (dlopen hands back the image
-  // already loaded for a path, so a file replaced on disk would otherwise come back as the old
-  // code), read by the probe first (a corrupt or foreign file is refused without being loaded
-  // here), loaded, then unlinked (the mapping stays; nothing is left on disk).
-  std::shared_ptr<detail::PluginLibrary> load_copy(const fs::path& source) const {
+  // Loads the plugin file `probed` names into this process, from a private copy (never the file
+  // itself: a plugin file overwritten in place would change the mapped code under the running
+  // host, SIGBUS at best): a copy under a name of its own in the temp directory
+  // (`<name>-XXXXXX.so`), mapped, then unlinked (the mapping stays; nothing is left on disk). The
+  // copy is what the probe read: when the file changed since it was probed or while it was copied,
+  // the copy is probed (a corrupt or foreign file is refused without being loaded here). An image
+  // of the same file and identity already loaded in this process is shared.
+  std::shared_ptr<detail::PluginLibrary> load(const Catalog::File& probed) const {
+    const fs::path& source = probed.info.path;
+    std::string why;
+    const auto before = detail::identity_of(source, &why);
+    if (!before) throw PluginLoadError(source.string() + ": cannot read the file: " + why);
+    const std::string key = std::to_string(before->device) + ":" + std::to_string(before->inode) +
+                            ":" + std::to_string(before->size) + ":" +
+                            std::to_string(before->mtime_ns) + ":" +
+                            std::to_string(before->ctime_ns);
+    return detail::PluginLibrary::load(
+        source, key, [&] { return private_copy(source, *before, *before == probed.identity); });
+  }
+
+  // A copy of `source` (identity `before` when it was looked at; `probed`: that state was read by
+  // the probe) in the temp directory, probed unless it is known to hold what the probe read. The
+  // caller owns the file returned.
+  fs::path private_copy(const fs::path& source, const detail::FileIdentity& before,
+                        bool probed) const {
     const fs::path pattern = fs::temp_directory_path() / (source.stem().string() + "-XXXXXX.so");
     std::string name = pattern.string();
-    const int fd = ::mkstemps(name.data(), 3);
+    const int fd = ::mkostemps(name.data(), 3, O_CLOEXEC);
     if (fd < 0) {
       throw PluginLoadError(source.string() +
                             ": cannot make a copy to load: " + std::strerror(errno));
@@ -312,6 +320,7 @@ struct Host::Impl {
     struct Unlink {
       fs::path path;
       ~Unlink() {
+        if (path.empty()) return;
         std::error_code ec;
         fs::remove(path, ec);
       }
@@ -320,35 +329,35 @@ struct Host::Impl {
     fs::copy_file(source, copy, fs::copy_options::overwrite_existing, ec);
     if (ec) throw PluginLoadError(source.string() + ": cannot copy it to load: " + ec.message());
     std::string why;
-    const auto identity = detail::identity_of(copy, &why);
-    if (!identity) throw PluginLoadError(source.string() + ": cannot read its copy: " + why);
-    detail::ProbeSettings uncached = probe;
-    uncached.cache_file.clear();  // a copy is read once: nothing to cache
-    PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
-    // Errors name the file the operator replaced, not the copy.
-    const auto refuse = [&](std::string error) {
-      for (auto at = error.find(copy.string()); at != std::string::npos;
-           at = error.find(copy.string(), at + source.string().size())) {
-        error.replace(at, copy.string().size(), source.string());
+    const auto after = detail::identity_of(source, &why);
+    if (!probed || !after || *after != before) {
+      // Changed since it was probed, or while it was copied: the copy is read itself.
+      const auto identity = detail::identity_of(copy, &why);
+      if (!identity) throw PluginLoadError(source.string() + ": cannot read its copy: " + why);
+      detail::ProbeSettings uncached = probe;
+      uncached.cache_file.clear();  // a copy is read once: nothing to cache
+      const PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
+      if (!info.ok()) {
+        // Errors name the file the operator replaced, not the copy.
+        std::string error = info.error;
+        for (auto at = error.find(copy.string()); at != std::string::npos;
+             at = error.find(copy.string(), at + source.string().size())) {
+          error.replace(at, copy.string().size(), source.string());
+        }
+        throw PluginLoadError(error);
       }
-      throw PluginLoadError(error);
-    };
-    if (!info.ok()) refuse(info.error);
-    try {
-      return detail::PluginLibrary::load(copy);
-    } catch (const PluginLoadError& e) {
-      refuse(e.what());
     }
-    return nullptr;  // not reached: refuse() throws
+    unlink.path.clear();  // the loader's now
+    return copy;
   }
 
   // A generation for `block`. `reuse`: the library of the name's current generation, when the
-  // plugin file has not changed; otherwise the file is loaded by its path (`fresh`: from a copy).
-  Made create(const ProviderBlock& block, const Catalog* catalog = nullptr, bool fresh = false,
+  // plugin file has not changed; otherwise the file is loaded (from a private copy).
+  Made create(const ProviderBlock& block, const Catalog* catalog = nullptr,
               std::shared_ptr<detail::PluginLibrary> reuse = {}) {
     auto [probed, id] = resolve(block, catalog);
     std::shared_ptr<detail::PluginLibrary> lib = reuse;
-    if (!lib) lib = fresh ? load_copy(probed.info.path) : load(probed);
+    if (!lib) lib = load(probed);
     const sbx_provider_factory* factory = lib->factory(id);
     if (!factory) {
       throw ConfigError("provider '" + block.name + "': " + probed.info.path.string() +
@@ -619,8 +628,8 @@ ReloadReport Host::reload(Config next) {
       } else {
         report.changed.push_back(name);
       }
-      Made made = impl_->create(block, catalog.get(), /*fresh=*/true,
-                                same_file ? generation->second->library : nullptr);
+      Made made =
+          impl_->create(block, catalog.get(), same_file ? generation->second->library : nullptr);
       step = "canary";
       if (block.canary) run_canary(made.generation, *block.canary);
       built.push_back(std::move(made));
