@@ -190,7 +190,9 @@ Config Config::parse(std::string_view json_text, std::string_view source,
 
 Config Config::load(const std::filesystem::path& file) {
   const std::string name = file.string();
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put where the config was must not block the open (or a reload) waiting
+  // for a writer; it is refused below like any file that is not a regular file.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) throw ConfigError(name + ": cannot read the file: " + std::strerror(errno));
   struct Closer {
     int fd;
@@ -200,7 +202,15 @@ Config Config::load(const std::filesystem::path& file) {
   if (::fstat(fd, &st) != 0)
     throw ConfigError(name + ": cannot read the file: " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw ConfigError(name + ": is a directory, not a config file");
-  // Read with a bound: a device or a pipe given by mistake (/dev/zero) must not eat the memory.
+  if (!S_ISREG(st.st_mode)) {
+    const char* what = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a special file";
+    throw ConfigError(name + ": is " + what + ", not a config file (a config is a regular file)");
+  }
+  // Read with a bound: a file that is not a config given by mistake must not eat the memory.
   std::string text;
   char buffer[65536];
   for (;;) {

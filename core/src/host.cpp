@@ -9,6 +9,7 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -359,23 +360,6 @@ struct Host::Impl {
     return {names.begin(), names.end()};
   }
 
-  // Loads a file into this process, once its descriptor was read out of process: a file that
-  // changed since it was probed is probed again first.
-  std::shared_ptr<detail::PluginLibrary> load(const Catalog::File& probed) const {
-    std::string why;
-    const auto now = detail::identity_of(probed.info.path, &why);
-    if (!now) throw PluginLoadError(probed.info.path.string() + ": cannot read the file: " + why);
-    PluginInfo info = probed.info;
-    if (*now != probed.identity) {
-      info = detail::probe_plugin(probed.info.path, *now, probe);
-      if (!info.ok()) throw PluginLoadError(info.error);
-    }
-    // What the probe reported is checked against what this process reads (a forged probe answer
-    // or cache entry is refused before the plugin's init runs).
-    const detail::Descriptor expected = detail::descriptor_of(info);
-    return detail::PluginLibrary::load(probed.info.path, &expected);
-  }
-
   // The plugin file a block names and the provider id in it: the file given, or the file of the
   // catalog that offers the id first in search order.
   std::pair<Catalog::File, std::string> resolve(const ProviderBlock& block,
@@ -407,16 +391,43 @@ struct Host::Impl {
     return {first_in_search_order(candidates, block.name, id), id};
   }
 
-  // Loads a fresh image of `source`: a copy under a name of its own (dlopen hands back the image
-  // already loaded for a path, so a file replaced on disk would otherwise come back as the old
-  // code), read by the probe first (a corrupt or foreign file is refused without being loaded
-  // here), loaded, then unlinked (the mapping stays; nothing is left on disk).
+  // Loads the plugin file `probed` names into this process, from a private copy (never the file
+  // itself: a plugin file overwritten in place would change the mapped code under the running
+  // host, SIGBUS at best): a copy under a name of its own in the temp directory
+  // (`<name>-XXXXXX.so`), mapped, then unlinked (the mapping stays; nothing is left on disk). A
+  // file that changed since it was probed is probed again first; the copy is probed itself when
+  // the file changed while it was copied. What the probe reported is checked against what this
+  // process reads (a forged probe answer or cache entry is refused before the plugin's init
+  // runs). An image of the same file and identity already loaded in this process is shared.
   // Static, with the probe settings given: a reload runs it on a thread that may outlive the Host.
-  static std::shared_ptr<detail::PluginLibrary> load_copy(const fs::path& source,
-                                                          const detail::ProbeSettings& probe) {
+  static std::shared_ptr<detail::PluginLibrary> load(const Catalog::File& probed,
+                                                     const detail::ProbeSettings& probe) {
+    const fs::path& source = probed.info.path;
+    std::string why;
+    const auto before = detail::identity_of(source, &why);
+    if (!before) throw PluginLoadError(source.string() + ": cannot read the file: " + why);
+    PluginInfo info = probed.info;
+    if (*before != probed.identity) {
+      info = detail::probe_plugin(source, *before, probe);
+      if (!info.ok()) throw PluginLoadError(info.error);
+    }
+    detail::Descriptor expected = detail::descriptor_of(info);
+    const std::string key = std::to_string(before->device) + ":" + std::to_string(before->inode) +
+                            ":" + std::to_string(before->size) + ":" +
+                            std::to_string(before->mtime_ns) + ":" +
+                            std::to_string(before->ctime_ns);
+    return detail::PluginLibrary::load(
+        source, key, [&] { return private_copy(source, *before, probe, expected); }, &expected);
+  }
+
+  // A copy of `source` (identity `before` when it was probed) in the temp directory. When the file
+  // changed while it was copied, the copy is probed and `expected` becomes what that probe read.
+  // The caller owns the file returned.
+  static fs::path private_copy(const fs::path& source, const detail::FileIdentity& before,
+                               const detail::ProbeSettings& probe, detail::Descriptor& expected) {
     const fs::path pattern = fs::temp_directory_path() / (source.stem().string() + "-XXXXXX.so");
     std::string name = pattern.string();
-    const int fd = ::mkstemps(name.data(), 3);
+    const int fd = ::mkostemps(name.data(), 3, O_CLOEXEC);
     if (fd < 0) {
       throw PluginLoadError(source.string() +
                             ": cannot make a copy to load: " + std::strerror(errno));
@@ -426,6 +437,7 @@ struct Host::Impl {
     struct Unlink {
       fs::path path;
       ~Unlink() {
+        if (path.empty()) return;
         std::error_code ec;
         fs::remove(path, ec);
       }
@@ -434,36 +446,36 @@ struct Host::Impl {
     fs::copy_file(source, copy, fs::copy_options::overwrite_existing, ec);
     if (ec) throw PluginLoadError(source.string() + ": cannot copy it to load: " + ec.message());
     std::string why;
-    const auto identity = detail::identity_of(copy, &why);
-    if (!identity) throw PluginLoadError(source.string() + ": cannot read its copy: " + why);
-    detail::ProbeSettings uncached = probe;
-    uncached.cache_file.clear();  // a copy is read once: nothing to cache
-    PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
-    // Errors name the file the operator replaced, not the copy.
-    const auto refuse = [&](std::string error) {
-      for (auto at = error.find(copy.string()); at != std::string::npos;
-           at = error.find(copy.string(), at + source.string().size())) {
-        error.replace(at, copy.string().size(), source.string());
+    const auto after = detail::identity_of(source, &why);
+    if (!after || *after != before) {
+      // Changed since it was probed, or while it was copied: the copy is read itself.
+      const auto identity = detail::identity_of(copy, &why);
+      if (!identity) throw PluginLoadError(source.string() + ": cannot read its copy: " + why);
+      detail::ProbeSettings uncached = probe;
+      uncached.cache_file.clear();  // a copy is read once: nothing to cache
+      const PluginInfo info = detail::probe_plugin(copy, *identity, uncached);
+      if (!info.ok()) {
+        // Errors name the file the operator replaced, not the copy.
+        std::string error = info.error;
+        for (auto at = error.find(copy.string()); at != std::string::npos;
+             at = error.find(copy.string(), at + source.string().size())) {
+          error.replace(at, copy.string().size(), source.string());
+        }
+        throw PluginLoadError(error);
       }
-      throw PluginLoadError(error);
-    };
-    if (!info.ok()) refuse(info.error);
-    try {
-      const detail::Descriptor expected = detail::descriptor_of(info);
-      return detail::PluginLibrary::load(copy, &expected);
-    } catch (const PluginLoadError& e) {
-      refuse(e.what());
+      expected = detail::descriptor_of(info);
     }
-    return nullptr;  // not reached: refuse() throws
+    unlink.path.clear();  // the loader's now
+    return copy;
   }
 
   // A generation for `block`. `reuse`: the library of the name's current generation, when the
-  // plugin file has not changed; otherwise the file is loaded by its path (`fresh`: from a copy).
-  Made create(const ProviderBlock& block, const Catalog* catalog = nullptr, bool fresh = false,
+  // plugin file has not changed; otherwise the file is loaded (from a private copy).
+  Made create(const ProviderBlock& block, const Catalog* catalog = nullptr,
               std::shared_ptr<detail::PluginLibrary> reuse = {}) {
     auto [probed, id] = resolve(block, catalog);
     std::shared_ptr<detail::PluginLibrary> lib = reuse;
-    if (!lib) lib = fresh ? load_copy(probed.info.path, probe) : load(probed);
+    if (!lib) lib = load(probed, probe);
     return make(std::move(lib), probed, id, block, labels, deadlines_of(*current_config()));
   }
 
@@ -773,8 +785,8 @@ ReloadReport Host::reload(Config next) {
           "loading, initialising and configuring it did not finish within " +
               seconds_text(deadlines.call_s) + " (deadlines.call_s)",
           [probed, id, block, reuse, probe = impl_->probe, labels = impl_->labels, deadlines] {
-            return Impl::make(reuse ? reuse : Impl::load_copy(probed.info.path, probe), probed, id,
-                              block, labels, deadlines);
+            return Impl::make(reuse ? reuse : Impl::load(probed, probe), probed, id, block, labels,
+                              deadlines);
           });
       step = "canary";
       if (block.canary) {

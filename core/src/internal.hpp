@@ -72,32 +72,49 @@ std::shared_ptr<T> make_deferred_shared(T* object) {
 // One loaded and initialised plugin file. Destroying it calls deinit and unloads the library; every
 // provider made from it holds a reference, so that happens after the last one is destroyed.
 //
-// One object per file per process, shared by every Host: init and deinit are strictly paired, and
-// a file whose last user is going away is loaded again only after its deinit has returned. No
-// host lock is held while the plugin's init or deinit runs.
+// The file is never mapped itself: every load maps a private copy, unlinked as soon as it is
+// mapped, so the plugin file may be overwritten in place (cp writes into the same inode) while it
+// runs without a SIGBUS in this process, and nothing is left on disk while it is loaded or after
+// it unloads (a crash between the copy and the dlopen may leave one `<name>-XXXXXX.so` in the temp
+// directory).
+//
+// One object per plugin file and identity (its inode, size and times) per process, shared by every
+// Host: init and deinit are strictly paired, and a file whose last user is going away is loaded
+// again only after its deinit has returned. No host lock is held while the plugin's init or deinit
+// runs.
 class PluginLibrary {
  public:
-  // Loads `path` with RTLD_NOW | RTLD_LOCAL, checks the entry symbol and the descriptor
-  // (descriptor.hpp), then calls init. Throws PluginLoadError naming the file. A file already
-  // loaded in this process (by any Host) gives the same library. `expected`: what the probe
-  // reported for the file; a descriptor that differs is refused before init (a forged probe
-  // answer or cache entry).
-  static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& path,
+  // Makes the private copy of a plugin file to load: a new file of its own, checked as the caller
+  // requires. The loader owns the file it returns (it unlinks it in every case). Throws
+  // PluginLoadError.
+  using CopyMaker = std::function<std::filesystem::path()>;
+
+  // Loads the plugin file `source`, whose identity is `key` (discovery.hpp's FileIdentity as
+  // text), from the copy `make_copy` makes, with RTLD_NOW | RTLD_LOCAL; checks the entry symbol
+  // and the descriptor (descriptor.hpp), unlinks the copy, then calls init. Throws PluginLoadError
+  // naming `source`. The same `source` and `key` already loaded in this process (by any Host)
+  // give the same library, without a copy. `expected`: what the probe reported for the file; a
+  // descriptor that differs is refused before init (a forged probe answer or cache entry).
+  static std::shared_ptr<PluginLibrary> load(const std::filesystem::path& source,
+                                             const std::string& key, const CopyMaker& make_copy,
                                              const Descriptor* expected = nullptr);
   // Reads the descriptor of `path` in this process without calling init, for hosts that have no
   // probe program (discovery.cpp): a broken file can crash the process. Throws PluginLoadError.
   static Descriptor describe(const std::filesystem::path& path);
   ~PluginLibrary();
 
+  // The plugin file it was loaded from (not the copy: that is gone).
   const std::filesystem::path& path() const noexcept { return path_; }
   const sbx_plugin& plugin() const noexcept { return *plugin_; }
   const sbx_provider_factory* factory(std::string_view provider_id) const;
 
  private:
   PluginLibrary() = default;
-  static std::shared_ptr<PluginLibrary> open(const std::filesystem::path& path,
+  static std::shared_ptr<PluginLibrary> open(const std::filesystem::path& source,
+                                             const std::filesystem::path& copy,
                                              const Descriptor* expected);
   std::filesystem::path path_;
+  std::string key_;  // the registry's key: path_ and the file's identity
   boost::dll::shared_library library_;
   const sbx_plugin* plugin_ = nullptr;
   std::unique_ptr<HostBinding> host_;
@@ -116,7 +133,7 @@ struct Generation {
   sbx_provider* provider = nullptr;
   std::string name;
   std::string provider_id;
-  std::string plugin_path;  // the file loaded (a copy after a reload: unlinked once loaded)
+  std::string plugin_path;  // the plugin file loaded (through a private copy, unlinked once mapped)
   std::string source_path;  // the plugin file it came from
   StringMap default_metadata;
   StringMap labels;

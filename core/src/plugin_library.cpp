@@ -9,11 +9,13 @@
 #include <boost/dll/shared_library_load_mode.hpp>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace sbx::detail {
 namespace {
@@ -37,11 +39,11 @@ boost::dll::load_mode::type load_flags() {
   throw PluginLoadError(path.string() + ": " + why);
 }
 
-// Every library loaded in this process, by path, with where it stands. dlopen returns the image
-// already loaded for a file, so two hosts loading one plugin share one PluginLibrary: init runs
-// once, and deinit after the last user is gone. A load that finds the file opening or closing
-// waits until that has finished, so an image is never initialised again before its deinit has
-// returned. The lock is never held while plugin code runs.
+// Every library loaded in this process, by plugin file and identity, with where it stands. Two
+// hosts loading one unchanged plugin file share one PluginLibrary: init runs once, and deinit after
+// the last user is gone. A load that finds the file opening or closing waits until that has
+// finished, so an image of one file is never initialised again before its deinit has returned.
+// The lock is never held while plugin code runs.
 // Never destroyed: the janitor thread may still unload a library while the process exits.
 struct Registry {
   enum class State { opening, open, closing };
@@ -51,7 +53,7 @@ struct Registry {
   };
   std::mutex mutex;
   std::condition_variable changed;
-  std::map<std::filesystem::path, Entry> entries;
+  std::map<std::string, Entry> entries;
 };
 Registry& registry() {
   static Registry* const instance = new Registry();
@@ -67,20 +69,31 @@ void check_expected(const std::filesystem::path& path, const Descriptor& loaded,
                    " loaded): a forged probe answer or probe cache entry; not initialised");
 }
 
+// `text` with every occurrence of `from` replaced by `to` (the loader's messages name the copy).
+std::string renamed(std::string text, const std::string& from, const std::string& to) {
+  if (from.empty()) return text;
+  for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
 // Loads the file and reads its descriptor; nothing of the plugin but its loading and
-// sbx_plugin_entry has run when this returns.
+// sbx_plugin_entry has run when this returns. Errors name `shown` (the plugin file a copy was
+// made of).
 const sbx_plugin* open_library(const std::filesystem::path& path,
                                boost::dll::shared_library& library,
+                               const std::filesystem::path& shown,
                                const Descriptor* expected = nullptr) {
   boost::dll::fs::error_code ec;
   library.load(path, load_flags(), ec);
   if (ec) {
     // Boost.DLL keeps only a generic code; the loader's own message is still in dlerror().
     const char* why = ::dlerror();
-    refuse(path, "cannot load the library: " + std::string(why ? why : ec.message().c_str()));
+    refuse(shown, "cannot load the library: " +
+                      renamed(why ? why : ec.message(), path.string(), shown.string()));
   }
   if (!library.has(SBX_PLUGIN_ENTRY_SYMBOL)) {
-    refuse(path, "not an sbx plugin: it does not export " SBX_PLUGIN_ENTRY_SYMBOL);
+    refuse(shown, "not an sbx plugin: it does not export " SBX_PLUGIN_ENTRY_SYMBOL);
   }
   auto& entry = library.get<const sbx_plugin*()>(SBX_PLUGIN_ENTRY_SYMBOL);
   const sbx_plugin* plugin = entry();
@@ -88,28 +101,31 @@ const sbx_plugin* open_library(const std::filesystem::path& path,
   try {
     loaded = read_descriptor(plugin);
   } catch (const DescriptorError& e) {
-    refuse(path, e.what());
+    refuse(shown, e.what());
   }
-  check_expected(path, loaded, expected);
+  check_expected(shown, loaded, expected);
   return plugin;
 }
 
 }  // namespace
 
-std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& path,
+std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& source,
+                                                   const std::string& key,
+                                                   const CopyMaker& make_copy,
                                                    const Descriptor* expected) {
+  const std::string id = source.string() + '\n' + key;
   Registry& r = registry();
   std::unique_lock lock(r.mutex);
   for (;;) {
-    auto it = r.entries.find(path);
+    auto it = r.entries.find(id);
     if (it == r.entries.end()) {
-      r.entries.emplace(path, Registry::Entry{});
+      r.entries.emplace(id, Registry::Entry{});
       break;
     }
     if (it->second.state == Registry::State::open) {
       if (auto lib = it->second.library.lock()) {
         lock.unlock();
-        check_expected(path, read_descriptor(lib->plugin_), expected);
+        check_expected(source, read_descriptor(lib->plugin_), expected);
         return lib;
       }
     }
@@ -119,34 +135,45 @@ std::shared_ptr<PluginLibrary> PluginLibrary::load(const std::filesystem::path& 
   lock.unlock();
   std::shared_ptr<PluginLibrary> lib;
   try {
-    lib = open(path, expected);
+    lib = open(source, make_copy(), expected);
   } catch (...) {
     lock.lock();
-    r.entries.erase(path);
+    r.entries.erase(id);
     r.changed.notify_all();
     throw;
   }
   lock.lock();
+  lib->key_ = id;
   lib->registered_ = true;
-  r.entries[path] = {Registry::State::open, lib};
+  r.entries[id] = {Registry::State::open, lib};
   r.changed.notify_all();
   return lib;
 }
 
-std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& path,
+std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& source,
+                                                   const std::filesystem::path& copy,
                                                    const Descriptor* expected) {
   std::shared_ptr<PluginLibrary> lib = make_deferred_shared(new PluginLibrary());
-  lib->path_ = path;
-  const sbx_plugin* plugin = open_library(path, lib->library_, expected);
+  lib->path_ = source;
+  const sbx_plugin* plugin = nullptr;
+  try {
+    plugin = open_library(copy, lib->library_, source, expected);
+  } catch (...) {
+    ::unlink(copy.c_str());
+    throw;
+  }
+  // Mapped: the copy's name is no longer needed (the mapping keeps the inode), and nothing is
+  // left on disk from here on, whatever happens to this process.
+  ::unlink(copy.c_str());
   lib->plugin_ = plugin;
   lib->host_ = std::make_unique<HostBinding>(std::string("plugin.") + plugin->name);
 
   ErrorCollector errors;
   const sbx_status status = plugin->init(lib->host_->get(), &errors.sink);
   if (status != SBX_STATUS_OK) {
-    refuse(path, "init failed: " + (errors.message.empty()
-                                        ? std::string("status ") + sbx_status_name(status)
-                                        : errors.message));
+    refuse(source, "init failed: " + (errors.message.empty()
+                                          ? std::string("status ") + sbx_status_name(status)
+                                          : errors.message));
   }
   lib->initialised_ = true;
   return lib;
@@ -154,20 +181,20 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& 
 
 Descriptor PluginLibrary::describe(const std::filesystem::path& path) {
   boost::dll::shared_library library;
-  return read_descriptor(open_library(path, library));
+  return read_descriptor(open_library(path, library, path));
 }
 
 PluginLibrary::~PluginLibrary() {
   Registry& r = registry();
   if (registered_) {
     std::lock_guard lock(r.mutex);
-    r.entries[path_].state = Registry::State::closing;
+    r.entries[key_].state = Registry::State::closing;
   }
   if (initialised_) plugin_->deinit();
   library_.unload();
   if (registered_) {
     std::lock_guard lock(r.mutex);
-    if (auto it = r.entries.find(path_);
+    if (auto it = r.entries.find(key_);
         it != r.entries.end() && it->second.state == Registry::State::closing) {
       r.entries.erase(it);
     }

@@ -11,6 +11,10 @@
 #include <sbx/core/sandbox.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -254,23 +258,72 @@ struct UploadCtx : DoneCtx {
   }
 };
 
-// Download sink: a temporary file renamed over the target on success; on failure the temporary
-// file and the parent directories the download made are removed before the error is reported.
+// Writes `size` bytes to the FIFO or device `fd` (O_NONBLOCK) without ever raising SIGPIPE: a
+// FIFO whose reader went away is EPIPE for this download, not a signal that kills the host
+// (SIGPIPE is blocked on this thread around each write, and the one a write raised, unless one
+// was pending before, is taken back). While the reader is slow, waits for room, or for `wake`
+// (an eventfd) to be signalled: the host abandoned the download. 0, or an errno (ECANCELED when
+// woken).
+int write_in_place(int fd, int wake, const uint8_t* data, size_t size) {
+  sigset_t pipe_only;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  while (size > 0) {
+    sigset_t pending;
+    sigemptyset(&pending);
+    ::sigpending(&pending);
+    const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+    sigset_t old;
+    ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    const ssize_t n = ::write(fd, data, size);
+    const int err = errno;
+    if (n < 0 && err == EPIPE && !was_pending) {
+      const timespec zero{};
+      while (::sigtimedwait(&pipe_only, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return EIO;
+    if (err == EINTR) continue;
+    if (err != EAGAIN && err != EWOULDBLOCK) return err;
+    pollfd fds[2] = {{fd, POLLOUT, 0}, {wake, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return errno;
+    if (fds[1].revents != 0) return ECANCELED;
+  }
+  return 0;
+}
+
+// Download sink. A regular file (or a new one) gets a temporary file beside it, renamed over it
+// on success; on failure the temporary file and the parent directories the download made are
+// removed before the error is reported. A FIFO or a character device (`in_place`) is written
+// into directly: no temporary file, no rename, and a failure is reported as such (what was
+// written is gone to the reader).
 struct DownloadCtx : CallCtx, SandboxRef {
   static constexpr CallKind kKind = CallKind::download;
   DownloadCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<Unit>> state;
   std::mutex mutex;
   int fd = -1;
+  bool in_place = false;  // fd is the FIFO or device itself (O_NONBLOCK)
+  int wake = -1;          // in_place: an eventfd signalled when the host abandons the download
   fs::path temp_path;
-  fs::path target;
+  fs::path target;      // the path the caller gave (absolute), named in messages
+  fs::path final_path;  // what the temporary file is renamed to: `target`, or a link's target
   std::vector<fs::path> made_dirs;      // parents this download created, outermost first
   std::shared_ptr<std::string> memory;  // download_bytes: append here instead
   std::optional<Error> local_error;
   bool settled = false;  // committed or discarded: nothing more is written
   sbx_output_stream stream{};
 
-  ~DownloadCtx() override { discard(); }
+  ~DownloadCtx() override {
+    discard();
+    if (wake >= 0) ::close(wake);
+  }
 
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
     auto* ctx = static_cast<DownloadCtx*>(c);
@@ -283,6 +336,13 @@ struct DownloadCtx : CallCtx, SandboxRef {
         ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
       } catch (...) {  // out of memory: abort the download rather than throw into the plugin
         ctx->local_error.emplace(local_io_error("keeping the download in memory", ENOMEM));
+        return -1;
+      }
+      return 0;
+    }
+    if (ctx->in_place) {
+      if (const int err = write_in_place(ctx->fd, ctx->wake, data.data, data.len)) {
+        ctx->local_error.emplace(local_io_error("writing " + ctx->target.string(), err));
         return -1;
       }
       return 0;
@@ -323,19 +383,28 @@ struct DownloadCtx : CallCtx, SandboxRef {
   }
 
   // The host gave up: nothing more is written, and nothing is left behind.
-  void on_abandoned() override { discard(); }
+  // A write waiting for a slow reader holds the mutex: it is woken first.
+  void on_abandoned() override {
+    if (wake >= 0) ::eventfd_write(wake, 1);
+    discard();
+  }
 
-  // Moves the finished temporary file over the target; the error, if that fails.
+  // Moves the finished temporary file over the target (closes the FIFO or device written in
+  // place); the error, if that fails.
   std::optional<Error> commit() {
     if (fd < 0) return std::nullopt;  // download_bytes: nothing on disk
     const int f = std::exchange(fd, -1);
+    if (in_place) {
+      if (::close(f) != 0) return local_io_error("writing " + target.string(), errno);
+      return std::nullopt;
+    }
     if (::fsync(f) != 0) {
       const int err = errno;
       ::close(f);
       return local_io_error("writing " + target.string(), err);
     }
     if (::close(f) != 0) return local_io_error("writing " + target.string(), errno);
-    if (::rename(temp_path.c_str(), target.c_str()) != 0) {
+    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
       return local_io_error("renaming the download to " + target.string(), errno);
     }
     temp_path.clear();
@@ -431,6 +500,102 @@ struct EndpointCtx : CallCtx, SandboxRef {
   InvalidArgumentError error(what + ": " + std::strerror(error_number));
   error.set_local_errno(error_number);
   throw error;
+}
+
+// A download target that cannot be written: `dest` named, with what it is.
+[[noreturn]] void refuse_download_target(const fs::path& dest, const std::string& why,
+                                         int error_number) {
+  InvalidArgumentError error("cannot download to " + dest.string() + ": " + why);
+  error.set_local_errno(error_number);
+  throw error;
+}
+
+// Where a download to `dest` goes, as cp would write it.
+struct DownloadTarget {
+  enum class Kind { new_file, regular, in_place };
+  Kind kind = Kind::new_file;
+  fs::path path;          // `dest`, or the file a symbolic link at `dest` leads to
+  bool via_link = false;  // `dest` is a symbolic link
+  int fd = -1;            // in_place: the FIFO or device, open for writing (O_NONBLOCK)
+  int wake = -1;          // in_place: the eventfd that wakes a waiting write
+};
+
+// Looks at `dest` before anything is fetched: a symbolic link is followed (to its end); a regular
+// file or a missing one is a file to replace (a missing link target's directory must exist); a
+// FIFO or a character device is opened for writing (a FIFO without a reader waits for one, as
+// cp does); a directory, a socket or a block device is refused.
+DownloadTarget examine_download_target(const fs::path& dest) {
+  DownloadTarget t;
+  t.path = dest;
+  struct stat st {};
+  for (int hops = 0;; ++hops) {
+    if (::lstat(t.path.c_str(), &st) != 0) {
+      const int err = errno;
+      if (err != ENOENT) refuse_local_file("cannot download to " + dest.string(), err);
+      if (t.via_link) {
+        struct stat dir {};
+        if (::stat(t.path.parent_path().c_str(), &dir) != 0 || !S_ISDIR(dir.st_mode)) {
+          refuse_download_target(
+              dest,
+              "it is a symbolic link to " + t.path.string() + ", whose directory does not exist",
+              ENOENT);
+        }
+      }
+      return t;  // a new file
+    }
+    if (!S_ISLNK(st.st_mode)) break;
+    if (hops == 40) refuse_local_file("cannot download to " + dest.string(), ELOOP);
+    std::error_code ec;
+    const fs::path link = fs::read_symlink(t.path, ec);
+    if (ec) refuse_local_file("cannot download to " + dest.string(), ec.value());
+    t.path = link.is_absolute() ? link : t.path.parent_path() / link;
+    t.via_link = true;
+  }
+  if (S_ISREG(st.st_mode)) {
+    t.kind = DownloadTarget::Kind::regular;
+    return t;
+  }
+  const char* what = S_ISDIR(st.st_mode)                           ? "it is a directory"
+                     : S_ISSOCK(st.st_mode)                        ? "it is a socket"
+                     : S_ISBLK(st.st_mode)                         ? "it is a block device"
+                     : S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) ? nullptr
+                                                                   : "it is not a file";
+  if (what) {
+    refuse_download_target(
+        dest,
+        std::string(what) + "; a download writes a regular file, a FIFO or a character device",
+        S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
+  }
+  // Without O_NONBLOCK, a FIFO's open waits for a reader; with it, a FIFO without one is ENXIO.
+  // Tried without waiting first, so that a reader already there costs no blocking call.
+  t.kind = DownloadTarget::Kind::in_place;
+  const int flags = O_WRONLY | O_CLOEXEC | O_NOCTTY;
+  t.fd = ::open(t.path.c_str(), flags | O_NONBLOCK);
+  if (t.fd < 0 && errno == ENXIO && S_ISFIFO(st.st_mode)) {
+    do {
+      t.fd = ::open(t.path.c_str(), flags);
+    } while (t.fd < 0 && errno == EINTR);
+  }
+  if (t.fd < 0) refuse_local_file("cannot open " + dest.string() + " for the download", errno);
+  struct stat opened {};
+  if (::fstat(t.fd, &opened) != 0 || !(S_ISFIFO(opened.st_mode) || S_ISCHR(opened.st_mode))) {
+    ::close(t.fd);
+    refuse_download_target(dest, "it changed while it was opened", EINVAL);
+  }
+  // Writes stay non-blocking: write_in_place waits for room itself, and can be woken.
+  const int now = ::fcntl(t.fd, F_GETFL);
+  if (now < 0 || ::fcntl(t.fd, F_SETFL, now | O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(t.fd);
+    refuse_local_file("cannot open " + dest.string() + " for the download", err);
+  }
+  t.wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (t.wake < 0) {
+    const int err = errno;
+    ::close(t.fd);
+    throw_error(local_io_error("cannot download to " + dest.string(), err));
+  }
+  return t;
 }
 
 // Creates every missing directory above `file`, outermost first; returns those it made.
@@ -678,8 +843,16 @@ Operation<void> Sandbox::download_async(std::string remote_path, std::filesystem
   detail::require_utf8(remote_path, "the sandbox path");
   auto ctx = std::make_shared<detail::DownloadCtx>();
   ctx->target = std::filesystem::absolute(local_path);
-  ctx->made_dirs = detail::make_parents(ctx->target);
-  std::string temp = ctx->target.string() + ".sbx-partial-XXXXXX";
+  detail::DownloadTarget where = detail::examine_download_target(ctx->target);
+  ctx->final_path = where.path;
+  if (where.kind == detail::DownloadTarget::Kind::in_place) {
+    ctx->fd = where.fd;
+    ctx->wake = where.wake;
+    ctx->in_place = true;
+    return start_download(state_, std::move(ctx), remote_path);
+  }
+  if (!where.via_link) ctx->made_dirs = detail::make_parents(ctx->final_path);
+  std::string temp = ctx->final_path.string() + ".sbx-partial-XXXXXX";
   ctx->fd = ::mkostemp(temp.data(), O_CLOEXEC);
   if (ctx->fd < 0) {
     const int err = errno;

@@ -9,17 +9,26 @@
 #include <spdlog/spdlog.h>
 #include <boost/json.hpp>
 
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "../common/test_helpers.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <optional>
+#include <string>
 #include <thread>
 
 namespace {
@@ -202,6 +211,205 @@ TEST_CASE("a full disk during a download is reported as such, with nothing left 
   CHECK(std::string(e.what()).find("No space left on device") != std::string::npos);
   CHECK(e.local_errno() == ENOSPC);
   CHECK(fs::is_empty(small.path));  // no temporary file, and not the directory it made
+}
+
+namespace {
+
+mode_t type_of(const fs::path& path) {
+  struct stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  return st.st_mode & S_IFMT;
+}
+
+bool has_text(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A FIFO in `dir` with a reader thread that collects what arrives. The test holds a write end of
+// its own (`keep`) until finish(): the reader sees the end of the data only then, so it never
+// waits for a writer that does not come, and never stops before one wrote.
+struct FifoReader {
+  fs::path path;
+  int read_fd = -1;
+  int keep = -1;
+  size_t read_limit;  // the reader closes its end after this many bytes
+  std::string received;
+  std::thread thread;
+
+  FifoReader(const fs::path& dir, size_t limit = SIZE_MAX) : path(dir / "fifo"), read_limit(limit) {
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    read_fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // no writer needed
+    REQUIRE(read_fd >= 0);
+    keep = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // a reader exists: does not wait
+    REQUIRE(keep >= 0);
+    REQUIRE(::fcntl(read_fd, F_SETFL, 0) == 0);  // blocking reads from here on
+    thread = std::thread([this] {
+      char buffer[4096];
+      while (received.size() < read_limit) {
+        const ssize_t n =
+            ::read(read_fd, buffer, std::min(sizeof buffer, read_limit - received.size()));
+        if (n <= 0) break;
+        received.append(buffer, static_cast<size_t>(n));
+      }
+      ::close(read_fd);
+    });
+  }
+  // Lets the reader see the end, and waits for it: what it received.
+  const std::string& finish() {
+    if (keep >= 0) ::close(std::exchange(keep, -1));
+    if (thread.joinable()) thread.join();
+    return received;
+  }
+  ~FifoReader() { finish(); }
+};
+
+}  // namespace
+
+TEST_CASE("a download to a symbolic link replaces the file it leads to; the link stays") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  box.upload_bytes("new contents", "/f");
+  sbx::testing::TempDir dir("sbx-download-link");
+
+  SUBCASE("a link to a regular file: that file is replaced") {
+    sbx::testing::write_file(dir.path / "real", "old");
+    fs::create_symlink("real", dir.path / "link");
+    box.download("/f", dir.path / "link");
+    CHECK(type_of(dir.path / "link") == S_IFLNK);
+    CHECK(fs::read_symlink(dir.path / "link") == "real");
+    CHECK(sbx::testing::read_file(dir.path / "real") == "new contents");
+  }
+  SUBCASE("a chain of links to a missing file in an existing directory: that file is made") {
+    fs::create_directory(dir.path / "sub");
+    fs::create_symlink(dir.path / "sub" / "made", dir.path / "second");
+    fs::create_symlink("second", dir.path / "link");
+    box.download("/f", dir.path / "link");
+    CHECK(type_of(dir.path / "link") == S_IFLNK);
+    CHECK(type_of(dir.path / "second") == S_IFLNK);
+    CHECK(sbx::testing::read_file(dir.path / "sub" / "made") == "new contents");
+  }
+  SUBCASE("a dangling link whose target's directory does not exist is an error naming it") {
+    fs::create_symlink("nodir/x", dir.path / "link");
+    const auto e = sbx::testing::error_of<sbx::InvalidArgumentError>(
+        [&] { box.download("/f", dir.path / "link"); });
+    CHECK_MESSAGE(has_text(e.what(), (dir.path / "link").string()), e.what());
+    CHECK_MESSAGE(has_text(e.what(), "whose directory does not exist"), e.what());
+    CHECK(type_of(dir.path / "link") == S_IFLNK);
+    CHECK_FALSE(fs::exists(dir.path / "nodir"));
+  }
+  // Nothing else is left beside the files: no temporary file.
+  for (const auto& entry : fs::directory_iterator(dir.path))
+    CHECK_MESSAGE(!has_text(entry.path().filename().string(), "sbx-partial"), entry.path());
+}
+
+TEST_CASE("a download to a FIFO is written into it: no temporary file, no rename") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  std::string contents(1024 * 1024 + 7, '\0');  // larger than a pipe's buffer: writes block
+  for (size_t i = 0; i < contents.size(); ++i)
+    contents[i] = static_cast<char>('a' + i % 26);
+  box.upload_bytes(contents, "/big");
+  sbx::testing::TempDir dir("sbx-download-fifo");
+
+  SUBCASE("a reader gets every byte") {
+    FifoReader reader(dir.path);
+    box.download("/big", reader.path);
+    CHECK(reader.finish() == contents);
+    CHECK(type_of(reader.path) == S_IFIFO);
+  }
+  SUBCASE("a reader that goes away fails the download (EPIPE), and the host lives on") {
+    FifoReader reader(dir.path, 10);
+    const auto e = sbx::testing::error_of<sbx::Error>([&] { box.download("/big", reader.path); });
+    CHECK(e.local_errno() == EPIPE);
+    CHECK_MESSAGE(has_text(e.what(), reader.path.string()), e.what());
+    CHECK(reader.finish() == contents.substr(0, 10));
+    CHECK(type_of(reader.path) == S_IFIFO);
+    CHECK(box.exec("echo alive").stdout_text == "alive\n");
+  }
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("a download into a FIFO whose reader stalls is abandoned at the idle deadline; the "
+          "plugin's thread is not left blocked") {
+  sbx::testing::TempDir dir("sbx-download-stall");
+  sbx::Host::Options options;
+  options.config = sbx::Config::parse(
+      R"({"providers": {"p": {"plugin": "test_processes", "config": {"root": ")" +
+      dir.path.string() + R"("}}}})");
+  options.plugin_dirs = {SBX_TEST_PLUGIN_DIR};
+  options.use_default_plugin_dirs = false;
+  options.deadlines.transfer_idle_s = 0.5;
+  options.deadlines.cancel_grace_s = 0.3;
+  sbx::Host host(std::move(options));
+  sbx::Sandbox box = host.provider("p").create({});
+  box.upload_bytes(std::string(1024 * 1024, 'x'), "/big");
+  const fs::path fifo = dir.path / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // never reads
+  REQUIRE(reader >= 0);
+  const auto e = sbx::testing::error_of<sbx::TimeoutError>([&] { box.download("/big", fifo); });
+  CHECK_MESSAGE(has_text(e.what(), "the host abandoned it"), e.what());
+  ::close(reader);
+  // The write that waited for room was woken: the plugin works on (its download threads too).
+  CHECK(box.exec("echo alive").stdout_text == "alive\n");
+  CHECK(box.download_bytes("/big").size() == 1024 * 1024);
+  CHECK(type_of(fifo) == S_IFIFO);
+}
+
+TEST_CASE("a download to a character device is written into it; its failure is reported") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  box.upload_bytes(std::string(200000, 'x'), "/f");
+  box.download("/f", "/dev/null");
+  CHECK(type_of("/dev/null") == S_IFCHR);
+  const auto e =
+      sbx::testing::error_of<sbx::ResourceExhaustedError>([&] { box.download("/f", "/dev/full"); });
+  CHECK(e.local_errno() == ENOSPC);
+  CHECK_MESSAGE(has_text(e.what(), "/dev/full"), e.what());
+  CHECK(type_of("/dev/full") == S_IFCHR);
+}
+
+TEST_CASE(
+    "a directory, a socket or a block device as a download target is refused before the "
+    "download starts") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  sbx::testing::TempDir dir("sbx-download-refused");
+  const auto refused = [&](const fs::path& target, const std::string& what) {
+    // The remote file does not exist: a download that started would be NotFoundError.
+    const auto e = sbx::testing::error_of<sbx::InvalidArgumentError>(
+        [&] { box.download("/missing", target); });
+    CHECK_MESSAGE(has_text(e.what(), "cannot download to " + target.string() + ": " + what),
+                  e.what());
+    CHECK(e.local_errno() != 0);
+  };
+
+  fs::create_directory(dir.path / "adir");
+  refused(dir.path / "adir", "it is a directory");
+  CHECK(fs::is_empty(dir.path / "adir"));
+
+  const fs::path socket_path = dir.path / "sock";
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(sock >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  REQUIRE(socket_path.string().size() < sizeof address.sun_path);
+  std::strcpy(address.sun_path, socket_path.c_str());
+  REQUIRE(::bind(sock, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  refused(socket_path, "it is a socket");
+  CHECK(type_of(socket_path) == S_IFSOCK);
+  ::close(sock);
+
+  // A block device node of its own (never opened): making one needs root, as the test scripts are.
+  REQUIRE_MESSAGE(::geteuid() == 0, "this test makes a block device node and needs root");
+  const fs::path block = dir.path / "block";
+  REQUIRE(::mknod(block.c_str(), S_IFBLK | 0600, makedev(7, 0)) == 0);
+  refused(block, "it is a block device");
+  CHECK(type_of(block) == S_IFBLK);
+  // Through a link too.
+  fs::create_symlink(block, dir.path / "to-block");
+  refused(dir.path / "to-block", "it is a block device");
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 4);
 }
 
 TEST_CASE("an upload source that changes size during the upload fails it with the reason") {

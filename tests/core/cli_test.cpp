@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -307,11 +308,28 @@ TEST_CASE("config files and provider options are checked like config files") {
   CHECK(has(empty.out, "the file is empty"));
   const Run zero = run_cli("--config /dev/zero providers");
   CHECK(zero.exit_code == 2);
-  CHECK(has(zero.out, "larger than 16 MiB"));
+  CHECK(has(zero.out, "/dev/zero: is a character device, not a config file"));
+  fs::resize_file((root.path / "empty.json"), 17 * 1024 * 1024);  // 17 MiB of zeros
+  const Run large = run_cli("--config " + (root.path / "empty.json").string() + " providers");
+  CHECK(large.exit_code == 2);
+  CHECK(has(large.out, "larger than 16 MiB"));
   const Run dup =
       run_cli(R"(run --provider test_processes --provider-options '{"a": 1, "a": 2}' -- true)");
   CHECK(dup.exit_code == 2);
   CHECK(has(dup.out, "$.a: duplicate key"));
+}
+
+TEST_CASE(
+    "a config file that is a FIFO is refused at once, naming it, without waiting for a "
+    "writer") {
+  sbx::testing::TempDir root("sbx-cli-config-fifo");
+  const fs::path fifo = root.path / "sbx.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Bounded: a regression waits for a writer forever, and is killed after 60 s (exit 137).
+  const Run r = run_shell("timeout -s KILL 60 " + std::string(SBX_CLI) + " --plugin-dir " +
+                          SBX_TEST_PLUGIN_DIR + " --config " + fifo.string() + " providers");
+  CHECK_MESSAGE(r.exit_code == 2, r.out);
+  CHECK_MESSAGE(has(r.out, fifo.string() + ": is a FIFO, not a config file"), r.out);
 }
 
 namespace {
@@ -514,6 +532,33 @@ TEST_CASE("one sandbox over several sbx processes: create, exec, cp, status, pau
   CHECK(sbx::testing::read_file(files.path / "out.txt") == "from the host\n");
   CHECK_MESSAGE(has(out, "close rc=0"), out);
   CHECK_MESSAGE(has(out, "gone rc=125"), out);
+  CHECK(fs::is_empty(root.path));  // closed: nothing left
+}
+
+TEST_CASE(
+    "sbx cp to /dev/null writes into the device and leaves it a device; to a socket it is "
+    "refused naming it") {
+  sbx::testing::TempDir root("sbx-cli-cp-device");
+  sbx::testing::TempDir files("sbx-cli-cp-device-files");
+  const std::string sbx = std::string(SBX_CLI) + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " ";
+  const std::string script =
+      with_test_provider("create --workdir /w") + " > " + (files.path / "id").string() +
+      "\nid=$(cat " + (files.path / "id").string() + ")" + "\n" + sbx +
+      with_test_provider("exec $id -- 'seq 1 100000 > out.txt'") + "\n" + sbx +
+      with_test_provider("cp $id:out.txt /dev/null") + "\necho \"cp null rc=$?\"" +
+      "\n[ -c /dev/null ] && echo 'still a device'" +
+      "\npython3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])' " +
+      (files.path / "sock").string() + "\n" + sbx +
+      with_test_provider("cp $id:out.txt " + (files.path / "sock").string()) +
+      "\necho \"cp socket rc=$?\"" + "\n[ -S " + (files.path / "sock").string() +
+      " ] && echo 'still a socket'" + "\n" + sbx + with_test_provider("close $id");
+  const std::string out = run_cli_in_bash(root.path, script);
+  CHECK_MESSAGE(has(out, "cp null rc=0"), out);
+  CHECK_MESSAGE(has(out, "still a device"), out);
+  CHECK_MESSAGE(
+      has(out, "cannot download to " + (files.path / "sock").string() + ": it is a socket"), out);
+  CHECK_MESSAGE(has(out, "cp socket rc=74"), out);
+  CHECK_MESSAGE(has(out, "still a socket"), out);
   CHECK(fs::is_empty(root.path));  // closed: nothing left
 }
 

@@ -18,10 +18,21 @@
 
 #include <boost/json.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -101,6 +112,20 @@ struct Fixture {
   return false;
 }
 
+// The private copies of plugin.so this process maps (/tmp/plugin-XXXXXX.so, unlinked: "(deleted)"),
+// by path. The installed file itself is never mapped.
+std::set<std::string> mapped_copies() {
+  const std::string prefix = (fs::temp_directory_path() / "plugin-").string();
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> out;
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto at = line.find(prefix);
+    if (at != std::string::npos) out.insert(line.substr(at));
+  }
+  return out;
+}
+
 std::string reload_error(Fixture& f, const sbx::Config& config) {
   try {
     f.host->reload(config);
@@ -136,7 +161,8 @@ TEST_CASE("a replaced plugin file is a new generation; the old one drains, then 
   CHECK(second.plugin_version == "2.0.0");
   CHECK(second.serial != first.serial);
   CHECK(second.plugin_file == fs::weakly_canonical(f.plugin).string());
-  CHECK(f.host->provider("p").plugin_path() != f.plugin.string());  // loaded from a copy
+  // The file it was loaded from (through a private copy, unlinked once mapped).
+  CHECK(f.host->provider("p").plugin_path() == fs::weakly_canonical(f.plugin).string());
   // The old generation still serves its sandbox; new sandboxes go to the new one.
   CHECK(old_box.exec("echo still").stdout_text == "still\n");
   sbx::Sandbox new_box = f.host->provider("p").create({});
@@ -160,10 +186,107 @@ TEST_CASE("a replaced plugin file is a new generation; the old one drains, then 
   while (f.generations_of() != 1 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(10ms);
   CHECK(f.generations_of() == 1);
-#if !defined(__SANITIZE_THREAD__)          // TSan keeps libraries resident (plugin_library.cpp)
-  CHECK_FALSE(mapped(f.plugin.string()));  // the first generation's image is gone
+#if !defined(__SANITIZE_THREAD__)      // TSan keeps libraries resident (plugin_library.cpp)
+  CHECK(mapped_copies().size() == 1);  // the first generation's image is gone
 #endif
   new_box.close();
+}
+
+namespace {
+
+// Overwrites `target` in place with the bytes of `from`, as `cp from target` does: the same inode,
+// opened with O_TRUNC and written.
+void overwrite_in_place(const fs::path& target, const fs::path& from) {
+  const std::string bytes = sbx::testing::read_file(from);
+  REQUIRE(!bytes.empty());
+  const int fd = ::open(target.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    REQUIRE(n > 0);
+    done += static_cast<size_t>(n);
+  }
+  REQUIRE(::close(fd) == 0);
+}
+
+constexpr const char* kChildEnv = "SBX_RELOAD_TEST_OVERWRITE_CHILD";
+
+// Runs this test program again with `test_case` alone and kChildEnv set, its output into `log`;
+// waits for it at most `limit`. Its exit code, 128 + the signal that ended it, or -1 if it was
+// still running at the limit (then killed).
+int run_self_as_child(const std::string& test_case, const fs::path& log,
+                      std::chrono::seconds limit) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> args = {self, "--test-case=" + test_case, "--no-intro"};
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  ::setenv(kChildEnv, "1", 1);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ);
+  ::unsetenv(kChildEnv);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(spawned == 0);
+  // A pidfd becomes readable when the child ends: a bounded wait on that event.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  REQUIRE(pidfd >= 0);
+  pollfd p{pidfd, POLLIN, 0};
+  const int ready = ::poll(&p, 1, static_cast<int>(limit.count() * 1000));
+  ::close(pidfd);
+  if (ready != 1) ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  if (ready != 1) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+// The part that crashed a host (SIGBUS) when the first generation mapped the installed file
+// itself: run in a child process by the test case below, so that a crash is a failure reported
+// here rather than the end of this program.
+TEST_CASE("overwritten in place: the child's part") {
+  if (!std::getenv(kChildEnv)) return;  // only as the child
+  Fixture f;
+  sbx::Sandbox box = f.host->provider("p").create({});
+  CHECK(box.exec("echo before > note; cat note").stdout_text == "before\n");
+  CHECK_FALSE(mapped(f.plugin.string()));  // the installed file is not what runs
+
+  overwrite_in_place(f.plugin, kV2);  // different bytes, the same inode
+
+  // The host keeps working: the sandbox it serves, and a new one from the running generation.
+  CHECK(box.exec("cat note; echo after").stdout_text == "before\nafter\n");
+  sbx::Sandbox second = f.host->provider("p").create({});
+  CHECK(second.exec("echo new").stdout_text == "new\n");
+  CHECK(f.current().plugin_version == "0.1.0");
+  // A reload then loads the new bytes as a new generation; the old one still serves its sandboxes.
+  CHECK(f.host->reload(f.config()).changed == std::vector<std::string>{"p"});
+  CHECK(f.current().plugin_version == "2.0.0");
+  CHECK(f.host->provider("p").create({}).exec("echo two").stdout_text == "two\n");
+  CHECK(box.exec("echo still").stdout_text == "still\n");
+  // And overwriting the file under the second generation is as harmless.
+  overwrite_in_place(f.plugin, kV1);
+  CHECK(f.host->provider("p").create({}).exec("echo three").stdout_text == "three\n");
+  box.close();
+  second.close();
+}
+
+TEST_CASE("a plugin file overwritten in place (as cp does) leaves the running host working") {
+  if (std::getenv(kChildEnv)) return;
+  sbx::testing::TempDir dir("sbx-overwrite");
+  const fs::path log = dir.path / "child.log";
+  const int code = run_self_as_child("overwritten in place: the child's part", log, 120s);
+  const std::string output = sbx::testing::read_file(log);
+  CAPTURE(output);
+  CHECK_MESSAGE(code != 128 + SIGBUS, "the host died of SIGBUS");
+  CHECK(code == 0);
+  CHECK(output.find("1 passed") != std::string::npos);
 }
 
 TEST_CASE("a sandbox moves to the new generation through sbx.connect/1 instead of draining") {
@@ -193,10 +316,8 @@ TEST_CASE("a sandbox moves to the new generation through sbx.connect/1 instead o
   CHECK(box.exec("cat note").stdout_text == "kept\n");
   CHECK_FALSE(f.host->move_to_current(box).has_value());
 #if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
-  const auto unmapped = std::chrono::steady_clock::now() + 5s;  // the last reference may unload
-  while (mapped(f.plugin.string()) && std::chrono::steady_clock::now() < unmapped)  // it later
-    std::this_thread::sleep_for(10ms);
-  CHECK_FALSE(mapped(f.plugin.string()));
+  // The last reference may unload it later.
+  CHECK(sbx::testing::eventually([] { return mapped_copies().size() == 1; }, 5s));
 #endif
 
   // Another provider kind cannot read this descriptor: the move is refused, the sandbox drains.

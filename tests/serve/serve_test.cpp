@@ -1,13 +1,20 @@
 // `sbx serve` as a process on 127.0.0.1:0 over the test_processes plugin (sandboxes are host
 // processes in directories under a private root), spoken to over real HTTP: every route of this
-// slice, every error envelope, the API key, request ids, size limits and the graceful stop.
+// slice, every error envelope, the API key, request ids, size limits, the graceful stop, and a
+// reload whose config is no longer a regular file.
 
 #include "support.hpp"
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <condition_variable>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -430,4 +437,42 @@ TEST_CASE("a client that sends nothing is disconnected after --read-timeout") {
   CHECK(n == 0);
   CHECK((ec == asio::error::eof || ec == asio::error::connection_reset));
   CHECK(request(f.port(), "GET", "/health").status == 200);
+}
+
+TEST_CASE(
+    "a reload whose config was replaced by a FIFO is refused at once, naming it; the server "
+    "serves on") {
+  Fixture f;
+  const auto created = request(f.port(), "POST", "/sandboxes", kCreateBody);
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  // The config file replaced by a FIFO (renamed over it): nothing will ever write into it.
+  const fs::path fifo = f.dir.path / "sbx.json.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  fs::rename(fifo, f.config);
+  // Bounded: should the server wait on the FIFO for a writer, this opens it for writing after
+  // 60 s (and closes it), so the reload ends ("the file is empty") and the test fails, not hangs.
+  std::mutex mutex;
+  std::condition_variable answered_cv;
+  bool answered = false;
+  std::thread rescue([&] {
+    std::unique_lock lock(mutex);
+    if (answered_cv.wait_for(lock, std::chrono::seconds(60), [&] { return answered; })) return;
+    const int fd = ::open(f.config.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) ::close(fd);
+  });
+  const auto reload = request(f.port(), "POST", "/admin/reload");
+  {
+    std::lock_guard lock(mutex);
+    answered = true;
+  }
+  answered_cv.notify_all();
+  rescue.join();
+  CHECK(reload.status == 409);
+  CHECK_MESSAGE(
+      reload.body.find(f.config.string() + ": is a FIFO, not a config file") != std::string::npos,
+      reload.body);
+  // Serving on: the sandbox made before, and a new one.
+  CHECK(request(f.port(), "GET", "/sandboxes/" + id).status == 200);
+  CHECK(request(f.port(), "POST", "/sandboxes", kCreateBody).status == 202);
 }

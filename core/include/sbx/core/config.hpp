@@ -112,6 +112,8 @@ struct Config {
   // Throws ConfigError("<source>: <JSON path>: <problem>").
   static Config parse(std::string_view json_text, std::string_view source = "config",
                       const std::filesystem::path& base_dir = {});
+  // Reads and parses `file`, which must be a regular file (a directory, FIFO, device or socket is
+  // a ConfigError naming it, at once: a FIFO is not waited on), at most 16 MiB.
   static Config load(const std::filesystem::path& file);
 };
 

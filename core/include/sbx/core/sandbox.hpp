@@ -58,8 +58,14 @@ class Sandbox {
   void upload_bytes(std::string_view contents, std::string_view remote_path);
   Operation<void> upload_bytes_async(std::string contents, std::string remote_path);
 
-  // Copies one sandbox file to a local path. The file appears complete or not at all: it is written
-  // to a temporary name next to the target and renamed on success.
+  // Copies one sandbox file to a local path, as cp writes it. A regular file (or a new one;
+  // missing parent directories are created) appears complete or not at all: it is written to a
+  // temporary name next to the target and renamed over it on success. A symbolic link at the path
+  // is followed: the file it leads to is replaced that way (a dangling link's target is made; its
+  // directory must exist). A FIFO or a character device is opened (a FIFO without a reader waits
+  // for one, in this call) and written into: no temporary file; a failure (the reader went away:
+  // EPIPE) is reported, and what was written is the reader's. A directory, a socket or a block
+  // device is refused with InvalidArgumentError naming the path, before the download starts.
   void download(std::string_view remote_path, const std::filesystem::path& local_path);
   Operation<void> download_async(std::string remote_path, std::filesystem::path local_path);
   std::string download_bytes(std::string_view remote_path);
