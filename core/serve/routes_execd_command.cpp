@@ -191,12 +191,24 @@ class LineSplitter {
   bool after_cr_ = false;
 };
 
+// Milliseconds on the steady clock: when the last event went out (the keep-alive's measure, which
+// a change of the wall clock must not move).
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // A foreground command's stream: its sink, the line splitters and the keep-alive timer.
 struct Foreground : std::enable_shared_from_this<Foreground> {
   std::shared_ptr<ChunkSink> sink;
   std::mutex mutex;  // guards the splitters (output arrives on plugin threads)
   LineSplitter out, err;
-  std::atomic<int64_t> last_event_ms{0};
+  // Guards `ended` and orders the sends: an event is handed to the sink under it, so nothing (a
+  // ping from the timer, a late line) follows the final event.
+  std::mutex send_mutex;
+  bool ended = false;
+  std::atomic<int64_t> last_event_ms{steady_ms()};
   asio::strand<asio::io_context::executor_type> strand;
   asio::steady_timer timer;
   bool timer_stopped = false;  // on `strand`
@@ -206,9 +218,17 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every)
       : strand(asio::make_strand(ioc)), timer(strand), ping_every_ms(ping_every.count()) {}
 
-  void send(std::string e) {
-    last_event_ms = unix_ms();
+  // Sends `e` unless the stream has ended; `final`: `e` is the last event, and the stream ends.
+  bool send(std::string e, bool final = false) {
+    std::lock_guard lock(send_mutex);
+    if (ended) return false;
+    last_event_ms = steady_ms();
     sink->send(std::move(e));
+    if (final) {
+      ended = true;
+      sink->end();
+    }
+    return true;
   }
 
   void output(OutputStream stream, std::string_view data) {
@@ -244,8 +264,8 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     timer.expires_after(std::chrono::milliseconds(std::clamp<int64_t>(ping_every_ms / 6, 10, 500)));
     timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->timer_stopped) return;
-      if (unix_ms() - self->last_event_ms >= self->ping_every_ms) {
-        self->send(text_event("ping", "pong"));
+      if (steady_ms() - self->last_event_ms >= self->ping_every_ms) {
+        if (!self->send(text_event("ping", "pong"))) return;  // the final event went out
       }
       self->arm();
     });
@@ -512,7 +532,6 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
   } else {
     fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping);
     fg->sink = sink;
-    fg->last_event_ms = unix_ms();
     options.on_output = [fg](OutputStream stream, std::string_view data) {
       fg->output(stream, data);
     };
@@ -574,8 +593,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     finish_command(state, execd, command, outcome);
     fg->stop_pings();
     fg->flush();  // stdout/stderr are drained before the terminal event
-    fg->send(outcome.event);
-    fg->sink->end();
+    fg->send(outcome.event, true);  // the last event: no ping after it
   });
 }
 
