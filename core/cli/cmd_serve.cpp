@@ -44,7 +44,19 @@ struct ServeFields {
   std::optional<int64_t> max_streams;  // default: the config file's, else no cap
   bool watch = false;
   bool move_sandboxes = false;
+  // Per sandbox and per transfer (docs/serve.md "Limits"); unset: the server's defaults.
+  std::optional<int64_t> temp_limit;
 };
+
+// A whole-number flag within [min, max].
+std::optional<int64_t> bounded(const Arg& a, const char* name, int64_t min, int64_t max) {
+  const int64_t v = a.whole_number();
+  if (v < min || v > max) {
+    throw UsageError(std::string(name) + " must be between " + std::to_string(min) + " and " +
+                     std::to_string(max) + ", got " + std::to_string(v));
+  }
+  return v;
+}
 
 // What --watch watches: the config file, the plugin directories, and the plugin files the config
 // in force names.
@@ -145,6 +157,7 @@ int serve(ServeFields& f, const Global& g) {
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
+  if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
 
   host_options.plugin_dirs = g.plugin_dirs;
   host_options.labels["sbx.serve"] =
@@ -269,6 +282,14 @@ Command serve_command() {
                              throw UsageError("--max-streams must be between 0 and 1000000");
                            }
                          }));
+  constexpr int64_t kTiB = int64_t{1} << 40;
+  options.push_back(value<ServeFields>(
+      "--temp-limit", "BYTES",
+      "Bytes of transfers staged in the server's temp dir at once; over it, 507\n"
+      "INSUFFICIENT_STORAGE (default 4 GiB; 0: no cap)",
+      [](ServeFields& f, const Arg& a) {
+        f.temp_limit = bounded(a, "--temp-limit", 0, 1024 * kTiB);
+      }));
   options.push_back(
       flag<ServeFields>("--watch",
                         "Reload when the config file, a plugin file it names or a .so in a\n"

@@ -761,7 +761,8 @@ std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
 }
 
 void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
+                 const Request& request, const Reply& reply, const OpenStream& open_stream,
+                 const WatchHangup& watch_hangup) {
   auto entry = execd_entry(state, target, request, reply);
   if (!entry) return;
   if (target.rest == "/ping" && request.method() == http::verb::get) {
@@ -769,7 +770,7 @@ void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget&
     return;
   }
   if (route_execd_command(state, entry, target, request, reply, open_stream)) return;
-  if (route_execd_files(state, entry, target, request, reply, open_stream)) return;
+  if (route_execd_files(state, entry, target, request, reply, open_stream, watch_hangup)) return;
   reply(execd_error(request, http::status::not_found, "NOT_SUPPORTED",
                     "sbx serve does not serve execd's " + std::string(request.method_string()) +
                         " " + target.rest));

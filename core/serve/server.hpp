@@ -60,6 +60,9 @@ struct Options {
   std::chrono::milliseconds stream_stall_timeout{120000};
   std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
   std::string temp_root;                    // where the server's temp dir goes ("": the system's)
+  // Bytes of the server's temp dir used by transfers (downloads and uploads staged) at once; over
+  // it, the transfer is refused with 507 INSUFFICIENT_STORAGE. 0: no cap.
+  std::uint64_t temp_limit = 4ull << 30;
 
   // Hot swap (docs/hot-swap.md), set by `sbx serve` from its host. Unset: the /admin routes
   // answer 404, SIGHUP is ignored, and every sandbox comes from the provider given.
