@@ -45,6 +45,7 @@ struct ServeFields {
   bool watch = false;
   bool move_sandboxes = false;
   // Per sandbox and per transfer (docs/serve.md "Limits"); unset: the server's defaults.
+  std::optional<int64_t> stream_buffer;
   std::optional<int64_t> temp_limit;
 };
 
@@ -157,6 +158,7 @@ int serve(ServeFields& f, const Global& g) {
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
+  if (f.stream_buffer) options.stream_buffer = static_cast<std::size_t>(*f.stream_buffer);
   if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
 
   host_options.plugin_dirs = g.plugin_dirs;
@@ -283,6 +285,12 @@ Command serve_command() {
                            }
                          }));
   constexpr int64_t kTiB = int64_t{1} << 40;
+  options.push_back(value<ServeFields>(
+      "--stream-buffer", "BYTES",
+      "Bytes waiting for a stream's client; an event stream over it is cut (default 4 MiB)",
+      [](ServeFields& f, const Arg& a) {
+        f.stream_buffer = bounded(a, "--stream-buffer", 4096, 4 * (int64_t{1} << 30));
+      }));
   options.push_back(value<ServeFields>(
       "--temp-limit", "BYTES",
       "Bytes of transfers staged in the server's temp dir at once; over it, 507\n"

@@ -8,9 +8,10 @@
 //
 // THREADING: route handlers run on the connection's strand. A command's output arrives on a
 // plugin thread (ExecOptions::on_output): it is split into lines there and handed to the
-// connection's ChunkSink, which posts to the strand; when more than Options::stream_buffer bytes
-// wait for a slow client, the plugin thread waits (back-pressure on the command). Pings come from
-// a timer on a strand of its own. A command's record is guarded by its sandbox's ExecdState mutex.
+// connection's ChunkSink, which posts to the strand; the plugin thread never waits: when more than
+// Options::stream_buffer bytes wait for a slow client, the stream is cut and the command
+// cancelled. Pings come from a timer on a strand of its own. A command's record is guarded by its
+// sandbox's ExecdState mutex.
 //
 // OWNERSHIP: each sandbox's ExecdState owns its command records and the background commands'
 // log files (in the server's temp dir); shutdown_execd (when the sandbox closes) cancels what
@@ -214,9 +215,13 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   bool timer_stopped = false;  // on `strand`
 
   int64_t ping_every_ms;  // Options::keepalive_ping
+  std::size_t bound;      // Options::stream_buffer
 
-  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every)
-      : strand(asio::make_strand(ioc)), timer(strand), ping_every_ms(ping_every.count()) {}
+  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every, std::size_t bound)
+      : strand(asio::make_strand(ioc)),
+        timer(strand),
+        ping_every_ms(ping_every.count()),
+        bound(bound) {}
 
   // Sends `e` unless the stream has ended; `final`: `e` is the last event, and the stream ends.
   bool send(std::string e, bool final = false) {
@@ -231,6 +236,9 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     return true;
   }
 
+  // On a plugin thread: never waits for the client. When more than `bound` bytes wait for it,
+  // the stream is cut (the connection reset without the final event; on_gone cancels the
+  // command) and what the command prints after is dropped.
   void output(OutputStream stream, std::string_view data) {
     std::vector<std::string> lines;
     {
@@ -239,8 +247,21 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     }
     const char* type = stream == OutputStream::err ? "stderr" : "stdout";
     for (auto& line : lines)
-      send(text_event(type, std::move(line)));
-    if (!lines.empty()) sink->wait_room();  // back-pressure: the command waits for the client
+      if (!send(text_event(type, std::move(line)))) return;
+    if (!lines.empty() && sink->queued() > bound) cut();
+  }
+
+  void cut() {
+    {
+      std::lock_guard lock(send_mutex);
+      if (ended) return;
+      ended = true;
+    }
+    spdlog::warn(
+        "sbx serve: cutting a command's event stream: its client let more than {} bytes "
+        "wait",
+        bound);
+    sink->abort();
   }
 
   void flush() {
@@ -530,7 +551,8 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
       command->log_size += done;
     };
   } else {
-    fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping);
+    fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping,
+                                      state->options.stream_buffer);
     fg->sink = sink;
     options.on_output = [fg](OutputStream stream, std::string_view data) {
       fg->output(stream, data);

@@ -96,10 +96,18 @@ class Session : public std::enable_shared_from_this<Session> {
       self->pump();
     });
   }
-  bool wait_room() {
-    std::unique_lock lock(room_mutex_);
-    room_cv_.wait(lock, [&] { return gone_flag_ || queued_ <= state_->options.stream_buffer; });
-    return !gone_flag_;
+  std::size_t queued_bytes() {
+    std::lock_guard lock(room_mutex_);
+    return queued_;
+  }
+  // Resets the connection, dropping what waits (ChunkSink::abort).
+  void post_abort() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->gone_ || self->finished_) return;
+      beast::error_code ignored;
+      self->stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+      self->mark_gone();
+    });
   }
   // WatchHangup: `fn` runs (on the strand) if the peer closes or resets the connection before the
   // request is answered. A readable socket is peeked at, never read: bytes of a pipelined request
@@ -542,7 +550,8 @@ class Session : public std::enable_shared_from_this<Session> {
       s_->post_send(std::move(data), std::move(done));
     }
     void end() override { s_->post_end(); }
-    bool wait_room() override { return s_->wait_room(); }
+    std::size_t queued() const override { return s_->queued_bytes(); }
+    void abort() override { s_->post_abort(); }
     bool gone() const override { return s_->gone_flag(); }
     void on_gone(std::function<void()> fn) override { s_->post_on_gone(std::move(fn)); }
     void cut_after(int pieces) override {
@@ -628,7 +637,6 @@ class Session : public std::enable_shared_from_this<Session> {
       std::lock_guard lock(room_mutex_);
       queued_ -= n;
     }
-    room_cv_.notify_all();
   }
 
   void pump() {
@@ -693,7 +701,6 @@ class Session : public std::enable_shared_from_this<Session> {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = true;
     }
-    room_cv_.notify_all();
     // What waits is dropped; an item being written stays until its write completes.
     while (out_.size() > (writing_ ? 1u : 0u)) {
       auto item = std::move(out_.back());
@@ -760,7 +767,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool answered_ = false;
   std::function<void()> hangup_;
   std::mutex room_mutex_;  // guards what follows
-  std::condition_variable room_cv_;
   std::size_t queued_ = 0;
   bool gone_flag_ = false;
 };

@@ -58,7 +58,9 @@ struct Options {
   // A command event stream or download whose client accepts no bytes for this long is cut (and its
   // command cancelled).
   std::chrono::milliseconds stream_stall_timeout{120000};
-  std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
+  // Bytes queued for one stream's client. A command event stream over it is cut (the client is
+  // too slow: the connection is reset and the command cancelled); a plugin thread never waits.
+  std::size_t stream_buffer = 4 * 1024 * 1024;
   std::string temp_root;                    // where the server's temp dir goes ("": the system's)
   // Bytes of the server's temp dir used by transfers (downloads and uploads staged) at once; over
   // it, the transfer is refused with 507 INSUFFICIENT_STORAGE. 0: no cap.

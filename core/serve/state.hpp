@@ -57,10 +57,11 @@ int running_commands(ExecdState& execd);
 // A response sent in pieces once its head is out: an event stream (chunked) or a download (with a
 // Content-Length). Made by the connection (OpenStream) for one request.
 //
-// THREADING: send() and end() may be called from any thread; they post to the connection's
-// strand and never block. Memory is bounded by the caller: `queued()` says how many bytes wait
-// to be written, and wait_room() (never on an io thread) blocks until they are below the stream's
-// bound or the client is gone. The `done` callbacks and the on_gone callback run on the strand.
+// THREADING: every member may be called from any thread; they post to the connection's strand
+// and never block. Memory is bounded by the caller: queued() says how many bytes wait to be
+// written (a download sends its next piece from the last one's `done`; an event stream is cut
+// with abort() when a slow client lets too much wait). The `done` callbacks and the on_gone
+// callback run on the strand.
 class ChunkSink {
  public:
   virtual ~ChunkSink() = default;
@@ -69,9 +70,11 @@ class ChunkSink {
   virtual void send(std::string data, std::function<void()> done = {}) = 0;
   // Ends the response (the last chunk of a chunked one). Idempotent.
   virtual void end() = 0;
-  // Blocks the calling (plugin) thread while more than the stream's bound is queued; false once the
-  // client is gone.
-  virtual bool wait_room() = 0;
+  // Bytes sent and not yet written to the socket.
+  virtual std::size_t queued() const = 0;
+  // Cuts the response: what waits is dropped and the connection is reset, without the chunked
+  // body's end (the client sees the stream break off); the stream is then gone (on_gone runs).
+  virtual void abort() = 0;
   // True once the client went away (reset, EOF, a write that failed or stalled).
   virtual bool gone() const = 0;
   // `fn` runs once on the strand when the client goes away before end() (at once if it already

@@ -192,3 +192,43 @@ TEST_CASE("a client that hangs up while its download is staged cancels it; stagi
   CHECK(f.server->stop() == 0);
 }
 
+
+#ifdef SBX_HAVE_OPENSANDBOX
+TEST_CASE("a slow reader's stream is cut; the plugin's thread serves another sandbox meanwhile") {
+  // Backend B: test_processes. Front F: the opensandbox plugin pointed at B, so that a command's
+  // output reaches F on the plugin's I/O thread.
+  Fixture back;
+  ProcessesServer front;
+  fs::create_directories(front.dir.path / "tmp");
+  front.write_config(json::object{
+      {"plugin", "opensandbox"},
+      {"config",
+       json::object{
+           {"connection", json::object{{"domain", "127.0.0.1:" + std::to_string(back.port())}}},
+           {"probe", json::object{{"command", nullptr}}},
+           {"attribution", json::object{{"enabled", false}}}}}});
+  front.start({"--stream-buffer", "65536"});
+  auto create = [&] {
+    const auto r = request(front.port(), "POST", "/v1/sandboxes",
+                           R"({"image":{"uri":"x"},"entrypoint":["sh"],"resourceLimits":{}})");
+    REQUIRE(r.status == 202);
+    return std::string(r.json().at("id").as_string());
+  };
+  const std::string a = create(), b = create();
+  // A floods and its client reads nothing.
+  RawClient slow(front.port(), post_text(front.port(), Fixture::execd(a, "/command"),
+                                         command_body("yes flood | head -c 200000000")));
+  // B's command completes meanwhile, through the same plugin.
+  const auto events = run(front.port(), Fixture::execd(b, "/command"), command_body("echo hi"), 60);
+  REQUIRE(events.size() >= 3);
+  CHECK(events[events.size() - 2].at("text") == "hi");
+  CHECK(events.back().at("type") == "execution_complete");
+  // A's stream was cut: it breaks off without a final event, and its command ended as killed.
+  const std::string got = slow.read_all();
+  CHECK(got.find("HTTP/1.1 200") == 0);
+  CHECK(got.find("execution_complete") == std::string::npos);
+  CHECK(got.find("\r\n0\r\n\r\n") == std::string::npos);  // no end of the chunked body
+  CHECK(front.log_text().find("cutting a command's event stream") != std::string::npos);
+  CHECK(front.server->stop() == 0);
+}
+#endif
