@@ -45,6 +45,10 @@ struct ServeFields {
   bool watch = false;
   bool move_sandboxes = false;
   // Per sandbox and per transfer (docs/serve.md "Limits"); unset: the server's defaults.
+  std::optional<int64_t> max_commands;
+  std::optional<int64_t> max_queued_commands;
+  std::optional<int64_t> kept_commands;
+  std::optional<int64_t> command_log_limit;
   std::optional<int64_t> stream_buffer;
   std::optional<int64_t> temp_limit;
 };
@@ -158,6 +162,14 @@ int serve(ServeFields& f, const Global& g) {
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
+  if (f.max_commands) options.max_commands = static_cast<std::size_t>(*f.max_commands);
+  if (f.max_queued_commands) {
+    options.max_queued_commands = static_cast<std::size_t>(*f.max_queued_commands);
+  }
+  if (f.kept_commands) options.kept_commands = static_cast<std::size_t>(*f.kept_commands);
+  if (f.command_log_limit) {
+    options.command_log_limit = static_cast<std::uint64_t>(*f.command_log_limit);
+  }
   if (f.stream_buffer) options.stream_buffer = static_cast<std::size_t>(*f.stream_buffer);
   if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
 
@@ -285,6 +297,34 @@ Command serve_command() {
                            }
                          }));
   constexpr int64_t kTiB = int64_t{1} << 40;
+  options.push_back(value<ServeFields>(
+      "--max-commands", "N",
+      "Per sandbox: at most N commands started at the provider at once (default 8;\n"
+      "keep it below the provider's exec concurrency, local_docker's 32)",
+      [](ServeFields& f, const Arg& a) {
+        f.max_commands = bounded(a, "--max-commands", 1, 100000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--max-queued-commands", "N",
+      "Per sandbox: at most N more commands waiting for a slot (default 24); beyond,\n"
+      "POST /command answers 429 TOO_MANY_COMMANDS",
+      [](ServeFields& f, const Arg& a) {
+        f.max_queued_commands = bounded(a, "--max-queued-commands", 0, 1000000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--kept-commands", "N",
+      "Per sandbox: the records (status, logs) of the last N finished commands are kept\n"
+      "(default 50)",
+      [](ServeFields& f, const Arg& a) {
+        f.kept_commands = bounded(a, "--kept-commands", 0, 1000000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--command-log-limit", "BYTES",
+      "Bytes of a background command's log; the rest of its output is dropped, with a\n"
+      "marker line (default 8 MiB; 0: no cap)",
+      [](ServeFields& f, const Arg& a) {
+        f.command_log_limit = bounded(a, "--command-log-limit", 0, kTiB);
+      }));
   options.push_back(value<ServeFields>(
       "--stream-buffer", "BYTES",
       "Bytes waiting for a stream's client; an event stream over it is cut (default 4 MiB)",

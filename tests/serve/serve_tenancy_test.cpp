@@ -151,6 +151,141 @@ std::string get_text(int port, const std::string& target) {
 
 }  // namespace
 
+TEST_CASE("a sandbox full of background sleeps: 429 beyond its cap; another sandbox's echo runs") {
+  Fixture f({"--max-commands", "4", "--max-queued-commands", "2"});
+  const std::string a = f.create(), b = f.create();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) {  // 4 running, 2 waiting for a slot
+    const auto events =
+        run(f.port(), Fixture::execd(a, "/command"), command_body("sleep 60", true));
+    CHECK(events.back().at("type") == "execution_complete");
+    ids.push_back(command_id(events));
+  }
+  const auto refused =
+      request(f.port(), "POST", Fixture::execd(a, "/command"), command_body("sleep 60", true));
+  CHECK(refused.status == 429);
+  CHECK(refused.json().at("code") == "TOO_MANY_COMMANDS");
+  CHECK(std::string(refused.json().at("message").as_string())
+            .find("4 commands running and 2 waiting") != std::string::npos);
+  // A foreground one is refused the same way, before its stream starts.
+  CHECK(request(f.port(), "POST", Fixture::execd(a, "/command"), command_body("echo x")).status ==
+        429);
+
+  const auto events = run(f.port(), Fixture::execd(b, "/command"), command_body("echo hi"));
+  REQUIRE(events.size() >= 3);
+  CHECK(events[events.size() - 2].at("text") == "hi");
+  CHECK(events.back().at("type") == "execution_complete");
+  // A's commands still run (and wait): B did not wait for them.
+  for (const auto& cid : ids)
+    CHECK(f.status(a, cid).at("running") == true);
+
+  // A waiting command can be interrupted: it ends as killed without having run.
+  CHECK(request(f.port(), "DELETE", Fixture::execd(a, "/command?id=" + ids.back())).status == 200);
+  const auto st = f.status(a, ids.back());
+  CHECK(st.at("running") == false);
+  CHECK(st.at("error") == "signal: killed");
+  // Deleting A cancels the running ones and the waiting one.
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + a).status == 204);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("the defaults keep one sandbox from taking every provider slot (40 background sleeps)") {
+  Fixture f;  // 8 running + 24 waiting per sandbox; test_processes has 32 threads
+  const std::string a = f.create(), b = f.create();
+  int accepted = 0, refused = 0;
+  std::string first;
+  for (int i = 0; i < 40; ++i) {
+    const auto r =
+        request(f.port(), "POST", Fixture::execd(a, "/command"), command_body("sleep 120", true));
+    if (r.status == 200) {
+      ++accepted;
+      if (first.empty()) {
+        const auto at = r.body.find("\"text\":\"");
+        first = r.body.substr(at + 8, 32);
+      }
+    } else {
+      CHECK(r.status == 429);
+      ++refused;
+    }
+  }
+  CHECK(accepted == 32);
+  CHECK(refused == 8);
+  const auto events = run(f.port(), Fixture::execd(b, "/command"), command_body("echo hi"));
+  CHECK(events.back().at("type") == "execution_complete");
+  CHECK(f.status(a, first).at("running") == true);  // B answered while A's sleeps run
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + a).status == 204);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a command waiting for a slot starts when one frees (foreground, streamed)") {
+  Fixture f({"--max-commands", "1"});
+  const std::string a = f.create();
+  const fs::path gate = f.dir.path / "gate";
+  const auto first =
+      run(f.port(), Fixture::execd(a, "/command"),
+          command_body("while [ ! -e " + gate.string() + " ]; do sleep 0.05; done", true));
+  const std::string first_id = command_id(first);
+  StreamClient waiting(f.port(), "POST", Fixture::execd(a, "/command"),
+                       command_body("echo second"));
+  REQUIRE(waiting.status() == 200);
+  const auto init = waiting.next_event();
+  REQUIRE(init);
+  const std::string second_id(init->at("text").as_string());
+  CHECK(f.status(a, second_id).at("running") == true);
+  CHECK(f.status(a, first_id).at("running") == true);
+  std::ofstream(gate).put('x');  // the first ends; the second gets its slot
+  const auto rest = waiting.rest();
+  REQUIRE(rest.size() >= 2);
+  CHECK(rest[rest.size() - 2].at("text") == "second");
+  CHECK(rest.back().at("type") == "execution_complete");
+  CHECK(f.status(a, first_id).at("running") == false);
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("finished records: the last --kept-commands are kept, with bounded text") {
+  Fixture f({"--kept-commands", "3"});
+  const std::string a = f.create();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i)
+    ids.push_back(command_id(
+        run(f.port(), Fixture::execd(a, "/command"), command_body("echo " + std::to_string(i)))));
+  CHECK(f.status_code(a, ids[0]) == 404);  // dropped, as an unknown id
+  CHECK(f.status_code(a, ids[1]) == 404);
+  for (int i = 2; i < 5; ++i)
+    CHECK(f.status_code(a, ids[static_cast<std::size_t>(i)]) == 200);
+  const auto unknown = request(f.port(), "GET", Fixture::execd(a, "/command/status/" + ids[0]));
+  CHECK(unknown.json().at("code") == "INVALID_REQUEST_BODY");
+
+  // A 100 KB command runs whole; its record keeps 4 KiB of it.
+  const std::string big = "true " + std::string(100000, 'x');
+  const auto events = run(f.port(), Fixture::execd(a, "/command"), command_body(big));
+  CHECK(events.back().at("type") == "execution_complete");
+  const auto st = f.status(a, command_id(events));
+  CHECK(st.at("content").as_string().size() == 4096);
+  CHECK(std::string(st.at("content").as_string()) == big.substr(0, 4096));
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("a background command's log stops at --command-log-limit, with a marker line") {
+  Fixture f({"--command-log-limit", "65536"});
+  const std::string a = f.create();
+  const auto cid = command_id(run(f.port(), Fixture::execd(a, "/command"),
+                                  command_body("head -c 300000 /dev/zero | tr '\\0' a", true)));
+  CHECK(eventually([&] { return f.status(a, cid).at("running") == false; }));
+  CHECK(f.status(a, cid).at("exit_code") == 0);
+  const auto logs = request(f.port(), "GET", Fixture::execd(a, "/command/" + cid + "/logs"));
+  REQUIRE(logs.status == 200);
+  REQUIRE(logs.body.size() > 65536);
+  CHECK(logs.body.substr(0, 65536) == std::string(65536, 'a'));
+  const std::string marker = logs.body.substr(65536);
+  CHECK(marker.rfind("\n[sbx serve: ", 0) == 0);  // the marker line, and no output after it
+  CHECK(marker.find("limit of 65536 bytes") != std::string::npos);
+  CHECK(marker.size() < 200);
+  CHECK(marker.back() == '\n');
+  CHECK(logs.headers.at("execd-commands-tail-cursor") == std::to_string(logs.body.size()));
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("a download over --temp-limit is refused with 507, and nothing stays staged") {
   Fixture f({"--temp-limit", std::to_string(32 << 20)});
   const std::string a = f.create();
@@ -191,7 +326,6 @@ TEST_CASE("a client that hangs up while its download is staged cancels it; stagi
   CHECK(eventually([&] { return f.staged().empty(); }));
   CHECK(f.server->stop() == 0);
 }
-
 
 #ifdef SBX_HAVE_OPENSANDBOX
 TEST_CASE("a slow reader's stream is cut; the plugin's thread serves another sandbox meanwhile") {
