@@ -327,6 +327,30 @@ TEST_CASE("a client that hangs up while its download is staged cancels it; stagi
   CHECK(f.server->stop() == 0);
 }
 
+TEST_CASE("no ping follows a stream's final event (pings every 1 ms, one busy server thread)") {
+  Fixture f({"--threads", "1"}, json::object{{"serve", json::object{{"keepalive_ping_s", 0.001}}}});
+  const std::string a = f.create();
+  auto one = [&](int i) {
+    StreamClient s(f.port(), "POST", Fixture::execd(a, "/command"),
+                   command_body("seq 1 " + std::to_string(200 + i) + "; sleep 0.01"));
+    auto events = s.rest();
+    int finals = 0;
+    for (const auto& e : events)
+      finals += e.at("type") == "execution_complete" || e.at("type") == "error" ? 1 : 0;
+    return finals == 1 && events.back().at("type") == "execution_complete";
+  };
+  int bad = 0;
+  for (int round = 0; round < 15; ++round) {
+    std::vector<std::future<bool>> runs;
+    for (int i = 0; i < 4; ++i)
+      runs.push_back(std::async(std::launch::async, one, i));
+    for (auto& r : runs)
+      bad += r.get() ? 0 : 1;
+  }
+  CHECK(bad == 0);
+  CHECK(f.server->stop() == 0);
+}
+
 #ifdef SBX_HAVE_OPENSANDBOX
 TEST_CASE("a slow reader's stream is cut; the plugin's thread serves another sandbox meanwhile") {
   // Backend B: test_processes. Front F: the opensandbox plugin pointed at B, so that a command's
