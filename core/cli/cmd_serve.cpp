@@ -44,7 +44,24 @@ struct ServeFields {
   std::optional<int64_t> max_streams;  // default: the config file's, else no cap
   bool watch = false;
   bool move_sandboxes = false;
+  // Per sandbox and per transfer (docs/serve.md "Limits"); unset: the server's defaults.
+  std::optional<int64_t> max_commands;
+  std::optional<int64_t> max_queued_commands;
+  std::optional<int64_t> kept_commands;
+  std::optional<int64_t> command_log_limit;
+  std::optional<int64_t> stream_buffer;
+  std::optional<int64_t> temp_limit;
 };
+
+// A whole-number flag within [min, max].
+std::optional<int64_t> bounded(const Arg& a, const char* name, int64_t min, int64_t max) {
+  const int64_t v = a.whole_number();
+  if (v < min || v > max) {
+    throw UsageError(std::string(name) + " must be between " + std::to_string(min) + " and " +
+                     std::to_string(max) + ", got " + std::to_string(v));
+  }
+  return v;
+}
 
 // What --watch watches: the config file, the plugin directories, and the plugin files the config
 // in force names.
@@ -145,6 +162,16 @@ int serve(ServeFields& f, const Global& g) {
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
+  if (f.max_commands) options.max_commands = static_cast<std::size_t>(*f.max_commands);
+  if (f.max_queued_commands) {
+    options.max_queued_commands = static_cast<std::size_t>(*f.max_queued_commands);
+  }
+  if (f.kept_commands) options.kept_commands = static_cast<std::size_t>(*f.kept_commands);
+  if (f.command_log_limit) {
+    options.command_log_limit = static_cast<std::uint64_t>(*f.command_log_limit);
+  }
+  if (f.stream_buffer) options.stream_buffer = static_cast<std::size_t>(*f.stream_buffer);
+  if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
 
   host_options.plugin_dirs = g.plugin_dirs;
   host_options.labels["sbx.serve"] =
@@ -270,6 +297,48 @@ Command serve_command() {
                              throw UsageError("--max-streams must be between 0 and 1000000");
                            }
                          }));
+  constexpr int64_t kTiB = int64_t{1} << 40;
+  options.push_back(value<ServeFields>(
+      "--max-commands", "N",
+      "Per sandbox: at most N commands started at the provider at once (default 8;\n"
+      "keep it below the provider's exec concurrency, local_docker's 32)",
+      [](ServeFields& f, const Arg& a) {
+        f.max_commands = bounded(a, "--max-commands", 1, 100000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--max-queued-commands", "N",
+      "Per sandbox: at most N more commands waiting for a slot (default 24); beyond,\n"
+      "POST /command answers 429 TOO_MANY_COMMANDS",
+      [](ServeFields& f, const Arg& a) {
+        f.max_queued_commands = bounded(a, "--max-queued-commands", 0, 1000000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--kept-commands", "N",
+      "Per sandbox: the records (status, logs) of the last N finished commands are kept\n"
+      "(default 50)",
+      [](ServeFields& f, const Arg& a) {
+        f.kept_commands = bounded(a, "--kept-commands", 0, 1000000);
+      }));
+  options.push_back(value<ServeFields>(
+      "--command-log-limit", "BYTES",
+      "Bytes of a background command's log; the rest of its output is dropped, with a\n"
+      "marker line (default 8 MiB; 0: no cap)",
+      [](ServeFields& f, const Arg& a) {
+        f.command_log_limit = bounded(a, "--command-log-limit", 0, kTiB);
+      }));
+  options.push_back(value<ServeFields>(
+      "--stream-buffer", "BYTES",
+      "Bytes waiting for a stream's client; an event stream over it is cut (default 4 MiB)",
+      [](ServeFields& f, const Arg& a) {
+        f.stream_buffer = bounded(a, "--stream-buffer", 4096, 4 * (int64_t{1} << 30));
+      }));
+  options.push_back(value<ServeFields>(
+      "--temp-limit", "BYTES",
+      "Bytes of transfers staged in the server's temp dir at once; over it, 507\n"
+      "INSUFFICIENT_STORAGE (default 4 GiB; 0: no cap)",
+      [](ServeFields& f, const Arg& a) {
+        f.temp_limit = bounded(a, "--temp-limit", 0, 1024 * kTiB);
+      }));
   options.push_back(
       flag<ServeFields>("--watch",
                         "Reload when the config file, a plugin file it names or a .so in a\n"

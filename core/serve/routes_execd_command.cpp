@@ -8,13 +8,16 @@
 //
 // THREADING: route handlers run on the connection's strand. A command's output arrives on a
 // plugin thread (ExecOptions::on_output): it is split into lines there and handed to the
-// connection's ChunkSink, which posts to the strand; when more than Options::stream_buffer bytes
-// wait for a slow client, the plugin thread waits (back-pressure on the command). Pings come from
-// a timer on a strand of its own. A command's record is guarded by its sandbox's ExecdState mutex.
+// connection's ChunkSink, which posts to the strand; the plugin thread never waits: when more than
+// Options::stream_buffer bytes wait for a slow client, the stream is cut and the command
+// cancelled. Pings come from a timer on a strand of its own. A command's record is guarded by its
+// sandbox's ExecdState mutex. No thread is held per command: one waiting for a slot is a record
+// and a closure, started from the continuation of the command that ended.
 //
-// OWNERSHIP: each sandbox's ExecdState owns its command records and the background commands'
-// log files (in the server's temp dir); shutdown_execd (when the sandbox closes) cancels what
-// runs and frees both.
+// OWNERSHIP: each sandbox's ExecdState owns its command records (running, waiting, and the last
+// Options::kept_commands finished) and the background commands' log files (in the server's temp
+// dir, capped at Options::command_log_limit); shutdown_execd (when the sandbox closes) cancels
+// what runs or waits and frees both.
 
 #include "faults.hpp"
 #include "state.hpp"
@@ -34,6 +37,8 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <functional>
 
 namespace sbx::serve {
 
@@ -48,34 +53,65 @@ constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // bytes of log per GET ..
 constexpr auto kPingEvery = std::chrono::seconds(3);  // execd's keep-alive
 constexpr double kNoTimeoutS = 30.0 * 24 * 3600;      // "no limit": 30 days
 
+// The text of a command kept in its record (GET /command/status's `content`): longer commands are
+// cut there (at a UTF-8 character's start), not in what runs.
+constexpr std::size_t kMaxRecordedContent = 4096;
+
 struct Command {
   std::string id;
-  std::string content;
+  std::string content;  // at most kMaxRecordedContent bytes
   bool background = false;
   std::chrono::system_clock::time_point started_at;
   // Guarded by the ExecdState's mutex:
-  bool running = true;
+  bool running = true;   // started or waiting, not ended
+  bool started = false;  // holds one of the sandbox's slots (Options::max_commands)
   std::optional<int> exit_code;
   std::optional<std::string> error;
   std::optional<std::chrono::system_clock::time_point> finished_at;
   sbx::Operation<sbx::ExecResult> op;
+  // While it waits for a slot: run(true) starts it, run(false) ends it as killed. Taken (moved
+  // out) under the mutex by whoever starts or cancels it, called without the mutex.
+  std::function<void(bool run)> pending;
   // Set when the server cancels it (interrupt, client gone, sandbox closing): it ends as killed,
   // whatever the provider reports of a process it killed first.
   std::atomic<bool> killed{false};
-  // A background command's combined output (guarded by log_mutex).
+  // A background command's combined output (guarded by log_mutex), at most `log_limit` bytes of
+  // it (0: no cap) and then the marker line.
   std::mutex log_mutex;
   fs::path log_path;
   int log_fd = -1;
   uint64_t log_size = 0;
+  uint64_t log_limit = 0;
+  bool log_cut = false;
 };
+
+// `text` cut to at most `max` bytes, at the start of a UTF-8 character.
+std::string cut_utf8(const std::string& text, std::size_t max) {
+  if (text.size() <= max) return text;
+  std::size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80)
+    --n;
+  return text.substr(0, n);
+}
 
 }  // namespace
 
+// Commands of one sandbox: at most Options::max_commands started at the provider, at most
+// Options::max_queued_commands waiting (a record and a closure each, no thread), and the records
+// of the last Options::kept_commands that ended.
 struct ExecdState {
-  std::mutex mutex;  // guards what follows
-  std::map<std::string, std::shared_ptr<Command>> commands;
+  std::mutex mutex;                                          // guards what follows
+  std::map<std::string, std::shared_ptr<Command>> commands;  // running, waiting and kept ones
+  std::deque<std::shared_ptr<Command>> waiting;              // in arrival order
+  std::deque<std::string> finished;                          // ids of the kept ones, oldest first
+  std::size_t started = 0;                                   // commands holding a slot
   fs::path log_dir;  // made with the first background command
   bool closed = false;
+
+  ~ExecdState() {
+    for (auto& c : waiting)  // breaks the command <-> closure cycle (shutdown_execd does too)
+      c->pending = nullptr;
+  }
 };
 
 std::shared_ptr<ExecdState> new_execd_state() {
@@ -84,6 +120,7 @@ std::shared_ptr<ExecdState> new_execd_state() {
 
 void shutdown_execd(ExecdState& execd) {
   std::vector<sbx::Operation<sbx::ExecResult>> to_cancel;
+  std::vector<std::function<void(bool)>> to_end;
   fs::path dir;
   {
     std::lock_guard lock(execd.mutex);
@@ -92,12 +129,20 @@ void shutdown_execd(ExecdState& execd) {
       if (command->running && command->op.valid()) to_cancel.push_back(command->op);
       command->killed = true;
     }
+    for (auto& command : execd.waiting) {
+      if (command->pending) to_end.push_back(std::move(command->pending));
+      command->pending = nullptr;
+    }
+    execd.waiting.clear();
     execd.commands.clear();
+    execd.finished.clear();
     dir = std::move(execd.log_dir);
     execd.log_dir.clear();
   }
   for (auto& op : to_cancel)
     op.cancel();
+  for (auto& end : to_end)
+    end(false);
   // Open log files stay writable until their commands end (they are unlinked, not closed).
   if (!dir.empty()) {
     std::error_code ignored;
@@ -191,26 +236,53 @@ class LineSplitter {
   bool after_cr_ = false;
 };
 
+// Milliseconds on the steady clock: when the last event went out (the keep-alive's measure, which
+// a change of the wall clock must not move).
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // A foreground command's stream: its sink, the line splitters and the keep-alive timer.
 struct Foreground : std::enable_shared_from_this<Foreground> {
   std::shared_ptr<ChunkSink> sink;
   std::mutex mutex;  // guards the splitters (output arrives on plugin threads)
   LineSplitter out, err;
-  std::atomic<int64_t> last_event_ms{0};
+  // Guards `ended` and orders the sends: an event is handed to the sink under it, so nothing (a
+  // ping from the timer, a late line) follows the final event.
+  std::mutex send_mutex;
+  bool ended = false;
+  std::atomic<int64_t> last_event_ms{steady_ms()};
   asio::strand<asio::io_context::executor_type> strand;
   asio::steady_timer timer;
   bool timer_stopped = false;  // on `strand`
 
   int64_t ping_every_ms;  // Options::keepalive_ping
+  std::size_t bound;      // Options::stream_buffer
 
-  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every)
-      : strand(asio::make_strand(ioc)), timer(strand), ping_every_ms(ping_every.count()) {}
+  Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every, std::size_t bound)
+      : strand(asio::make_strand(ioc)),
+        timer(strand),
+        ping_every_ms(ping_every.count()),
+        bound(bound) {}
 
-  void send(std::string e) {
-    last_event_ms = unix_ms();
+  // Sends `e` unless the stream has ended; `final`: `e` is the last event, and the stream ends.
+  bool send(std::string e, bool final = false) {
+    std::lock_guard lock(send_mutex);
+    if (ended) return false;
+    last_event_ms = steady_ms();
     sink->send(std::move(e));
+    if (final) {
+      ended = true;
+      sink->end();
+    }
+    return true;
   }
 
+  // On a plugin thread: never waits for the client. When more than `bound` bytes wait for it,
+  // the stream is cut (the connection reset without the final event; on_gone cancels the
+  // command) and what the command prints after is dropped.
   void output(OutputStream stream, std::string_view data) {
     std::vector<std::string> lines;
     {
@@ -219,8 +291,21 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     }
     const char* type = stream == OutputStream::err ? "stderr" : "stdout";
     for (auto& line : lines)
-      send(text_event(type, std::move(line)));
-    if (!lines.empty()) sink->wait_room();  // back-pressure: the command waits for the client
+      if (!send(text_event(type, std::move(line)))) return;
+    if (!lines.empty() && sink->queued() > bound) cut();
+  }
+
+  void cut() {
+    {
+      std::lock_guard lock(send_mutex);
+      if (ended) return;
+      ended = true;
+    }
+    spdlog::warn(
+        "sbx serve: cutting a command's event stream: its client let more than {} bytes "
+        "wait",
+        bound);
+    sink->abort();
   }
 
   void flush() {
@@ -244,8 +329,8 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     timer.expires_after(std::chrono::milliseconds(std::clamp<int64_t>(ping_every_ms / 6, 10, 500)));
     timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->timer_stopped) return;
-      if (unix_ms() - self->last_event_ms >= self->ping_every_ms) {
-        self->send(text_event("ping", "pong"));
+      if (steady_ms() - self->last_event_ms >= self->ping_every_ms) {
+        if (!self->send(text_event("ping", "pong"))) return;  // the final event went out
       }
       self->arm();
     });
@@ -388,10 +473,38 @@ Response stream_head(const Request& request) {
   return head;
 }
 
-// Records the end of a command and lets the counters go.
+// Cancels a command: one waiting for a slot ends at once (as killed), a started one through its
+// Operation. False when it is not running. Any thread; never holds the mutex while calling out.
+bool cancel_command(ExecdState& execd, const std::shared_ptr<Command>& command) {
+  std::function<void(bool)> pending;
+  sbx::Operation<sbx::ExecResult> op;
+  {
+    std::lock_guard lock(execd.mutex);
+    if (!command->running) return false;
+    command->killed = true;
+    if (command->pending) {
+      pending = std::move(command->pending);
+      command->pending = nullptr;
+      std::erase(execd.waiting, command);
+    } else {
+      op = command->op;
+    }
+  }
+  if (pending) {
+    pending(false);
+  } else if (op.valid()) {
+    op.cancel();
+  }
+  return true;
+}
+
+// Records the end of a command, keeps the last Options::kept_commands records (the older ones go,
+// with their logs), lets its slot and the counters go, and starts the next waiting command.
 void finish_command(const std::shared_ptr<Server::State>& state,
                     const std::shared_ptr<ExecdState>& execd,
                     const std::shared_ptr<Command>& command, const Outcome& outcome) {
+  std::function<void(bool)> next;
+  std::vector<fs::path> dropped_logs;
   {
     std::lock_guard lock(execd->mutex);
     command->running = false;
@@ -399,15 +512,134 @@ void finish_command(const std::shared_ptr<Server::State>& state,
     command->error = outcome.error;
     command->finished_at = std::chrono::system_clock::now();
     command->op = {};
+    if (command->started) {
+      command->started = false;
+      --execd->started;
+    }
+    if (!execd->closed) {
+      execd->finished.push_back(command->id);
+      while (execd->finished.size() > state->options.kept_commands) {
+        const auto it = execd->commands.find(execd->finished.front());
+        if (it != execd->commands.end()) {
+          if (!it->second->log_path.empty()) dropped_logs.push_back(it->second->log_path);
+          execd->commands.erase(it);
+        }
+        execd->finished.pop_front();
+      }
+      if (!execd->waiting.empty() && execd->started < state->options.max_commands) {
+        auto first = std::move(execd->waiting.front());
+        execd->waiting.pop_front();
+        first->started = true;
+        ++execd->started;
+        next = std::move(first->pending);
+        first->pending = nullptr;
+      }
+    }
   }
-  std::lock_guard lock(state->mutex);
-  --state->running_commands;
-  state->maybe_finish_locked();
+  for (const auto& path : dropped_logs)
+    ::unlink(path.c_str());
+  {
+    std::lock_guard lock(state->mutex);
+    --state->running_commands;
+    state->maybe_finish_locked();
+  }
+  // Started from the io_context, not from here: this may be a plugin's thread (a continuation),
+  // and a provider call is not made from inside the provider's own callback.
+  if (next) asio::post(state->ioc, [next = std::move(next)] { next(true); });
 }
 
 void release_stream(const std::shared_ptr<Server::State>& state) {
   std::lock_guard lock(state->mutex);
   --state->open_streams;
+}
+
+// One admitted command, from its admission to its end: what exec_async needs, and its stream.
+struct Launch : std::enable_shared_from_this<Launch> {
+  std::shared_ptr<Server::State> state;
+  std::shared_ptr<Entry> entry;
+  std::shared_ptr<ExecdState> execd;
+  std::shared_ptr<Command> command;
+  std::string text;  // the command as given
+  sbx::ExecOptions options;
+  std::shared_ptr<Foreground> fg;  // foreground only: its stream
+  std::chrono::steady_clock::time_point admitted = std::chrono::steady_clock::now();
+
+  int64_t elapsed_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 admitted)
+        .count();
+  }
+
+  // Starts it at the provider (it holds a slot). Any thread.
+  void start() {
+    sbx::Operation<sbx::ExecResult> op;
+    try {
+      op = entry->box()->exec_async(text, std::move(options));
+    } catch (const std::exception& e) {
+      spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
+      end(Outcome{error_event(e.what(), e.what()), -1, std::string(e.what())});
+      return;
+    }
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(execd->mutex);
+      if (command->running) command->op = op;
+      cancel_now = execd->closed || command->killed;  // cancelled before the op was known
+    }
+    if (cancel_now) op.cancel();
+    op.then([self = shared_from_this()](sbx::Operation<sbx::ExecResult>& done) {
+      self->end(outcome_of(done, self->elapsed_ms(), self->command->killed));
+    });
+  }
+
+  // Its end: the log closed, the record and the counters (the next waiting command starts), then
+  // a foreground stream's last lines and its final event.
+  void end(const Outcome& outcome) {
+    if (command->background) {
+      std::lock_guard lock(command->log_mutex);
+      if (command->log_fd >= 0) ::close(command->log_fd);
+      command->log_fd = -1;
+    } else {
+      // The record and the counters first: a client that reads the final event and asks at once
+      // (status, another stream) sees the command ended.
+      release_stream(state);
+    }
+    finish_command(state, execd, command, outcome);
+    if (fg) {
+      fg->stop_pings();
+      fg->flush();                    // stdout/stderr are drained before the final event
+      fg->send(outcome.event, true);  // the last event: no ping after it
+    }
+  }
+};
+
+const Outcome& killed_outcome() {
+  static const Outcome outcome{error_event("-1", "signal: killed"), -1, "signal: killed"};
+  return outcome;
+}
+
+// Appends a background command's output to its log, up to its limit; then the marker line once,
+// and the rest is dropped.
+void append_log(Command& command, std::string_view data) {
+  std::lock_guard lock(command.log_mutex);
+  if (command.log_fd < 0 || command.log_cut) return;
+  std::string marker;
+  if (command.log_limit > 0 && command.log_size + data.size() > command.log_limit) {
+    data = data.substr(0, static_cast<std::size_t>(command.log_limit - command.log_size));
+    marker = "\n[sbx serve: this log reached its limit of " + std::to_string(command.log_limit) +
+             " bytes; the rest of the command's output was dropped]\n";
+    command.log_cut = true;
+  }
+  for (const std::string_view part : {data, std::string_view(marker)}) {
+    std::size_t done = 0;
+    while (done < part.size()) {
+      const ssize_t n = ::write(command.log_fd, part.data() + done, part.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // a full disk: the log misses the rest
+      done += static_cast<std::size_t>(n);
+    }
+    command.log_size += done;
+  }
 }
 
 void run_command(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
@@ -436,147 +668,131 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     ++state->open_streams;
     ++state->running_commands;
   }
+  const auto& o = state->options;
   auto command = std::make_shared<Command>();
   command->id = new_request_id();
-  command->content = cmd.command;
+  command->content = cut_utf8(cmd.command, kMaxRecordedContent);
   command->background = cmd.background;
   command->started_at = std::chrono::system_clock::now();
-  const auto execd = entry->execd;
-  int log_fd = -1;
-  {
-    std::lock_guard lock(execd->mutex);
-    if (!execd->closed && cmd.background) {
-      std::error_code ec;
-      if (execd->log_dir.empty()) {
-        execd->log_dir = state->temp_dir / ("logs-" + new_request_id());
-        fs::create_directories(execd->log_dir, ec);
-      }
-      command->log_path = execd->log_dir / command->id;
-      log_fd = ::open(command->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      command->log_fd = log_fd;
-    }
-    if (!execd->closed && (!cmd.background || log_fd >= 0)) execd->commands[command->id] = command;
-  }
-  if (!find_command(*execd, command->id)) {
-    {
-      std::lock_guard lock(state->mutex);
-      --state->open_streams;
-      --state->running_commands;
-    }
-    if (log_fd >= 0) ::close(log_fd);
-    reply(cmd.background && log_fd < 0 && !entry->box()->closed()
-              ? execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
-                            "cannot open a log for the command")
-              : error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
-                               "Sandbox " + entry->id + " not found."));
-    return;
-  }
+  command->log_limit = o.command_log_limit;
 
-  const auto started = std::chrono::steady_clock::now();
-  auto elapsed_ms = [started] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                 started)
-        .count();
-  };
-  auto sink = open_stream(stream_head(request), true);
-  if (state->options.faults) {  // the fault plan's cut_after_events (faults.hpp)
-    if (const auto n = state->options.faults->stream_cut("POST /command", entry->id)) {
-      sink->cut_after(*n);
-    }
-  }
-  sink->send(text_event("init", command->id));
-  sink->send(text_event("ping", "pong"));
-
-  sbx::ExecOptions options;
+  auto launch = std::make_shared<Launch>();
+  launch->state = state;
+  launch->entry = entry;
+  launch->execd = entry->execd;
+  launch->command = command;
+  launch->text = std::move(cmd.command);
+  sbx::ExecOptions& options = launch->options;
   options.cwd = cmd.cwd;
   options.env = cmd.envs;
   options.timeout_s = cmd.timeout_ms ? static_cast<double>(*cmd.timeout_ms) / 1000.0 : kNoTimeoutS;
   if (cmd.uid) {
     options.user = std::to_string(*cmd.uid) + (cmd.gid ? ":" + std::to_string(*cmd.gid) : "");
   }
-
-  std::shared_ptr<Foreground> fg;
   if (cmd.background) {
     options.on_output = [command](OutputStream, std::string_view data) {
-      std::lock_guard lock(command->log_mutex);
-      if (command->log_fd < 0) return;
-      std::size_t done = 0;
-      while (done < data.size()) {
-        const ssize_t n = ::write(command->log_fd, data.data() + done, data.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // a full disk: the log misses the rest
-        done += static_cast<std::size_t>(n);
-      }
-      command->log_size += done;
+      append_log(*command, data);
     };
   } else {
-    fg = std::make_shared<Foreground>(state->ioc, state->options.keepalive_ping);
-    fg->sink = sink;
-    fg->last_event_ms = unix_ms();
-    options.on_output = [fg](OutputStream stream, std::string_view data) {
+    launch->fg = std::make_shared<Foreground>(state->ioc, o.keepalive_ping, o.stream_buffer);
+    options.on_output = [fg = launch->fg](OutputStream stream, std::string_view data) {
       fg->output(stream, data);
     };
   }
 
-  sbx::Operation<sbx::ExecResult> op;
-  try {
-    op = entry->box()->exec_async(cmd.command, std::move(options));
-  } catch (const std::exception& e) {
-    spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
-    const Outcome outcome{error_event(e.what(), e.what()), -1, std::string(e.what())};
-    release_stream(state);
-    finish_command(state, execd, command, outcome);
-    if (cmd.background) {
-      sink->send(complete_event(elapsed_ms()));
-      std::lock_guard lock(command->log_mutex);
-      if (command->log_fd >= 0) ::close(command->log_fd);
-      command->log_fd = -1;
-    } else {
-      sink->send(outcome.event);
-    }
-    sink->end();
-    return;
-  }
+  // Admission, under the sandbox's mutex: a free slot starts it, else it waits (up to the queue's
+  // bound), else 429. The stream is opened under the mutex, so that a command started by another
+  // one's end finds it.
+  const auto execd = entry->execd;
+  enum class Admit { start, wait, full, gone, no_log } admit = Admit::gone;
+  std::shared_ptr<ChunkSink> sink;
   {
     std::lock_guard lock(execd->mutex);
-    if (command->running) command->op = op;
-    if (execd->closed) op.cancel();  // the sandbox closed meanwhile
-  }
-
-  if (cmd.background) {
-    // The stream ends at once; the output goes to the log.
-    release_stream(state);
-    sink->send(complete_event(elapsed_ms()));
-    sink->end();
-    op.then([state, execd, command, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
-      const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
-      {
-        std::lock_guard lock(command->log_mutex);
-        if (command->log_fd >= 0) ::close(command->log_fd);
-        command->log_fd = -1;
+    if (!execd->closed) {
+      if (execd->started < o.max_commands) {
+        admit = Admit::start;
+      } else if (execd->waiting.size() < o.max_queued_commands) {
+        admit = Admit::wait;
+      } else {
+        admit = Admit::full;
       }
-      finish_command(state, execd, command, outcome);
-    });
+    }
+    if ((admit == Admit::start || admit == Admit::wait) && cmd.background) {
+      std::error_code ec;
+      if (execd->log_dir.empty()) {
+        execd->log_dir = state->temp_dir / ("logs-" + new_request_id());
+        fs::create_directories(execd->log_dir, ec);
+      }
+      command->log_path = execd->log_dir / command->id;
+      command->log_fd =
+          ::open(command->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (command->log_fd < 0) admit = Admit::no_log;
+    }
+    if (admit == Admit::start || admit == Admit::wait) {
+      execd->commands[command->id] = command;
+      if (admit == Admit::start) {
+        command->started = true;
+        ++execd->started;
+      } else {
+        execd->waiting.push_back(command);
+        command->pending = [launch](bool run) {
+          if (run) {
+            launch->start();
+          } else {
+            launch->end(killed_outcome());
+          }
+        };
+      }
+      sink = open_stream(stream_head(request), true);
+      if (launch->fg) launch->fg->sink = sink;
+    }
+  }
+  if (!sink) {
+    {
+      std::lock_guard lock(state->mutex);
+      --state->open_streams;
+      --state->running_commands;
+      state->maybe_finish_locked();
+    }
+    switch (admit) {
+      case Admit::full:
+        reply(execd_error(request, http::status::too_many_requests, "TOO_MANY_COMMANDS",
+                          "sandbox " + entry->id + " has its maximum of " +
+                              std::to_string(o.max_commands) + " commands running and " +
+                              std::to_string(o.max_queued_commands) +
+                              " waiting; wait for one to end"));
+        break;
+      case Admit::no_log:
+        reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
+                          "cannot open a log for the command"));
+        break;
+      default:
+        reply(error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
+                             "Sandbox " + entry->id + " not found."));
+    }
     return;
   }
 
-  // Foreground: a client that goes away cancels the command.
-  sink->on_gone([op, command] {
-    command->killed = true;
-    op.cancel();
-  });
-  fg->start_pings();
-  op.then([state, execd, command, fg, elapsed_ms](sbx::Operation<sbx::ExecResult>& done) {
-    const Outcome outcome = outcome_of(done, elapsed_ms(), command->killed);
-    // The record and the counters first: a client that reads the terminal event and asks at once
-    // (status, another stream) sees the command ended.
+  if (state->options.faults) {  // the fault plan's cut_after_events (faults.hpp)
+    if (const auto n = state->options.faults->stream_cut("POST /command", entry->id)) {
+      sink->cut_after(*n);
+    }
+  }
+  if (launch->fg) {
+    launch->fg->send(text_event("init", command->id));
+    launch->fg->send(text_event("ping", "pong"));
+    // A client that goes away (or is cut for being slow) cancels the command, waiting or not.
+    sink->on_gone([execd, command] { cancel_command(*execd, command); });
+    launch->fg->start_pings();
+  } else {
+    // The stream ends at once, whether it runs or waits; the output goes to the log.
     release_stream(state);
-    finish_command(state, execd, command, outcome);
-    fg->stop_pings();
-    fg->flush();  // stdout/stderr are drained before the terminal event
-    fg->send(outcome.event);
-    fg->sink->end();
-  });
+    sink->send(text_event("init", command->id));
+    sink->send(text_event("ping", "pong"));
+    sink->send(complete_event(launch->elapsed_ms()));
+    sink->end();
+  }
+  if (admit == Admit::start) launch->start();
 }
 
 void interrupt(const std::shared_ptr<Entry>& entry, const Request& request, const Reply& reply) {
@@ -587,21 +803,12 @@ void interrupt(const std::shared_ptr<Entry>& entry, const Request& request, cons
                       "missing query parameter 'id'"));
     return;
   }
-  sbx::Operation<sbx::ExecResult> op;
-  {
-    std::lock_guard lock(entry->execd->mutex);
-    const auto it = entry->execd->commands.find(id);
-    if (it != entry->execd->commands.end() && it->second->running && it->second->op.valid()) {
-      op = it->second->op;
-      it->second->killed = true;
-    }
-  }
-  if (!op.valid()) {
+  const auto command = find_command(*entry->execd, id);
+  if (!command || !cancel_command(*entry->execd, command)) {
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR",
                       "command not found or not running: " + id));
     return;
   }
-  op.cancel();
   reply(empty_response(request, http::status::ok));
 }
 
@@ -743,7 +950,8 @@ std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
 }
 
 void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
+                 const Request& request, const Reply& reply, const OpenStream& open_stream,
+                 const WatchHangup& watch_hangup) {
   auto entry = execd_entry(state, target, request, reply);
   if (!entry) return;
   if (target.rest == "/ping" && request.method() == http::verb::get) {
@@ -751,7 +959,7 @@ void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget&
     return;
   }
   if (route_execd_command(state, entry, target, request, reply, open_stream)) return;
-  if (route_execd_files(state, entry, target, request, reply, open_stream)) return;
+  if (route_execd_files(state, entry, target, request, reply, open_stream, watch_hangup)) return;
   reply(execd_error(request, http::status::not_found, "NOT_SUPPORTED",
                     "sbx serve does not serve execd's " + std::string(request.method_string()) +
                         " " + target.rest));

@@ -2,8 +2,9 @@
 //   POST /files/upload      multipart/form-data, pairs of a `metadata` part (JSON {path, owner?,
 //                           group?, mode?}) and a `file` part; each file part is streamed to a
 //                           temp file as it arrives, then Sandbox::upload_async
-//   GET  /files/download?path=   Sandbox::download_async to a temp file, then sent in 64 KiB
-//                           pieces; Range (one range) answers 206, an unsatisfiable one 416
+//   GET  /files/download?path=   Sandbox::download_async to a temp file (measured against the
+//                           server's temp space, cancelled when the client hangs up), then sent in
+//                           64 KiB pieces; Range (one range) answers 206, an unsatisfiable one 416
 //   GET  /files/info?path=...    `stat` run in the sandbox, one line per path
 //
 // THREADING: the upload's body arrives on the connection's strand (BodySink); provider calls are
@@ -17,35 +18,46 @@
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/json.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 
 namespace sbx::serve {
 
 namespace json = boost::json;
 namespace fs = std::filesystem;
+namespace asio = boost::asio;
 
 namespace {
 
-constexpr std::size_t kPiece = 64 * 1024;           // bytes per download write
+constexpr std::size_t kPiece = 64 * 1024;  // bytes per download write
+// How often a download being staged is measured against the temp space.
+constexpr auto kStagingCheck = std::chrono::milliseconds(50);
 constexpr std::size_t kMaxPartHeaders = 16 * 1024;  // a multipart part's header block
 constexpr std::size_t kMaxMetadata = 64 * 1024;     // a metadata part's JSON
 
-// A file in the server's temp dir, removed with its last holder.
+// A file in the server's temp dir, removed with its last holder; the bytes it took from the
+// server's temp space (State::temp_space) are given back then.
 struct TempFile {
+  std::shared_ptr<Server::State> state;
   fs::path path;
   int fd = -1;
-  explicit TempFile(const fs::path& dir, const std::string& what) {
-    path = dir / (what + "-" + new_request_id());
+  uint64_t taken = 0;  // from state->temp_space
+  TempFile(std::shared_ptr<Server::State> s, const std::string& what) : state(std::move(s)) {
+    path = state->temp_dir / (what + "-" + new_request_id());
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)
       throw std::runtime_error("cannot create " + path.string() + ": " + std::strerror(errno));
@@ -53,6 +65,7 @@ struct TempFile {
   ~TempFile() {
     if (fd >= 0) ::close(fd);
     ::unlink(path.c_str());
+    state->temp_space.give(taken);
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
@@ -61,6 +74,12 @@ struct TempFile {
     fd = -1;
   }
 };
+
+std::string temp_full(const Server::State& state) {
+  return "the server's temporary space for transfers is full (at most " +
+         std::to_string(state.temp_space.limit()) +
+         " bytes at once, serve.temp_limit); try again later";
+}
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
@@ -338,7 +357,7 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
       }
       part_ = Part::file;
       try {
-        current_ = std::make_shared<TempFile>(state_->temp_dir, "upload");
+        current_ = std::make_shared<TempFile>(state_, "upload");
       } catch (const std::exception& e) {
         fail(http::status::internal_server_error, "RUNTIME_ERROR", e.what());
         return false;
@@ -356,6 +375,11 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
         return false;
       }
     } else if (part_ == Part::file) {
+      if (!state_->temp_space.take(bytes.size())) {
+        fail(http::status::insufficient_storage, "INSUFFICIENT_STORAGE", temp_full(*state_));
+        return false;
+      }
+      current_->taken += bytes.size();
       std::size_t done = 0;
       while (done < bytes.size()) {
         const ssize_t n = ::write(current_->fd, bytes.data() + done, bytes.size() - done);
@@ -490,10 +514,54 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
 // ----------------------------------------------------------------------------------------------
 // Download
 
-// Sends [offset, offset + length) of a temp file through the sink, a piece at a time: the next
-// piece is read once the last is written, so at most one piece is in memory.
+// Where a download is staged: a directory of its own in the server's temp dir, holding the file
+// (and, while the provider writes, its partial file), removed with its last holder. The bytes it
+// holds are taken from the server's temp space as they appear (measure()) and given back then.
+struct Staging {
+  std::shared_ptr<Server::State> state;
+  fs::path dir;
+  fs::path path;  // dir/file
+  int fd = -1;    // once staged: the file, read by the Pump
+  std::mutex mutex;
+  uint64_t taken = 0;  // guarded by mutex
+
+  explicit Staging(std::shared_ptr<Server::State> s) : state(std::move(s)) {
+    dir = state->temp_dir / ("download-" + new_request_id());
+    if (::mkdir(dir.c_str(), 0700) != 0)
+      throw std::runtime_error("cannot create " + dir.string() + ": " + std::strerror(errno));
+    path = dir / "file";
+  }
+  ~Staging() {
+    if (fd >= 0) ::close(fd);
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    state->temp_space.give(taken);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // Takes what the directory's files grew by since the last call from the temp space; false
+  // when that would pass the limit. Any thread.
+  bool measure() {
+    uint64_t size = 0;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      struct stat st {};
+      if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        size += static_cast<uint64_t>(st.st_size);
+    }
+    std::lock_guard lock(mutex);
+    if (size <= taken) return true;
+    if (!state->temp_space.take(size - taken)) return false;
+    taken = size;
+    return true;
+  }
+};
+
+// Sends [offset, offset + length) of the staged file through the sink, a piece at a time: the
+// next piece is read once the last is written, so at most one piece is in memory.
 struct Pump : std::enable_shared_from_this<Pump> {
-  std::shared_ptr<TempFile> file;
+  std::shared_ptr<Staging> file;
   std::shared_ptr<ChunkSink> sink;
   uint64_t offset = 0;
   uint64_t left = 0;
@@ -519,6 +587,44 @@ struct Pump : std::enable_shared_from_this<Pump> {
     offset += static_cast<uint64_t>(n);
     left -= static_cast<uint64_t>(n);
     sink->send(std::move(piece), [self = shared_from_this()] { self->step(); });
+  }
+};
+
+// While the provider stages a download: every kStagingCheck, the staged bytes are measured against
+// the temp space; over it, the download is cancelled. Runs on a strand of its own until stop().
+struct StagingWatch : std::enable_shared_from_this<StagingWatch> {
+  std::shared_ptr<Staging> staging;
+  sbx::Operation<void> op;
+  asio::strand<asio::io_context::executor_type> strand;
+  asio::steady_timer timer;
+  bool stopped = false;              // on `strand`
+  std::atomic<bool> over{false};     // the temp space ran out: the download was cancelled
+  std::atomic<bool> hung_up{false};  // the client went away: the download was cancelled
+
+  StagingWatch(asio::io_context& ioc, std::shared_ptr<Staging> s)
+      : staging(std::move(s)), strand(asio::make_strand(ioc)), timer(strand) {}
+
+  void start() {
+    asio::post(strand, [self = shared_from_this()] { self->arm(); });
+  }
+  void arm() {
+    if (stopped) return;
+    timer.expires_after(kStagingCheck);
+    timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopped) return;
+      if (!self->staging->measure()) {
+        self->over = true;
+        self->op.cancel();
+        return;
+      }
+      self->arm();
+    });
+  }
+  void stop() {
+    asio::post(strand, [self = shared_from_this()] {
+      self->stopped = true;
+      self->timer.cancel();
+    });
   }
 };
 
@@ -578,7 +684,8 @@ std::string base_name(const std::string& path) {
 }
 
 void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
-              const Request& request, const Reply& reply, const OpenStream& open_stream) {
+              const Request& request, const Reply& reply, const OpenStream& open_stream,
+              const WatchHangup& watch_hangup) {
   const auto paths = query_values(request, "path");
   if (paths.empty() || paths.front().empty()) {
     reply(execd_error(request, http::status::bad_request, "MISSING_QUERY",
@@ -586,10 +693,9 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     return;
   }
   const std::string path = paths.front();
-  std::shared_ptr<TempFile> file;
+  std::shared_ptr<Staging> file;
   try {
-    file = std::make_shared<TempFile>(state->temp_dir, "download");
-    file->close_fd();
+    file = std::make_shared<Staging>(state);
   } catch (const std::exception& e) {
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
     return;
@@ -606,21 +712,43 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
     return;
   }
-  op.then([state, id = entry->id, file, path, range, version, reply,
+  // The staged bytes count against the temp space; a client that hangs up cancels the download.
+  auto watch = std::make_shared<StagingWatch>(state->ioc, file);
+  watch->op = op;
+  watch->start();
+  watch_hangup([watch] {
+    watch->hung_up = true;
+    watch->op.cancel();
+  });
+  op.then([state, id = entry->id, file, watch, path, range, version, reply,
            open_stream](sbx::Operation<void>& done) {
+    watch->stop();
     Request shape;
     shape.version(version);
     try {
       done.get();
     } catch (...) {
       const auto error = std::current_exception();
-      if (is_not_found(error)) {
+      if (watch->hung_up) {
+        spdlog::info("sbx serve: download of {} from sandbox {} cancelled: its client went away",
+                     path, id);
+        reply(execd_error(shape, http::status::bad_request, "RUNTIME_ERROR",
+                          "the client went away"));  // written to no one
+      } else if (watch->over) {
+        reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
+                          temp_full(*state)));
+      } else if (is_not_found(error)) {
         reply(execd_error(shape, http::status::not_found, "FILE_NOT_FOUND",
                           file_not_found("open", path)));
       } else {
         reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
                           sbx::to_error(error).what()));
       }
+      return;
+    }
+    if (!file->measure()) {  // it grew past the limit after the last check
+      reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
+                        temp_full(*state)));
       return;
     }
     file->fd = ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -778,10 +906,11 @@ bool upload_path(const Request& head, ExecdTarget& target) {
 
 bool route_execd_files(const std::shared_ptr<Server::State>& state,
                        const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                       const Request& request, const Reply& reply, const OpenStream& open_stream) {
+                       const Request& request, const Reply& reply, const OpenStream& open_stream,
+                       const WatchHangup& watch_hangup) {
   if (request.method() != http::verb::get) return false;
   if (target.rest == "/files/download") {
-    download(state, entry, request, reply, open_stream);
+    download(state, entry, request, reply, open_stream, watch_hangup);
     return true;
   }
   if (target.rest == "/files/info") {

@@ -96,10 +96,50 @@ class Session : public std::enable_shared_from_this<Session> {
       self->pump();
     });
   }
-  bool wait_room() {
-    std::unique_lock lock(room_mutex_);
-    room_cv_.wait(lock, [&] { return gone_flag_ || queued_ <= state_->options.stream_buffer; });
-    return !gone_flag_;
+  std::size_t queued_bytes() {
+    std::lock_guard lock(room_mutex_);
+    return queued_;
+  }
+  // Resets the connection, dropping what waits (ChunkSink::abort).
+  void post_abort() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->gone_ || self->finished_) return;
+      beast::error_code ignored;
+      self->stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+      self->mark_gone();
+    });
+  }
+  // WatchHangup: `fn` runs (on the strand) if the peer closes or resets the connection before the
+  // request is answered. A readable socket is peeked at, never read: bytes of a pipelined request
+  // stay for read() and end the watch.
+  void post_watch_hangup(std::function<void()> fn) {
+    asio::post(stream_.get_executor(), [self = shared_from_this(), fn = std::move(fn)]() mutable {
+      if (self->answered_) return;
+      self->hangup_ = std::move(fn);
+      self->watch_hangup();
+    });
+  }
+  void watch_hangup() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        asio::bind_executor(
+            stream_.get_executor(), [self = shared_from_this()](beast::error_code ec) {
+              if (!self->hangup_) return;  // answered meanwhile
+              char c = 0;
+              const ssize_t n = ec ? -1
+                                   : ::recv(self->stream_.socket().native_handle(), &c, 1,
+                                            MSG_PEEK | MSG_DONTWAIT);
+              if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                self->watch_hangup();  // not readable after all
+                return;
+              }
+              auto fn = std::move(self->hangup_);
+              self->hangup_ = nullptr;
+              if (n > 0) return;  // the client sends more: it is there
+              spdlog::debug("sbx serve: the client of request {} went away before its answer",
+                            self->request_id_);
+              fn();
+            }));
   }
   bool gone_flag() {
     std::lock_guard lock(room_mutex_);
@@ -210,6 +250,8 @@ class Session : public std::enable_shared_from_this<Session> {
                       : new_request_id();
     keep_alive_ = request.keep_alive();
     streaming_ = false;
+    answered_ = false;
+    hangup_ = nullptr;
   }
 
   Reply make_reply() {
@@ -251,7 +293,10 @@ class Session : public std::enable_shared_from_this<Session> {
         OpenStream open = [self = shared_from_this()](Response head, bool chunked) {
           return self->open_stream(std::move(head), chunked);
         };
-        route_execd(state_, *target, req, reply, open);
+        WatchHangup hangup = [self = shared_from_this()](std::function<void()> fn) {
+          self->post_watch_hangup(std::move(fn));
+        };
+        route_execd(state_, *target, req, reply, open, hangup);
         return;
       }
       if (route_lifecycle(state_, req, reply)) return;
@@ -358,6 +403,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void write(Response response) {
+    answered_ = true;
+    hangup_ = nullptr;
     response.set("x-request-id", request_id_);
     if (!keep_alive_ || stopping()) response.keep_alive(false);
     spdlog::debug("sbx serve: answered {} (request {})", response.result_int(), request_id_);
@@ -503,7 +550,8 @@ class Session : public std::enable_shared_from_this<Session> {
       s_->post_send(std::move(data), std::move(done));
     }
     void end() override { s_->post_end(); }
-    bool wait_room() override { return s_->wait_room(); }
+    std::size_t queued() const override { return s_->queued_bytes(); }
+    void abort() override { s_->post_abort(); }
     bool gone() const override { return s_->gone_flag(); }
     void on_gone(std::function<void()> fn) override { s_->post_on_gone(std::move(fn)); }
     void cut_after(int pieces) override {
@@ -531,6 +579,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void begin_stream(Response head, bool chunked) {
+    answered_ = true;
+    hangup_ = nullptr;
     streaming_ = true;
     chunked_ = chunked;
     end_requested_ = ended_ = gone_ = finished_ = false;
@@ -587,7 +637,6 @@ class Session : public std::enable_shared_from_this<Session> {
       std::lock_guard lock(room_mutex_);
       queued_ -= n;
     }
-    room_cv_.notify_all();
   }
 
   void pump() {
@@ -652,7 +701,6 @@ class Session : public std::enable_shared_from_this<Session> {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = true;
     }
-    room_cv_.notify_all();
     // What waits is dropped; an item being written stays until its write completes.
     while (out_.size() > (writing_ ? 1u : 0u)) {
       auto item = std::move(out_.back());
@@ -714,8 +762,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::function<void()> on_gone_;
   std::optional<int> cut_after_;  // pieces left before an injected cut
   std::array<char, 1024> watch_buffer_{};
+  // The request being answered (strand only): whether its answer started, and what runs if the
+  // client goes away before (WatchHangup).
+  bool answered_ = false;
+  std::function<void()> hangup_;
   std::mutex room_mutex_;  // guards what follows
-  std::condition_variable room_cv_;
   std::size_t queued_ = 0;
   bool gone_flag_ = false;
 };

@@ -58,8 +58,24 @@ struct Options {
   // A command event stream or download whose client accepts no bytes for this long is cut (and its
   // command cancelled).
   std::chrono::milliseconds stream_stall_timeout{120000};
-  std::size_t stream_buffer = 1024 * 1024;  // bytes queued per stream before the command waits
-  std::string temp_root;                    // where the server's temp dir goes ("": the system's)
+  // Bytes queued for one stream's client. A command event stream over it is cut (the client is
+  // too slow: the connection is reset and the command cancelled); a plugin thread never waits.
+  std::size_t stream_buffer = 4 * 1024 * 1024;
+  std::string temp_root;  // where the server's temp dir goes ("": the system's)
+  // Per sandbox (docs/serve.md "Limits"): commands started at the provider at once, foreground and
+  // background; commands waiting for one of those slots (no thread held); beyond both, 429
+  // TOO_MANY_COMMANDS. Keep max_commands below the provider's own exec concurrency (local_docker's
+  // exec.concurrency, 32) so that one sandbox cannot take every provider slot.
+  std::size_t max_commands = 8;
+  std::size_t max_queued_commands = 24;
+  // Finished command records kept per sandbox (the oldest goes first, with its log).
+  std::size_t kept_commands = 50;
+  // Bytes of one background command's log; the rest of its output is dropped (a marker line says
+  // so). 0: no cap.
+  std::uint64_t command_log_limit = 8ull << 20;
+  // Bytes of the server's temp dir used by transfers (downloads and uploads staged) at once; over
+  // it, the transfer is refused with 507 INSUFFICIENT_STORAGE. 0: no cap.
+  std::uint64_t temp_limit = 4ull << 30;
 
   // Hot swap (docs/hot-swap.md), set by `sbx serve` from its host. Unset: the /admin routes
   // answer 404, SIGHUP is ignored, and every sandbox comes from the provider given.

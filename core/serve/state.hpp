@@ -19,8 +19,10 @@
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -55,10 +57,11 @@ int running_commands(ExecdState& execd);
 // A response sent in pieces once its head is out: an event stream (chunked) or a download (with a
 // Content-Length). Made by the connection (OpenStream) for one request.
 //
-// THREADING: send() and end() may be called from any thread; they post to the connection's
-// strand and never block. Memory is bounded by the caller: `queued()` says how many bytes wait
-// to be written, and wait_room() (never on an io thread) blocks until they are below the stream's
-// bound or the client is gone. The `done` callbacks and the on_gone callback run on the strand.
+// THREADING: every member may be called from any thread; they post to the connection's strand
+// and never block. Memory is bounded by the caller: queued() says how many bytes wait to be
+// written (a download sends its next piece from the last one's `done`; an event stream is cut
+// with abort() when a slow client lets too much wait). The `done` callbacks and the on_gone
+// callback run on the strand.
 class ChunkSink {
  public:
   virtual ~ChunkSink() = default;
@@ -67,9 +70,11 @@ class ChunkSink {
   virtual void send(std::string data, std::function<void()> done = {}) = 0;
   // Ends the response (the last chunk of a chunked one). Idempotent.
   virtual void end() = 0;
-  // Blocks the calling (plugin) thread while more than the stream's bound is queued; false once the
-  // client is gone.
-  virtual bool wait_room() = 0;
+  // Bytes sent and not yet written to the socket.
+  virtual std::size_t queued() const = 0;
+  // Cuts the response: what waits is dropped and the connection is reset, without the chunked
+  // body's end (the client sees the stream break off); the stream is then gone (on_gone runs).
+  virtual void abort() = 0;
   // True once the client went away (reset, EOF, a write that failed or stalled).
   virtual bool gone() const = 0;
   // `fn` runs once on the strand when the client goes away before end() (at once if it already
@@ -79,6 +84,34 @@ class ChunkSink {
   // connection is reset without the rest and without the chunked body's end, as a network cut
   // looks to a client; the stream is then gone (on_gone runs). Call before sending.
   virtual void cut_after(int pieces) = 0;
+};
+
+// A request whose answer is not out yet (a download being staged): `fn` runs once, on the
+// connection's strand, if the client closes or resets the connection before it is answered.
+// Watching stops at the answer, or when the client sends more bytes (a pipelined request).
+// Call at most once per request, from any thread.
+using WatchHangup = std::function<void(std::function<void()> fn)>;
+
+// The server's temporary space for transfers (Options::temp_limit): bytes taken while a file is
+// staged in the temp dir, given back when it goes. Thread-safe.
+class TempSpace {
+ public:
+  explicit TempSpace(std::uint64_t limit) : limit_(limit) {}
+  // Takes `n` bytes; false (nothing taken) when that would pass the limit.
+  bool take(std::uint64_t n) {
+    std::uint64_t used = used_.load();
+    do {
+      if (limit_ > 0 && (used + n < used || used + n > limit_)) return false;
+    } while (!used_.compare_exchange_weak(used, used + n));
+    return true;
+  }
+  void give(std::uint64_t n) { used_ -= n; }
+  std::uint64_t used() const { return used_.load(); }
+  std::uint64_t limit() const { return limit_; }
+
+ private:
+  const std::uint64_t limit_;
+  std::atomic<std::uint64_t> used_{0};
 };
 
 // Sends `head` (its body ignored) and returns the sink for the rest. `chunked`: Transfer-Encoding
@@ -159,6 +192,8 @@ struct Server::State {
   // A private directory for command logs and file transfers, made by the constructor and removed
   // with everything in it by the destructor.
   std::filesystem::path temp_dir;
+  // Bytes of transfers staged in temp_dir (Options::temp_limit).
+  TempSpace temp_space{options.temp_limit};
 
   std::mutex mutex;  // guards what follows
   std::map<std::string, std::shared_ptr<Entry>> sandboxes;
@@ -272,13 +307,15 @@ std::optional<ExecdTarget> execd_target(const Request& request);
 // The execd API's routes for a target (routes_execd_*.cpp). route_execd answers every execd
 // target: an unknown sandbox, another port and an unknown route included.
 void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream);
+                 const Request& request, const Reply& reply, const OpenStream& open_stream,
+                 const WatchHangup& watch_hangup);
 bool route_execd_command(const std::shared_ptr<Server::State>& state,
                          const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
                          const Request& request, const Reply& reply, const OpenStream& open_stream);
 bool route_execd_files(const std::shared_ptr<Server::State>& state,
                        const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                       const Request& request, const Reply& reply, const OpenStream& open_stream);
+                       const Request& request, const Reply& reply, const OpenStream& open_stream,
+                       const WatchHangup& watch_hangup);
 // POST .../files/upload: the body is read as it arrives. Returns the sink, or null when `reply` was
 // already given (unknown sandbox, not multipart...). `head` has no body.
 bool is_execd_upload(const Request& head);
