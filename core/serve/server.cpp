@@ -146,6 +146,7 @@ class Session : public std::enable_shared_from_this<Session> {
                   request, http::status::payload_too_large, "GENERAL::REQUEST_TOO_LARGE",
                   "Request body exceeds " + std::to_string(state_->options.body_limit) + " bytes.");
     r.keep_alive(false);
+    unread_body_ = !header;
     write(std::move(r));
   }
 
@@ -169,6 +170,20 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     Request head(header_parser_->get().base());
+    // Authentication on the head: a client without a valid key is answered before any of its
+    // body is read, and the connection closes (the body is never read, so never held).
+    if (auto refusal = auth_refusal(head)) {
+      count_answering();
+      begin_request(head);
+      keep_alive_ = false;
+      header_parser_.reset();
+      const auto key = route_key(std::string(head.method_string()), route_path(head));
+      state_->metrics.record(key ? key->key : "other", refusal->result_int(), 0.0,
+                             error_type(*refusal));
+      unread_body_ = true;
+      write(std::move(*refusal));
+      return;
+    }
     if (is_execd_upload(head)) {
       count_answering();
       start_upload(std::move(head));
@@ -319,37 +334,44 @@ class Session : public std::enable_shared_from_this<Session> {
   // only that (the key never goes to a sandbox endpoint), the server-proxy ones that or the key
   // (the Python SDK sends an endpoint's headers and never the key to execd; the JS SDK sends the
   // key).
-  bool authorized(const Request& request, const Reply& reply) {
-    if (!state_->options.api_key || route_path(request) == "/health") return true;
+  // The answer to a request without valid credentials (checked on its head alone), or nullopt
+  // when it may go on: /health is open; execd paths take their sandbox's X-EXECD-ACCESS-TOKEN
+  // (the server-proxy paths also the API key); every other path the API key.
+  std::optional<Response> auth_refusal(const Request& request) const {
+    if (!state_->options.api_key || route_path(request) == "/health") return std::nullopt;
     if (const auto target = execd_target(request)) {
       const auto token = request.find("X-EXECD-ACCESS-TOKEN");
       if (token != request.end() &&
           constant_time_equal(std::string(token->value()),
                               execd_access_token(state_->options, target->sandbox_id))) {
-        return true;
+        return std::nullopt;
       }
       if (!target->server_proxy) {
-        reply(json_response(
+        return json_response(
             request, http::status::unauthorized,
             boost::json::object{
-                {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}}));
-        return false;
+                {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}});
       }
     }
     const auto key = request.find("OPEN-SANDBOX-API-KEY");
     if (key == request.end() || key->value().empty()) {
-      reply(error_response(request, http::status::unauthorized, "MISSING_API_KEY",
-                           "Authentication credentials are missing. Provide API key via "
-                           "OPEN-SANDBOX-API-KEY header."));
-      return false;
+      return error_response(request, http::status::unauthorized, "MISSING_API_KEY",
+                            "Authentication credentials are missing. Provide API key via "
+                            "OPEN-SANDBOX-API-KEY header.");
     }
     if (!constant_time_equal(std::string(key->value()), *state_->options.api_key)) {
-      reply(error_response(request, http::status::unauthorized, "INVALID_API_KEY",
-                           "Authentication credentials are invalid. Check your API key and try "
-                           "again."));
-      return false;
+      return error_response(request, http::status::unauthorized, "INVALID_API_KEY",
+                            "Authentication credentials are invalid. Check your API key and try "
+                            "again.");
     }
-    return true;
+    return std::nullopt;
+  }
+
+  bool authorized(const Request& request, const Reply& reply) {
+    auto refusal = auth_refusal(request);
+    if (!refusal) return true;
+    reply(std::move(*refusal));
+    return false;
   }
 
   bool stopping() {
@@ -373,12 +395,42 @@ class Session : public std::enable_shared_from_this<Session> {
                           --self->state_->answering;
                           self->state_->maybe_finish_locked();
                         }
+                        if (!ec && self->unread_body_) {
+                          self->linger_close();
+                          return;
+                        }
                         if (ec || !held->keep_alive()) {
                           self->close();
                           return;
                         }
                         self->read();
                       });
+  }
+
+  // After an answer given before the request's body was read: closing a socket with unread bytes
+  // resets the connection, and a reset can make the client's kernel drop the answer before the
+  // client read it. So the sending side is shut, and what the client still sends is read into a
+  // small scratch buffer and dropped (never kept), for a bounded time and amount, then the socket
+  // closes.
+  void linger_close() {
+    unread_body_ = false;
+    beast::error_code ignored;
+    stream_.socket().shutdown(asio::socket_base::shutdown_send, ignored);
+    stream_.expires_after(
+        std::min<std::chrono::milliseconds>(state_->options.read_timeout, std::chrono::seconds(2)));
+    linger_left_ = state_->options.body_limit + state_->options.header_limit;
+    linger_read();
+  }
+  void linger_read() {
+    stream_.async_read_some(asio::buffer(watch_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                              if (ec || n >= self->linger_left_) {
+                                self->stream_.close();
+                                return;
+                              }
+                              self->linger_left_ -= n;
+                              self->linger_read();
+                            });
   }
 
   // --- uploads: the body read as it arrives -------------------------------------------------
@@ -701,6 +753,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string metrics_route_;  // the request being answered, for RequestMetrics
   std::chrono::steady_clock::time_point metrics_start_;
   bool keep_alive_ = true;
+  bool unread_body_ = false;     // the answer being written leaves the request's body unread
+  std::size_t linger_left_ = 0;  // bytes linger_close() still drops before closing
 
   // The stream being answered (strand only, but for what room_mutex_ guards).
   bool streaming_ = false;

@@ -6,6 +6,12 @@
 
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -203,6 +209,92 @@ TEST_CASE("the API key: MISSING_API_KEY, INVALID_API_KEY, /health exempt, key ne
   const std::string log = f.log_text();
   CHECK(log.find("answered 401") != std::string::npos);  // the debug log was on
   CHECK(log.find(key) == std::string::npos);
+}
+
+namespace {
+
+// A plain blocking TCP connection whose reads give up after 10 s (SO_RCVTIMEO): a test that waits
+// for an answer that does not come fails instead of hanging.
+struct RawConnection {
+  int fd = -1;
+  explicit RawConnection(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  }
+  ~RawConnection() { ::close(fd); }
+  void send(const std::string& text) const {
+    REQUIRE(::send(fd, text.data(), text.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(text.size()));
+  }
+  // Everything the server sends until it closes its side; `timed_out` when 10 s pass first.
+  std::string read_to_eof(bool& timed_out) const {
+    std::string out;
+    char buf[4096];
+    timed_out = false;
+    for (;;) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        timed_out = true;
+        break;
+      }
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a request without a valid key is answered 401 after its head; its body is never read") {
+  const std::string key = "front-door-key-1f2e";
+  // A long read timeout: a server that waited for the body would not answer within the test's
+  // 10 s bound.
+  Fixture f({"--api-key-env", "SBX_SERVE_TEST_KEY", "--read-timeout", "120"},
+            {{"SBX_SERVE_TEST_KEY", key}});
+  struct Case {
+    std::string head_extra, target, expected;
+  };
+  const std::vector<Case> cases{
+      {"", "/v1/sandboxes", R"("code":"MISSING_API_KEY")"},
+      {"OPEN-SANDBOX-API-KEY: wrong\r\n", "/sandboxes", R"("code":"INVALID_API_KEY")"},
+      {"", "/sandboxes/abc/proxy/44772/command", "invalid or missing header X-EXECD-ACCESS-TOKEN"},
+      {"", "/sandboxes/abc/proxy/44772/files/upload",
+       "invalid or missing header X-EXECD-ACCESS-TOKEN"},
+  };
+  // 40 stalled clients at once, each announcing a body of 1 MiB (the limit) and sending none.
+  std::vector<std::unique_ptr<RawConnection>> connections;
+  for (int i = 0; i < 40; ++i) {
+    const Case& c = cases[static_cast<size_t>(i) % cases.size()];
+    connections.push_back(std::make_unique<RawConnection>(f.port()));
+    connections.back()->send("POST " + c.target + " HTTP/1.1\r\nHost: x\r\n" + c.head_extra +
+                             "Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n");
+  }
+  for (int i = 0; i < 40; ++i) {
+    const Case& c = cases[static_cast<size_t>(i) % cases.size()];
+    CAPTURE(c.target);
+    bool timed_out = false;
+    const std::string answer = connections[static_cast<size_t>(i)]->read_to_eof(timed_out);
+    CHECK_FALSE(timed_out);  // the server closed its side after the answer, not waiting on us
+    CHECK(answer.rfind("HTTP/1.1 401 ", 0) == 0);
+    CHECK(answer.find(c.expected) != std::string::npos);
+  }
+  connections.clear();
+  // The server still serves, with and without a key.
+  CHECK(request(f.port(), "GET", "/health").status == 200);
+  CHECK(request(f.port(), "POST", "/sandboxes", kCreateBody, {{"OPEN-SANDBOX-API-KEY", key}})
+            .status == 202);
+  const auto metrics =
+      request(f.port(), "GET", "/metrics", std::nullopt, {{"OPEN-SANDBOX-API-KEY", key}});
+  CHECK(metrics.body.find("code=\"401\"") != std::string::npos);  // refusals are counted
 }
 
 TEST_CASE("bad create requests get the real server's 422 and 400 answers and create nothing") {
