@@ -10,6 +10,7 @@
 #include <faults.hpp>
 #include <server.hpp>
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
@@ -60,6 +61,21 @@ std::vector<std::filesystem::path> watched_paths(sbx::Host& host,
   return out;
 }
 
+// The longest --grace or --read-timeout, as the config file's serve.grace_s and read_timeout_s.
+constexpr double kMaxServeSeconds = 86400;
+
+// A duration flag in seconds: a number from 0 (exclusive when `positive`) to kMaxServeSeconds,
+// refused otherwise (NaN, infinity and 1e300 included) with the flag's name.
+double seconds_flag(const Arg& a, const char* flag, bool positive) {
+  const double s = a.number();
+  const bool low_ok = positive ? s > 0 : s >= 0;
+  if (!low_ok || !(s <= kMaxServeSeconds) || !sbx::base::seconds_to_ms_checked(s)) {
+    throw UsageError(std::string(flag) + " must be " + (positive ? "> 0" : ">= 0") +
+                     " and at most 86400 seconds, got '" + a.text + "'");
+  }
+  return s;
+}
+
 // "HOST:PORT" or "[V6]:PORT".
 std::pair<std::string, uint16_t> split_listen(const std::string& text) {
   const auto colon = text.rfind(':');
@@ -86,9 +102,8 @@ std::pair<std::string, uint16_t> split_listen(const std::string& text) {
 
 // The config file's `serve` section onto `options` (the flags are applied after it).
 void apply_settings(const sbx::ServeSettings& s, sbx::serve::Options& options) {
-  auto ms = [](double seconds) {
-    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
-  };
+  // The config reader bounds these (docs/config.md); the conversion is checked all the same.
+  auto ms = [](double seconds) { return sbx::base::seconds_to_ms(seconds); };
   if (s.max_sandboxes) options.max_sandboxes = *s.max_sandboxes;
   if (s.max_streams) options.max_streams = *s.max_streams;
   if (s.header_limit) options.header_limit = *s.header_limit;
@@ -134,12 +149,10 @@ int serve(ServeFields& f, const Global& g) {
     throw UsageError("refusing to listen on " + options.host +
                      " without an API key (give --api-key-env VAR, or listen on 127.0.0.1)");
   }
-  if (f.grace_s) options.grace = std::chrono::milliseconds(static_cast<int64_t>(*f.grace_s * 1000));
+  // The flags' values were range-checked when read (serve_command): the conversions cannot fail.
+  if (f.grace_s) options.grace = sbx::base::seconds_to_ms(*f.grace_s);
   if (f.threads) options.threads = static_cast<int>(*f.threads);
-  if (f.read_timeout_s) {
-    options.read_timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(*f.read_timeout_s * 1000));
-  }
+  if (f.read_timeout_s) options.read_timeout = sbx::base::seconds_to_ms(*f.read_timeout_s);
   options.handle_signals = true;
   if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
@@ -214,23 +227,18 @@ Command serve_command() {
                          "Require the API key held by environment variable VAR\n"
                          "in the OPEN-SANDBOX-API-KEY header",
                          [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
-  options.push_back(
-      value<ServeFields>("--grace", "S",
-                         "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
-                         "then as long for the sandboxes to close\n"
-                         "(default: serve.grace_s, else 10)",
-                         [](ServeFields& f, const Arg& a) {
-                           f.grace_s = a.number();
-                           if (!(*f.grace_s >= 0)) throw UsageError("--grace must be >= 0");
-                         }));
+  options.push_back(value<ServeFields>(
+      "--grace", "S",
+      "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
+      "then as long for the sandboxes to close\n"
+      "(default: serve.grace_s, else 10)",
+      [](ServeFields& f, const Arg& a) { f.grace_s = seconds_flag(a, "--grace", false); }));
   options.push_back(
       value<ServeFields>("--read-timeout", "S",
                          "Close a connection whose next request has not fully arrived\n"
                          "within S seconds (default: serve.read_timeout_s, else 30)",
                          [](ServeFields& f, const Arg& a) {
-                           f.read_timeout_s = a.number();
-                           if (!(*f.read_timeout_s > 0))
-                             throw UsageError("--read-timeout must be > 0");
+                           f.read_timeout_s = seconds_flag(a, "--read-timeout", true);
                          }));
   options.push_back(value<ServeFields>("--threads", "N",
                                        "Server threads (default: serve.threads, else 2)",

@@ -9,6 +9,7 @@
 
 #include "state.hpp"
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
@@ -71,7 +72,12 @@ std::optional<json::object> string_map(const json::object& body, const char* nam
   return out;
 }
 
-// "500m" -> 0.5, "2" -> 2, "1.5" -> 1.5.
+// The largest resource limits a create may ask for: beyond them the provider's arithmetic
+// (Docker's NanoCPUs and bytes are int64) could overflow, and no host has that much.
+constexpr double kMaxCpu = 65536;                   // cores
+constexpr double kMaxMemoryMib = 1024.0 * 1048576;  // 1 PiB
+
+// "500m" -> 0.5, "2" -> 2, "1.5" -> 1.5; nullopt when not a positive number. Not range-checked.
 std::optional<double> parse_cpu(const std::string& text) {
   try {
     std::size_t used = 0;
@@ -88,8 +94,9 @@ std::optional<double> parse_cpu(const std::string& text) {
   }
 }
 
-// "512Mi" -> 512, "2Gi" -> 2048, "1024Ki" -> 1, "512M" / plain bytes rounded up to whole MiB.
-std::optional<int64_t> parse_memory_mib(const std::string& text) {
+// "512Mi" -> 512, "2Gi" -> 2048, "1024Ki" -> 1, "512M" / plain bytes in MiB (not rounded);
+// nullopt when not a positive number. Not range-checked (infinity is a positive number).
+std::optional<double> parse_memory_mib(const std::string& text) {
   static const std::vector<std::pair<std::string, double>> units{
       {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
       {"K", 1e3},     {"M", 1e6},        {"G", 1e9},           {"T", 1e12}};
@@ -107,7 +114,7 @@ std::optional<int64_t> parse_memory_mib(const std::string& text) {
     std::size_t used = 0;
     const double v = std::stod(number, &used);
     if (used != number.size() || !(v > 0)) return std::nullopt;
-    return static_cast<int64_t>(std::ceil(v * factor / 1048576.0));
+    return v * factor / 1048576.0;
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -204,7 +211,11 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   if (const auto* timeout = body.if_contains("timeout"); timeout && !timeout->is_null()) {
     std::optional<int64_t> seconds;
     if (timeout->is_int64()) seconds = timeout->as_int64();
-    if (timeout->is_uint64()) seconds = static_cast<int64_t>(timeout->as_uint64());
+    if (timeout->is_uint64()) {  // past int64: too long, refused below as any other
+      seconds = timeout->as_uint64() > static_cast<uint64_t>(kMaxTimeoutS)
+                    ? kMaxTimeoutS + 1
+                    : static_cast<int64_t>(timeout->as_uint64());
+    }
     if (timeout->is_double() && std::floor(timeout->as_double()) == timeout->as_double() &&
         std::abs(timeout->as_double()) < 1e15) {
       seconds = static_cast<int64_t>(timeout->as_double());
@@ -242,6 +253,15 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
                          what + " is not supported by this server yet."));
     return std::nullopt;
   };
+  // As the real server's server.max_sandbox_timeout_seconds, here fixed at what the time types
+  // hold with room to spare (sbx::base::kForever): a longer TTL would overflow the expiry.
+  if (out.timeout_s && *out.timeout_s > kMaxTimeoutS) {
+    reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                         "timeout must be at most " + std::to_string(kMaxTimeoutS) +
+                             " seconds (about 31 years), got " + std::to_string(*out.timeout_s) +
+                             "."));
+    return std::nullopt;
+  }
   if (has_snapshot) return unsupported("snapshotId");
   if (const auto* v = body.if_contains("credentialProxy"); v && !v->is_null()) {
     return unsupported("credentialProxy");
@@ -294,20 +314,26 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   if (limits) {
     for (const auto& [k, v] : *limits) {
       const std::string text(v.as_string());
+      auto invalid_limit = [&](const std::string& message) {
+        reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                             message));
+        return std::nullopt;
+      };
       if (k == "cpu") {
-        spec.resources.cpu = parse_cpu(text);
-        if (!spec.resources.cpu) {
-          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
-                               "Invalid cpu limit '" + text + "'."));
-          return std::nullopt;
+        const auto cpu = parse_cpu(text);
+        if (!cpu) return invalid_limit("Invalid cpu limit '" + text + "'.");
+        if (!(*cpu <= kMaxCpu)) {
+          return invalid_limit("cpu limit '" + text + "' is out of range (at most " +
+                               std::to_string(static_cast<int64_t>(kMaxCpu)) + ").");
         }
+        spec.resources.cpu = cpu;
       } else if (k == "memory") {
-        spec.resources.memory_mib = parse_memory_mib(text);
-        if (!spec.resources.memory_mib) {
-          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
-                               "Invalid memory limit '" + text + "'."));
-          return std::nullopt;
+        const auto mib = parse_memory_mib(text);
+        if (!mib) return invalid_limit("Invalid memory limit '" + text + "'.");
+        if (!(*mib <= kMaxMemoryMib)) {
+          return invalid_limit("memory limit '" + text + "' is out of range (at most 1Pi).");
         }
+        spec.resources.memory_mib = static_cast<int64_t>(std::ceil(*mib));
       } else {
         return unsupported("resourceLimits." + std::string(k));
       }
@@ -432,8 +458,9 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   // As the real server: createdAt is taken when the request is accepted and expiresAt counts
   // from it, so the server's expiry never comes after the provider's own TTL.
   entry->created_at = std::chrono::system_clock::now();
-  if (read->timeout_s) {
-    entry->expires_at = entry->created_at + std::chrono::seconds(*read->timeout_s);
+  if (read->timeout_s) {  // at most kMaxTimeoutS (read_create): the sum cannot overflow
+    entry->expires_at =
+        sbx::base::add_checked(entry->created_at, std::chrono::seconds(*read->timeout_s));
   }
   auto version = request.version();
 
@@ -731,8 +758,11 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
   };
   const bool by_state = !wanted_states.empty();
   auto slice = [page, page_size](std::size_t total) {
+    // (page - 1) * page_size may overflow for a page far past the end: such a page is empty.
+    const auto skipped_pages = static_cast<std::size_t>(page - 1);
+    const auto size = static_cast<std::size_t>(page_size);
     const std::size_t begin =
-        std::min<std::size_t>(total, static_cast<std::size_t>((page - 1) * page_size));
+        skipped_pages > total / size ? total : std::min(total, skipped_pages * size);
     return std::pair{begin,
                      std::min<std::size_t>(total, begin + static_cast<std::size_t>(page_size))};
   };

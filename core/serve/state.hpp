@@ -36,6 +36,10 @@
 namespace sbx::serve {
 
 namespace http = boost::beast::http;
+
+// The longest TTL a create may ask for and the furthest a renew may push an expiry, in seconds
+// from now: sbx::base::kForever (about 31 years), so that no expiry overflows the time types.
+inline constexpr int64_t kMaxTimeoutS = 1'000'000'000;
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
@@ -324,9 +328,12 @@ std::vector<std::pair<std::string, std::string>> query_params(const Request& req
 std::optional<std::string> percent_decode(std::string_view text, bool form);
 // RFC 3339 as pydantic reads a datetime (fraction, 'Z' or an offset, naive = UTC, a date alone
 // = midnight UTC); on failure, pydantic's error text (e.g. "input is too short").
+// A valid date past what system_clock holds (years before 1678 or after 2261) has no `time`, an
+// empty `error` and `out_of_range` -1 (before) or 1 (after).
 struct ParsedTime {
   std::optional<std::chrono::system_clock::time_point> time;
   std::string error;
+  int out_of_range = 0;
 };
 ParsedTime parse_time(std::string_view text);
 
