@@ -316,8 +316,13 @@ void endpoint(const std::shared_ptr<Server::State>& state, const Request& reques
     return;
   }
   const std::string& host = state->options.host;
-  const std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
-                              ":" + std::to_string(state->port);
+  std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                        std::to_string(state->port);
+  if (state->options.unix_socket) {  // no address to give: the request's Host, as the client used
+    const auto given = request.find(http::field::host);
+    address = given != request.end() && !given->value().empty() ? std::string(given->value())
+                                                                : "localhost";
+  }
   json::object body{{"endpoint", address + (server_proxy ? "/v1" : "") + "/sandboxes/" + id +
                                      "/proxy/" + std::to_string(*port)}};
   // With a key, execd paths need the sandbox's token, in both modes: clients send an endpoint's

@@ -11,8 +11,9 @@
 
 #include <sbx/core/sandbox.hpp>
 
+#include <boost/asio/basic_socket_acceptor.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/http.hpp>
@@ -155,10 +156,24 @@ struct Server::State {
   ServeContext ioc;
   // Where the acceptor, the grace timer and the stop's steps run, one at a time.
   boost::asio::strand<boost::asio::io_context::executor_type> control;
-  boost::asio::ip::tcp::acceptor acceptor;
+  // TCP or a unix socket (Options::unix_socket): connections are generic stream sockets.
+  boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor;
   boost::asio::steady_timer grace_timer;
   boost::asio::steady_timer sweep_timer;  // closes sandboxes whose TTL passed (on `control`)
-  uint16_t port = 0;
+  uint16_t port = 0;                      // 0 on a unix socket
+  // The socket file of Options::unix_socket, made by the constructor: removed (if it is still the
+  // one made, same device and inode) by ~Server, or by this object's destructor when the
+  // constructor fails after making it.
+  struct SocketFile {
+    std::filesystem::path path;
+    unsigned long long device = 0, inode = 0;
+    SocketFile(std::filesystem::path p, unsigned long long d, unsigned long long i)
+        : path(std::move(p)), device(d), inode(i) {}
+    SocketFile(const SocketFile&) = delete;
+    SocketFile& operator=(const SocketFile&) = delete;
+    ~SocketFile();
+  };
+  std::optional<SocketFile> socket_file;
   int state_dir_lock = -1;  // flock'ed file descriptor of Options::state_dir/.lock, or -1
   // A private directory for command logs and file transfers, made by the constructor and removed
   // with everything in it by the destructor.
