@@ -382,14 +382,17 @@ json::array entrypoint_json(const Entry& entry) {
 // The end of a create: the sandbox enters the registry (or, when the server began stopping
 // meanwhile, is closed) and the client gets its answer.
 void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
-                   const std::shared_ptr<Entry>& entry, std::exception_ptr error, unsigned version,
-                   const Reply& reply) {
+                   const std::string& token, const std::shared_ptr<Entry>& entry,
+                   std::exception_ptr error, unsigned version, const Reply& reply) {
   Request shape;
   shape.version(version);
   // Read before the entry is published: from then on a renew may change expires_at.
   const auto expires_at = entry->expires_at;
   // The record first, so that a delete racing with this answer removes it after it was written.
   if (!error) store_save(*state, *entry);
+  // Then the create's own record goes: a crash between the two leaves both, and the next server
+  // adopts the sandbox (its record names it).
+  store_end_create(*state, token);
   bool refused = false;
   {
     std::lock_guard lock(state->mutex);
@@ -410,7 +413,7 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
     return;
   }
   if (refused) {  // the server began stopping while the provider created it
-    store_remove(*state, entry->id);
+    store_remove(*state, *entry);
     begin_close(state, entry, [](std::exception_ptr) {});
     reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
                          "The server is stopping."));
@@ -464,10 +467,33 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   }
   auto version = request.version();
 
+  // With a state directory the create is recorded before the provider is asked, with a token
+  // the sandbox carries (kCreateLabel): a server killed before the create ends leaves the record,
+  // and the next one closes the sandbox (store_load).
+  std::string token;
+  if (state->options.state_dir) {
+    token = new_request_id();
+    read->spec.metadata[kCreateLabel] = token;
+    if (const std::string error =
+            store_begin_create(*state, token, entry->image, entry->created_at);
+        !error.empty()) {
+      {
+        std::lock_guard lock(state->mutex);
+        state->creating.erase(ticket);
+        state->maybe_finish_locked();
+      }
+      spdlog::warn("sbx serve: create refused: {}", error);
+      reply(error_response(request, http::status::internal_server_error, "GENERAL::UNKNOWN_ERROR",
+                           "The create could not be recorded in the state directory."));
+      return;
+    }
+  }
+
   sbx::Operation<sbx::Sandbox> op;
   try {
     op = state->current_provider().create_async(std::move(read->spec));
   } catch (...) {
+    store_end_create(*state, token);
     {
       std::lock_guard lock(state->mutex);
       state->creating.erase(ticket);
@@ -486,7 +512,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   }
   if (cancel) op.cancel();
   // The continuation runs on the thread that completes the create (a plugin thread, or this one).
-  op.then([state, ticket, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
+  op.then([state, ticket, token, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
     std::exception_ptr error;
     try {
       entry->set_box(std::make_shared<sbx::Sandbox>(done.get()));
@@ -495,7 +521,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
       error = std::current_exception();
     }
     if (error || !state->options.state_dir) {
-      finish_create(state, ticket, entry, error, version, reply);
+      finish_create(state, ticket, token, entry, error, version, reply);
       return;
     }
     // With a state directory, the sandbox's descriptor is kept before the client hears of it.
@@ -505,7 +531,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     } catch (...) {
       error = std::current_exception();
     }
-    auto described = [state, ticket, entry, version, reply](std::exception_ptr error) {
+    auto described = [state, ticket, token, entry, version, reply](std::exception_ptr error) {
       if (error) {  // a sandbox the server could not find again after a restart: not created
         spdlog::warn("sbx serve: sandbox {} has no descriptor ({}); closing it", entry->id,
                      sbx::to_error(error).what());
@@ -515,7 +541,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
         }
         begin_close(state, entry, [](std::exception_ptr) {});
       }
-      finish_create(state, ticket, entry, error, version, reply);
+      finish_create(state, ticket, token, entry, error, version, reply);
     };
     if (error) {
       described(error);
@@ -627,7 +653,7 @@ void remove(const std::shared_ptr<Server::State>& state, const Request& request,
     reply(not_found(request, id));
     return;
   }
-  store_remove(*state, id);
+  store_remove(*state, *entry);
   const auto version = request.version();
   begin_close(state, entry, [id, version, reply](std::exception_ptr error) {
     Request shape;

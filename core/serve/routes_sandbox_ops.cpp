@@ -212,11 +212,18 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
                             "Failed to renew sandbox"));
       return;
     }
+    bool served = false;
     {
       std::lock_guard lock(state->mutex);
-      entry->expires_at = expires_at;
+      const auto it = state->sandboxes.find(id);
+      served = it != state->sandboxes.end() && it->second == entry;
+      if (served) entry->expires_at = expires_at;
     }
-    store_save(*state, *entry);
+    if (!served) {  // deleted (or expired) while the provider renewed it: nothing to keep
+      reply(not_found(shape, id));
+      return;
+    }
+    store_save(*state, *entry);  // a no-op once a delete removed the record meanwhile
     spdlog::info("sbx serve: sandbox {} now expires at {}", id, format_time(expires_at));
     reply(json_response(shape, http::status::ok,
                         json::object{{"expiresAt", format_time(expires_at)}}));

@@ -1052,7 +1052,7 @@ void drain_then_close(const std::shared_ptr<Server::State>& state,
   });
   spdlog::info("sbx serve: closing {} sandbox(es)", to_close.size());
   for (auto& entry : to_close) {
-    store_remove(*state, entry->id);
+    store_remove(*state, *entry);
     begin_close(state, entry, [](std::exception_ptr) {});
   }
   std::lock_guard lock(state->mutex);

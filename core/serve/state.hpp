@@ -127,6 +127,10 @@ struct Entry {
   std::chrono::system_clock::time_point created_at;
   std::optional<std::chrono::system_clock::time_point> expires_at;  // guarded by State::mutex
   std::string descriptor;  // sbx.connect/1 descriptor, when the server keeps a state directory
+  // The state directory's writes of this sandbox (store.cpp), one at a time; once its record was
+  // removed (store_remove) it is never written again.
+  std::mutex store_mutex;
+  bool store_removed = false;  // guarded by store_mutex
   // Its commands (execd API); shut down by begin_close.
   std::shared_ptr<ExecdState> execd = new_execd_state();
 
@@ -235,12 +239,26 @@ void retire(const std::shared_ptr<Server::State>& state, const std::shared_ptr<E
 // Retires every entry whose expiry is at or before `now` (the TTL sweep).
 void retire_expired(const std::shared_ptr<Server::State>& state);
 
-// The state directory (store.cpp): one JSON file per sandbox, written atomically (temporary file
-// and rename); a no-op without Options::state_dir. Errors are logged, not thrown.
-void store_save(Server::State& state, const Entry& entry);
-void store_remove(const Server::State& state, const std::string& id);
-// Locks the directory (creating it) and connects to every sandbox recorded there; files of
-// sandboxes that are gone or expired are removed. Blocking: called by the constructor.
+// The state directory (store.cpp): one JSON file per sandbox, written atomically (a unique
+// temporary file, fsync, rename, fsync of the directory); a no-op without Options::state_dir.
+// Errors are logged, not thrown. The writes of one entry are serialised; after store_remove,
+// store_save does nothing for that entry.
+void store_save(Server::State& state, Entry& entry);
+void store_remove(const Server::State& state, Entry& entry);
+// The metadata key (hence, on local_docker, the container label) that marks the sandbox of one
+// create with its token, so that a restarted server finds it when the create was interrupted.
+inline constexpr const char* kCreateLabel = "sbx.serve.create";
+// Records a create about to be asked of the provider (its token, the provider block, the label),
+// durably, before the provider is called; "" on success (or without a state directory), else
+// the error. store_end_create removes the record once the create ended either way.
+std::string store_begin_create(const Server::State& state, const std::string& token,
+                               const std::string& image,
+                               std::chrono::system_clock::time_point created_at);
+void store_end_create(const Server::State& state, const std::string& token);
+// Locks the directory (creating it), connects to every sandbox recorded there (files of
+// sandboxes that are gone are removed), then reconciles the creates a crash interrupted: their
+// sandbox is closed (sbx.list-reap/1, by kCreateLabel) unless a record names it. Blocking:
+// called by the constructor.
 void store_load(Server::State& state);
 
 // The Sandbox object of the lifecycle API (GET, list) for `entry` in `status`. Reads expires_at:

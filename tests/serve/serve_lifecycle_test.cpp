@@ -374,6 +374,75 @@ TEST_CASE("sbx serve's duration flags out of range are refused before anything s
   }
 }
 
+TEST_CASE(
+    "--state-dir: concurrent renews write whole records; a renew after a delete writes none") {
+  ProcessesServer f;
+  const fs::path gate = f.dir.path / "renew-gate";
+  const fs::path state = f.dir.path / "state";
+  f.write_config(f.processes_block(json::object{{"renew_gate", gate.string()}}));
+  f.start({"--state-dir", state.string()});
+  const std::string id = create(f.port(), R"({"team":"infra"})");
+  const fs::path record = state / (id + ".json");
+  REQUIRE(fs::exists(record));
+  auto waiting = [&](int n) { return fs::exists(gate.string() + ".waiting-" + std::to_string(n)); };
+  auto renew_body = [](int minutes) {
+    return R"({"expiresAt":")" +
+           rfc3339(std::chrono::system_clock::now() + std::chrono::minutes(minutes)) + R"("})";
+  };
+  auto strays = [&] {
+    int n = 0;
+    for (const auto& item : fs::directory_iterator(state)) {
+      const std::string name = item.path().filename().string();
+      n += name.find(".tmp") != std::string::npos || name.rfind(".create-", 0) == 0;
+    }
+    return n;
+  };
+
+  // Eight renews held in the provider, then let go at once: their records are written one at a
+  // time, and the record ends up whole and equal to what GET answers.
+  std::vector<std::thread> renews;
+  std::vector<int> statuses(8);
+  for (int i = 0; i < 8; ++i) {
+    renews.emplace_back([&, i] {
+      statuses[static_cast<size_t>(i)] =
+          request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration", renew_body(60 + i))
+              .status;
+    });
+  }
+  for (int i = 1; i <= 8; ++i)
+    REQUIRE(sbx::testing::eventually([&] { return waiting(i); }));
+  std::ofstream{gate};
+  for (auto& t : renews)
+    t.join();
+  CHECK(statuses == std::vector<int>(8, 200));
+  std::ifstream in(record);
+  const json::value saved = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+  const long long got_us = parse_time_us(std::string(
+      request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt").as_string()));
+  CHECK(saved.at("expiresAtUs").to_number<long long>() == got_us);
+  CHECK(strays() == 0);
+
+  // A renew held in the provider while the sandbox is deleted: once it completes, the record
+  // stays gone (it used to be written back, and a restarted server served a closed sandbox).
+  fs::remove(gate);
+  int late_status = 0;
+  std::thread late([&] {
+    late_status =
+        request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration", renew_body(90))
+            .status;
+  });
+  REQUIRE(sbx::testing::eventually([&] { return waiting(9); }));
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK_FALSE(fs::exists(record));
+  std::ofstream{gate};
+  late.join();
+  CHECK(late_status == 404);
+  CHECK_FALSE(fs::exists(record));
+  CHECK(strays() == 0);
+  CHECK(f.server->stop() == 0);
+  CHECK_FALSE(fs::exists(record));
+}
+
 TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody asks") {
   Fixture f({"--log-level", "info"});
   const std::string touched = create(f.port(), R"({"ttl":"short"})");

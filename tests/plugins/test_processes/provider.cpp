@@ -42,6 +42,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <thread>
 
 extern char** environ;
 
@@ -65,6 +66,9 @@ struct Config {
   bool complete_inline = false;            // status and close complete inside the start call
   std::chrono::milliseconds create_delay{0};
   std::chrono::milliseconds upload_delay{0};  // before an upload reads its source
+  // A renew does its work, then creates `<renew_gate>.waiting-<N>` (N counts renews from 1) and
+  // completes only once `renew_gate` exists: a test holds a renew's completion back.
+  std::optional<std::string> renew_gate;
 
   static Config read(const boost::json::object& json) {
     sdk::json::ObjectReader r(json);
@@ -82,6 +86,7 @@ struct Config {
         std::chrono::milliseconds(r.integer("create_delay_ms", 0, 600'000).value_or(0));
     c.upload_delay =
         std::chrono::milliseconds(r.integer("upload_delay_ms", 0, 600'000).value_or(0));
+    c.renew_gate = r.string("renew_gate");
     r.finish();
     return c;
   }
@@ -314,7 +319,8 @@ class TestProcessesProvider final : public sdk::Provider,
     "throw_in": {"type": ["string", "null"]},
     "complete_inline": {"type": "boolean"},
     "create_delay_ms": {"type": "integer", "minimum": 0},
-    "upload_delay_ms": {"type": "integer", "minimum": 0}
+    "upload_delay_ms": {"type": "integer", "minimum": 0},
+    "renew_gate": {"type": "string"}
   }
 })";
 
@@ -439,7 +445,19 @@ class TestProcessesProvider final : public sdk::Provider,
     }
     sandbox.set_expires_at_unix_ms(expires_at_unix_ms);
     write_meta(sandbox.dir(), sandbox.spec(), expires_at_unix_ms);
-    done.succeed(expires_at_unix_ms);
+    if (!config_.renew_gate) {
+      done.succeed(expires_at_unix_ms);
+      return;
+    }
+    const fs::path gate = *config_.renew_gate;
+    const fs::path waiting = gate.string() + ".waiting-" + std::to_string(++renews_);
+    pool_.submit([gate, waiting, expires_at_unix_ms, done = std::move(done)]() mutable {
+      std::ofstream{waiting};
+      std::error_code ec;
+      while (!fs::exists(gate, ec) && !done.cancel_token().stop_requested())
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      done.succeed(expires_at_unix_ms);
+    });
   }
 
   void serialize(sdk::Sandbox& s, sdk::Completion<std::string> done) override {
@@ -620,7 +638,8 @@ class TestProcessesProvider final : public sdk::Provider,
 
   Config config_;
   sdk::Logger log_;
-  sdk::ThreadPool pool_;  // last: joined first
+  std::atomic<int> renews_{0};  // with renew_gate
+  sdk::ThreadPool pool_;        // last: joined first
 };
 
 }  // namespace
