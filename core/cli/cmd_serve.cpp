@@ -10,6 +10,7 @@
 #include <faults.hpp>
 #include <server.hpp>
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
@@ -51,6 +52,7 @@ struct ServeFields {
   std::optional<int64_t> command_log_limit;
   std::optional<int64_t> stream_buffer;
   std::optional<int64_t> temp_limit;
+  std::optional<unsigned> socket_mode;  // with --listen unix:PATH; default 0600
 };
 
 // A whole-number flag within [min, max].
@@ -77,6 +79,21 @@ std::vector<std::filesystem::path> watched_paths(sbx::Host& host,
   return out;
 }
 
+// The longest --grace or --read-timeout, as the config file's serve.grace_s and read_timeout_s.
+constexpr double kMaxServeSeconds = 86400;
+
+// A duration flag in seconds: a number from 0 (exclusive when `positive`) to kMaxServeSeconds,
+// refused otherwise (NaN, infinity and 1e300 included) with the flag's name.
+double seconds_flag(const Arg& a, const char* flag, bool positive) {
+  const double s = a.number();
+  const bool low_ok = positive ? s > 0 : s >= 0;
+  if (!low_ok || !(s <= kMaxServeSeconds) || !sbx::base::seconds_to_ms_checked(s)) {
+    throw UsageError(std::string(flag) + " must be " + (positive ? "> 0" : ">= 0") +
+                     " and at most 86400 seconds, got '" + a.text + "'");
+  }
+  return s;
+}
+
 // "HOST:PORT" or "[V6]:PORT".
 std::pair<std::string, uint16_t> split_listen(const std::string& text) {
   const auto colon = text.rfind(':');
@@ -101,11 +118,41 @@ std::pair<std::string, uint16_t> split_listen(const std::string& text) {
   return {host, static_cast<uint16_t>(port)};
 }
 
+// What --listen names: HOST:PORT, or unix:PATH (a unix socket).
+struct Listen {
+  std::string host;
+  uint16_t port = 0;
+  std::optional<std::string> unix_path;
+};
+
+Listen parse_listen(const std::string& text) {
+  if (text.rfind("unix:", 0) == 0) {
+    const std::string path = text.substr(5);
+    if (path.empty()) throw UsageError("--listen unix:PATH needs a path, got '" + text + "'");
+    return Listen{"", 0, path};
+  }
+  auto [host, port] = split_listen(text);
+  return Listen{std::move(host), port, std::nullopt};
+}
+
+// An octal file mode such as 0600 or 660, at most 0777.
+unsigned parse_socket_mode(const std::string& text) {
+  bool ok = !text.empty() && text.size() <= 4;
+  unsigned mode = 0;
+  for (const char c : text) {
+    ok = ok && c >= '0' && c <= '7';
+    mode = mode * 8 + static_cast<unsigned>(c - '0');
+  }
+  if (!ok || mode > 0777) {
+    throw UsageError("--socket-mode must be an octal mode from 0 to 0777, got '" + text + "'");
+  }
+  return mode;
+}
+
 // The config file's `serve` section onto `options` (the flags are applied after it).
 void apply_settings(const sbx::ServeSettings& s, sbx::serve::Options& options) {
-  auto ms = [](double seconds) {
-    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
-  };
+  // The config reader bounds these (docs/config.md); the conversion is checked all the same.
+  auto ms = [](double seconds) { return sbx::base::seconds_to_ms(seconds); };
   if (s.max_sandboxes) options.max_sandboxes = *s.max_sandboxes;
   if (s.max_streams) options.max_streams = *s.max_streams;
   if (s.header_limit) options.header_limit = *s.header_limit;
@@ -138,7 +185,14 @@ int serve(ServeFields& f, const Global& g) {
     throw UsageError(
         "serve needs --listen HOST:PORT (or \"listen\" in the config's serve section)");
   }
-  std::tie(options.host, options.port) = split_listen(*listen);
+  const Listen where = parse_listen(*listen);
+  options.host = where.host;
+  options.port = where.port;
+  if (where.unix_path) options.unix_socket = *where.unix_path;
+  if (f.socket_mode) {
+    if (!where.unix_path) throw UsageError("--socket-mode needs --listen unix:PATH");
+    options.socket_mode = *f.socket_mode;
+  }
   if (f.api_key_env) {
     const char* key = std::getenv(f.api_key_env->c_str());
     if (!key || !*key) {
@@ -147,16 +201,14 @@ int serve(ServeFields& f, const Global& g) {
     }
     options.api_key = key;
   }
-  if (!options.api_key && !sbx::serve::is_loopback(options.host)) {
+  if (!options.unix_socket && !options.api_key && !sbx::serve::is_loopback(options.host)) {
     throw UsageError("refusing to listen on " + options.host +
                      " without an API key (give --api-key-env VAR, or listen on 127.0.0.1)");
   }
-  if (f.grace_s) options.grace = std::chrono::milliseconds(static_cast<int64_t>(*f.grace_s * 1000));
+  // The flags' values were range-checked when read (serve_command): the conversions cannot fail.
+  if (f.grace_s) options.grace = sbx::base::seconds_to_ms(*f.grace_s);
   if (f.threads) options.threads = static_cast<int>(*f.threads);
-  if (f.read_timeout_s) {
-    options.read_timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(*f.read_timeout_s * 1000));
-  }
+  if (f.read_timeout_s) options.read_timeout = sbx::base::seconds_to_ms(*f.read_timeout_s);
   options.handle_signals = true;
   if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
   if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
@@ -212,12 +264,15 @@ int serve(ServeFields& f, const Global& g) {
   }
   sbx::serve::Server& server = *made;
   const std::string run_id = host.labels().at("sbx.run");
-  std::cout << "sbx serve: listening on http://"
-            << (options.host.find(':') != std::string::npos ? "[" + options.host + "]"
-                                                            : options.host)
-            << ":" << server.port() << " (provider " << served << ", sbx.run=" << run_id << ")"
-            << std::endl;
-  spdlog::info("sbx serve: listening on {}:{}", options.host, server.port());
+  const std::string address = options.unix_socket ? "unix:" + options.unix_socket->string()
+                                                  : "http://" +
+                                                        (options.host.find(':') != std::string::npos
+                                                             ? "[" + options.host + "]"
+                                                             : options.host) +
+                                                        ":" + std::to_string(server.port());
+  std::cout << "sbx serve: listening on " << address << " (provider " << served
+            << ", sbx.run=" << run_id << ")" << std::endl;
+  spdlog::info("sbx serve: listening on {}", address);
   if (!server.run()) {
     leave_now(kExitFailure, served,
               "sandboxes of sbx.run=" + run_id + " may still exist: sbx reap --provider " + served +
@@ -235,30 +290,31 @@ Command serve_command() {
       value<ServeFields>("--listen", "HOST:PORT",
                          "Address to listen on, e.g. 127.0.0.1:8080; port 0: any free port,\n"
                          "printed at start. Anything but loopback needs --api-key-env.\n"
-                         "Else the config file's serve.listen",
+                         "unix:PATH listens on a unix socket made with --socket-mode\n"
+                         "(only its owner may connect by default). Else serve.listen",
                          [](ServeFields& f, const Arg& a) { f.listen = a.text; }));
+  options.push_back(value<ServeFields>(
+      "--socket-mode", "MODE",
+      "With --listen unix:PATH, the socket file's mode in octal (default 0600:\n"
+      "its owner only; 0660 lets its group in)",
+      [](ServeFields& f, const Arg& a) { f.socket_mode = parse_socket_mode(a.text); }));
   options.push_back(
       value<ServeFields>("--api-key-env", "VAR",
                          "Require the API key held by environment variable VAR\n"
                          "in the OPEN-SANDBOX-API-KEY header",
                          [](ServeFields& f, const Arg& a) { f.api_key_env = a.text; }));
-  options.push_back(
-      value<ServeFields>("--grace", "S",
-                         "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
-                         "then as long for the sandboxes to close\n"
-                         "(default: serve.grace_s, else 10)",
-                         [](ServeFields& f, const Arg& a) {
-                           f.grace_s = a.number();
-                           if (!(*f.grace_s >= 0)) throw UsageError("--grace must be >= 0");
-                         }));
+  options.push_back(value<ServeFields>(
+      "--grace", "S",
+      "On SIGINT/SIGTERM, wait up to S seconds for running commands,\n"
+      "then as long for the sandboxes to close\n"
+      "(default: serve.grace_s, else 10)",
+      [](ServeFields& f, const Arg& a) { f.grace_s = seconds_flag(a, "--grace", false); }));
   options.push_back(
       value<ServeFields>("--read-timeout", "S",
                          "Close a connection whose next request has not fully arrived\n"
                          "within S seconds (default: serve.read_timeout_s, else 30)",
                          [](ServeFields& f, const Arg& a) {
-                           f.read_timeout_s = a.number();
-                           if (!(*f.read_timeout_s > 0))
-                             throw UsageError("--read-timeout must be > 0");
+                           f.read_timeout_s = seconds_flag(a, "--read-timeout", true);
                          }));
   options.push_back(value<ServeFields>("--threads", "N",
                                        "Server threads (default: serve.threads, else 2)",
@@ -352,7 +408,7 @@ Command serve_command() {
   return make_command<ServeFields>({
       .name = "serve",
       .summary = "Serve the OpenSandbox lifecycle API over a provider",
-      .usage = "--provider NAME [--listen HOST:PORT] [--api-key-env VAR] [--grace S]",
+      .usage = "--provider NAME [--listen HOST:PORT|unix:PATH] [--api-key-env VAR] [--grace S]",
       .description =
           "Runs an OpenSandbox-compatible server in front of one provider (docs/serve.md).\n"
           "It serves GET /health and the lifecycle API (create, get, list, delete, pause,\n"
@@ -371,7 +427,7 @@ Command serve_command() {
                   "--keep-on-stop needs --state-dir (the next server finds the "
                   "sandboxes there)");
             }
-            if (f.listen) split_listen(*f.listen);  // else the config's serve.listen
+            if (f.listen) parse_listen(*f.listen);  // else the config's serve.listen
           },
       .handler = serve,
   });

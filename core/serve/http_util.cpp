@@ -2,6 +2,7 @@
 
 #include "state.hpp"
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <boost/json/serialize.hpp>
@@ -203,8 +204,15 @@ ParsedTime parse_time(std::string_view t) {
                                          std::chrono::month{static_cast<unsigned>(month)},
                                          std::chrono::day{static_cast<unsigned>(day)}};
   if (!date.ok()) return fail("day value is outside expected range");
-  std::chrono::system_clock::time_point at = std::chrono::sys_days{date};
-  if (t.size() == 10) return ParsedTime{at, ""};  // a date alone: midnight UTC
+  // Microseconds hold years 0001-9999 without overflow; system_clock (nanoseconds) does not.
+  std::chrono::sys_time<std::chrono::microseconds> at = std::chrono::sys_days{date};
+  auto done = [](std::chrono::sys_time<std::chrono::microseconds> us) {
+    const auto time =
+        sbx::base::add_checked(std::chrono::system_clock::time_point{}, us.time_since_epoch());
+    if (!time) return ParsedTime{std::nullopt, "", us.time_since_epoch().count() < 0 ? -1 : 1};
+    return ParsedTime{*time, ""};
+  };
+  if (t.size() == 10) return done(at);  // a date alone: midnight UTC
   const char sep = t[10];
   if (sep != 'T' && sep != 't' && sep != '_' && sep != ' ') {
     return fail("invalid datetime separator, expected `T`, `t`, `_` or space");
@@ -257,7 +265,7 @@ ParsedTime parse_time(std::string_view t) {
     }
   }
   if (i != t.size()) return fail("unexpected extra characters at the end of the input");
-  return ParsedTime{at, ""};
+  return done(at);
 }
 
 std::string execd_access_token(const Options& options, const std::string& sandbox_id) {

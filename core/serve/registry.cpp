@@ -18,7 +18,7 @@ void retire(const std::shared_ptr<Server::State>& state, const std::shared_ptr<E
     ++state->closing;
   }
   spdlog::info("sbx serve: closing sandbox {} ({})", entry->id, why);
-  store_remove(*state, entry->id);
+  store_remove(*state, *entry);
   begin_close(state, entry, [](std::exception_ptr) {});
 }
 

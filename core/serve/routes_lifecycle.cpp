@@ -9,6 +9,7 @@
 
 #include "state.hpp"
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
@@ -71,7 +72,12 @@ std::optional<json::object> string_map(const json::object& body, const char* nam
   return out;
 }
 
-// "500m" -> 0.5, "2" -> 2, "1.5" -> 1.5.
+// The largest resource limits a create may ask for: beyond them the provider's arithmetic
+// (Docker's NanoCPUs and bytes are int64) could overflow, and no host has that much.
+constexpr double kMaxCpu = 65536;                   // cores
+constexpr double kMaxMemoryMib = 1024.0 * 1048576;  // 1 PiB
+
+// "500m" -> 0.5, "2" -> 2, "1.5" -> 1.5; nullopt when not a positive number. Not range-checked.
 std::optional<double> parse_cpu(const std::string& text) {
   try {
     std::size_t used = 0;
@@ -88,8 +94,9 @@ std::optional<double> parse_cpu(const std::string& text) {
   }
 }
 
-// "512Mi" -> 512, "2Gi" -> 2048, "1024Ki" -> 1, "512M" / plain bytes rounded up to whole MiB.
-std::optional<int64_t> parse_memory_mib(const std::string& text) {
+// "512Mi" -> 512, "2Gi" -> 2048, "1024Ki" -> 1, "512M" / plain bytes in MiB (not rounded);
+// nullopt when not a positive number. Not range-checked (infinity is a positive number).
+std::optional<double> parse_memory_mib(const std::string& text) {
   static const std::vector<std::pair<std::string, double>> units{
       {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
       {"K", 1e3},     {"M", 1e6},        {"G", 1e9},           {"T", 1e12}};
@@ -107,7 +114,7 @@ std::optional<int64_t> parse_memory_mib(const std::string& text) {
     std::size_t used = 0;
     const double v = std::stod(number, &used);
     if (used != number.size() || !(v > 0)) return std::nullopt;
-    return static_cast<int64_t>(std::ceil(v * factor / 1048576.0));
+    return v * factor / 1048576.0;
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -204,7 +211,11 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   if (const auto* timeout = body.if_contains("timeout"); timeout && !timeout->is_null()) {
     std::optional<int64_t> seconds;
     if (timeout->is_int64()) seconds = timeout->as_int64();
-    if (timeout->is_uint64()) seconds = static_cast<int64_t>(timeout->as_uint64());
+    if (timeout->is_uint64()) {  // past int64: too long, refused below as any other
+      seconds = timeout->as_uint64() > static_cast<uint64_t>(kMaxTimeoutS)
+                    ? kMaxTimeoutS + 1
+                    : static_cast<int64_t>(timeout->as_uint64());
+    }
     if (timeout->is_double() && std::floor(timeout->as_double()) == timeout->as_double() &&
         std::abs(timeout->as_double()) < 1e15) {
       seconds = static_cast<int64_t>(timeout->as_double());
@@ -242,6 +253,15 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
                          what + " is not supported by this server yet."));
     return std::nullopt;
   };
+  // As the real server's server.max_sandbox_timeout_seconds, here fixed at what the time types
+  // hold with room to spare (sbx::base::kForever): a longer TTL would overflow the expiry.
+  if (out.timeout_s && *out.timeout_s > kMaxTimeoutS) {
+    reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                         "timeout must be at most " + std::to_string(kMaxTimeoutS) +
+                             " seconds (about 31 years), got " + std::to_string(*out.timeout_s) +
+                             "."));
+    return std::nullopt;
+  }
   if (has_snapshot) return unsupported("snapshotId");
   if (const auto* v = body.if_contains("credentialProxy"); v && !v->is_null()) {
     return unsupported("credentialProxy");
@@ -294,20 +314,26 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   if (limits) {
     for (const auto& [k, v] : *limits) {
       const std::string text(v.as_string());
+      auto invalid_limit = [&](const std::string& message) {
+        reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                             message));
+        return std::nullopt;
+      };
       if (k == "cpu") {
-        spec.resources.cpu = parse_cpu(text);
-        if (!spec.resources.cpu) {
-          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
-                               "Invalid cpu limit '" + text + "'."));
-          return std::nullopt;
+        const auto cpu = parse_cpu(text);
+        if (!cpu) return invalid_limit("Invalid cpu limit '" + text + "'.");
+        if (!(*cpu <= kMaxCpu)) {
+          return invalid_limit("cpu limit '" + text + "' is out of range (at most " +
+                               std::to_string(static_cast<int64_t>(kMaxCpu)) + ").");
         }
+        spec.resources.cpu = cpu;
       } else if (k == "memory") {
-        spec.resources.memory_mib = parse_memory_mib(text);
-        if (!spec.resources.memory_mib) {
-          reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
-                               "Invalid memory limit '" + text + "'."));
-          return std::nullopt;
+        const auto mib = parse_memory_mib(text);
+        if (!mib) return invalid_limit("Invalid memory limit '" + text + "'.");
+        if (!(*mib <= kMaxMemoryMib)) {
+          return invalid_limit("memory limit '" + text + "' is out of range (at most 1Pi).");
         }
+        spec.resources.memory_mib = static_cast<int64_t>(std::ceil(*mib));
       } else {
         return unsupported("resourceLimits." + std::string(k));
       }
@@ -356,14 +382,17 @@ json::array entrypoint_json(const Entry& entry) {
 // The end of a create: the sandbox enters the registry (or, when the server began stopping
 // meanwhile, is closed) and the client gets its answer.
 void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
-                   const std::shared_ptr<Entry>& entry, std::exception_ptr error, unsigned version,
-                   const Reply& reply) {
+                   const std::string& token, const std::shared_ptr<Entry>& entry,
+                   std::exception_ptr error, unsigned version, const Reply& reply) {
   Request shape;
   shape.version(version);
   // Read before the entry is published: from then on a renew may change expires_at.
   const auto expires_at = entry->expires_at;
   // The record first, so that a delete racing with this answer removes it after it was written.
   if (!error) store_save(*state, *entry);
+  // Then the create's own record goes: a crash between the two leaves both, and the next server
+  // adopts the sandbox (its record names it).
+  store_end_create(*state, token);
   bool refused = false;
   {
     std::lock_guard lock(state->mutex);
@@ -384,7 +413,7 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
     return;
   }
   if (refused) {  // the server began stopping while the provider created it
-    store_remove(*state, entry->id);
+    store_remove(*state, *entry);
     begin_close(state, entry, [](std::exception_ptr) {});
     reply(error_response(shape, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
                          "The server is stopping."));
@@ -432,15 +461,39 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   // As the real server: createdAt is taken when the request is accepted and expiresAt counts
   // from it, so the server's expiry never comes after the provider's own TTL.
   entry->created_at = std::chrono::system_clock::now();
-  if (read->timeout_s) {
-    entry->expires_at = entry->created_at + std::chrono::seconds(*read->timeout_s);
+  if (read->timeout_s) {  // at most kMaxTimeoutS (read_create): the sum cannot overflow
+    entry->expires_at =
+        sbx::base::add_checked(entry->created_at, std::chrono::seconds(*read->timeout_s));
   }
   auto version = request.version();
+
+  // With a state directory the create is recorded before the provider is asked, with a token
+  // the sandbox carries (kCreateLabel): a server killed before the create ends leaves the record,
+  // and the next one closes the sandbox (store_load).
+  std::string token;
+  if (state->options.state_dir) {
+    token = new_request_id();
+    read->spec.metadata[kCreateLabel] = token;
+    if (const std::string error =
+            store_begin_create(*state, token, entry->image, entry->created_at);
+        !error.empty()) {
+      {
+        std::lock_guard lock(state->mutex);
+        state->creating.erase(ticket);
+        state->maybe_finish_locked();
+      }
+      spdlog::warn("sbx serve: create refused: {}", error);
+      reply(error_response(request, http::status::internal_server_error, "GENERAL::UNKNOWN_ERROR",
+                           "The create could not be recorded in the state directory."));
+      return;
+    }
+  }
 
   sbx::Operation<sbx::Sandbox> op;
   try {
     op = state->current_provider().create_async(std::move(read->spec));
   } catch (...) {
+    store_end_create(*state, token);
     {
       std::lock_guard lock(state->mutex);
       state->creating.erase(ticket);
@@ -459,7 +512,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   }
   if (cancel) op.cancel();
   // The continuation runs on the thread that completes the create (a plugin thread, or this one).
-  op.then([state, ticket, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
+  op.then([state, ticket, token, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
     std::exception_ptr error;
     try {
       entry->set_box(std::make_shared<sbx::Sandbox>(done.get()));
@@ -468,7 +521,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
       error = std::current_exception();
     }
     if (error || !state->options.state_dir) {
-      finish_create(state, ticket, entry, error, version, reply);
+      finish_create(state, ticket, token, entry, error, version, reply);
       return;
     }
     // With a state directory, the sandbox's descriptor is kept before the client hears of it.
@@ -478,7 +531,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     } catch (...) {
       error = std::current_exception();
     }
-    auto described = [state, ticket, entry, version, reply](std::exception_ptr error) {
+    auto described = [state, ticket, token, entry, version, reply](std::exception_ptr error) {
       if (error) {  // a sandbox the server could not find again after a restart: not created
         spdlog::warn("sbx serve: sandbox {} has no descriptor ({}); closing it", entry->id,
                      sbx::to_error(error).what());
@@ -488,7 +541,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
         }
         begin_close(state, entry, [](std::exception_ptr) {});
       }
-      finish_create(state, ticket, entry, error, version, reply);
+      finish_create(state, ticket, token, entry, error, version, reply);
     };
     if (error) {
       described(error);
@@ -600,7 +653,7 @@ void remove(const std::shared_ptr<Server::State>& state, const Request& request,
     reply(not_found(request, id));
     return;
   }
-  store_remove(*state, id);
+  store_remove(*state, *entry);
   const auto version = request.version();
   begin_close(state, entry, [id, version, reply](std::exception_ptr error) {
     Request shape;
@@ -731,8 +784,11 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
   };
   const bool by_state = !wanted_states.empty();
   auto slice = [page, page_size](std::size_t total) {
+    // (page - 1) * page_size may overflow for a page far past the end: such a page is empty.
+    const auto skipped_pages = static_cast<std::size_t>(page - 1);
+    const auto size = static_cast<std::size_t>(page_size);
     const std::size_t begin =
-        std::min<std::size_t>(total, static_cast<std::size_t>((page - 1) * page_size));
+        skipped_pages > total / size ? total : std::min(total, skipped_pages * size);
     return std::pair{begin,
                      std::min<std::size_t>(total, begin + static_cast<std::size_t>(page_size))};
   };

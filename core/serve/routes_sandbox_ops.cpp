@@ -8,11 +8,14 @@
 
 #include "state.hpp"
 
+#include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
 #include <boost/algorithm/string/case_conv.hpp>
 #include <boost/json.hpp>
+
+#include <algorithm>
 
 namespace sbx::serve {
 
@@ -115,8 +118,13 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
 
 // The body of renew-expiration as pydantic reads RenewSandboxExpirationRequest; answers the 422
 // and returns nullopt when it cannot.
-std::optional<std::chrono::system_clock::time_point> read_renew(const Request& request,
-                                                                const Reply& reply) {
+// A time outside what system_clock holds is given as its side: -1 (long past) or 1 (far future).
+struct RenewTime {
+  std::optional<std::chrono::system_clock::time_point> time;
+  int out_of_range = 0;
+};
+
+std::optional<RenewTime> read_renew(const Request& request, const Reply& reply) {
   const auto parsed = parse_json_body(request, reply);
   if (!parsed) return std::nullopt;
   auto unprocessable = [&](json::object item) {
@@ -139,7 +147,7 @@ std::optional<std::chrono::system_clock::time_point> read_renew(const Request& r
   }
   if (v->is_string()) {
     const ParsedTime t = parse_time(std::string(v->as_string()));
-    if (t.time) return t.time;
+    if (t.error.empty()) return RenewTime{t.time, t.out_of_range};
     return unprocessable(
         json::object{{"type", "datetime_from_date_parsing"},
                      {"loc", where},
@@ -150,8 +158,12 @@ std::optional<std::chrono::system_clock::time_point> read_renew(const Request& r
   if (v->is_number()) {  // pydantic: Unix seconds, or milliseconds past 2e10
     double n = v->to_number<double>();
     if (std::abs(n) > 2e10) n /= 1000;
-    return std::chrono::system_clock::time_point(
-        std::chrono::microseconds(static_cast<int64_t>(n * 1e6)));
+    const auto time = sbx::base::add_checked(
+        std::chrono::system_clock::time_point{},
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(
+            std::clamp(n, -1e12, 1e12))));  // clamped: the cast below must not overflow either
+    if (!time) return RenewTime{std::nullopt, n < 0 ? -1 : 1};
+    return RenewTime{time, 0};
   }
   return unprocessable(json::object{{"type", "datetime_type"},
                                     {"loc", where},
@@ -172,9 +184,17 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
     reply(unsupported(request, *box, "renew sandboxes", "sbx.renew/1"));
     return;
   }
-  if (*wanted <= std::chrono::system_clock::now()) {
+  const auto now = std::chrono::system_clock::now();
+  if (wanted->out_of_range < 0 || (wanted->time && *wanted->time <= now)) {
     reply(error_response(request, http::status::bad_request, "DOCKER::INVALID_EXPIRATION",
                          "New expiration time must be in the future."));
+    return;
+  }
+  // At most kMaxTimeoutS from now, as a create's timeout: a later expiry would overflow.
+  if (wanted->out_of_range > 0 || *wanted->time - now > std::chrono::seconds(kMaxTimeoutS)) {
+    reply(error_response(request, http::status::bad_request, "DOCKER::INVALID_EXPIRATION",
+                         "New expiration time must be at most " + std::to_string(kMaxTimeoutS) +
+                             " seconds (about 31 years) from now."));
     return;
   }
   bool has_expiry = false;
@@ -188,7 +208,7 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
     return;
   }
   const auto version = request.version();
-  const auto expires_at = *wanted;
+  const auto expires_at = *wanted->time;
   auto done = [state, entry, id, expires_at, version, reply](std::exception_ptr error) {
     Request shape;
     shape.version(version);
@@ -197,11 +217,18 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
                             "Failed to renew sandbox"));
       return;
     }
+    bool served = false;
     {
       std::lock_guard lock(state->mutex);
-      entry->expires_at = expires_at;
+      const auto it = state->sandboxes.find(id);
+      served = it != state->sandboxes.end() && it->second == entry;
+      if (served) entry->expires_at = expires_at;
     }
-    store_save(*state, *entry);
+    if (!served) {  // deleted (or expired) while the provider renewed it: nothing to keep
+      reply(not_found(shape, id));
+      return;
+    }
+    store_save(*state, *entry);  // a no-op once a delete removed the record meanwhile
     spdlog::info("sbx serve: sandbox {} now expires at {}", id, format_time(expires_at));
     reply(json_response(shape, http::status::ok,
                         json::object{{"expiresAt", format_time(expires_at)}}));
@@ -301,8 +328,13 @@ void endpoint(const std::shared_ptr<Server::State>& state, const Request& reques
     return;
   }
   const std::string& host = state->options.host;
-  const std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
-                              ":" + std::to_string(state->port);
+  std::string address = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                        std::to_string(state->port);
+  if (state->options.unix_socket) {  // no address to give: the request's Host, as the client used
+    const auto given = request.find(http::field::host);
+    address = given != request.end() && !given->value().empty() ? std::string(given->value())
+                                                                : "localhost";
+  }
   json::object body{{"endpoint", address + (server_proxy ? "/v1" : "") + "/sandboxes/" + id +
                                      "/proxy/" + std::to_string(*port)}};
   // With a key, execd paths need the sandbox's token, in both modes: clients send an endpoint's

@@ -13,7 +13,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <array>
 #include <cerrno>
@@ -39,6 +44,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 using tcp = asio::ip::tcp;
+using stream_protocol = asio::generic::stream_protocol;
 
 bool is_loopback(const std::string& host) {
   if (host == "localhost") return true;
@@ -72,7 +78,7 @@ namespace {
 // stream (open_stream(): a head, then pieces as the route produces them).
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<Server::State> state, tcp::socket socket)
+  Session(std::shared_ptr<Server::State> state, stream_protocol::socket socket)
       : state_(std::move(state)), stream_(std::move(socket)) {}
 
   void start() {
@@ -186,6 +192,7 @@ class Session : public std::enable_shared_from_this<Session> {
                   request, http::status::payload_too_large, "GENERAL::REQUEST_TOO_LARGE",
                   "Request body exceeds " + std::to_string(state_->options.body_limit) + " bytes.");
     r.keep_alive(false);
+    unread_body_ = !header;
     write(std::move(r));
   }
 
@@ -209,6 +216,20 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     Request head(header_parser_->get().base());
+    // Authentication on the head: a client without a valid key is answered before any of its
+    // body is read, and the connection closes (the body is never read, so never held).
+    if (auto refusal = auth_refusal(head)) {
+      count_answering();
+      begin_request(head);
+      keep_alive_ = false;
+      header_parser_.reset();
+      const auto key = route_key(std::string(head.method_string()), route_path(head));
+      state_->metrics.record(key ? key->key : "other", refusal->result_int(), 0.0,
+                             error_type(*refusal));
+      unread_body_ = true;
+      write(std::move(*refusal));
+      return;
+    }
     if (is_execd_upload(head)) {
       count_answering();
       start_upload(std::move(head));
@@ -364,37 +385,44 @@ class Session : public std::enable_shared_from_this<Session> {
   // only that (the key never goes to a sandbox endpoint), the server-proxy ones that or the key
   // (the Python SDK sends an endpoint's headers and never the key to execd; the JS SDK sends the
   // key).
-  bool authorized(const Request& request, const Reply& reply) {
-    if (!state_->options.api_key || route_path(request) == "/health") return true;
+  // The answer to a request without valid credentials (checked on its head alone), or nullopt
+  // when it may go on: /health is open; execd paths take their sandbox's X-EXECD-ACCESS-TOKEN
+  // (the server-proxy paths also the API key); every other path the API key.
+  std::optional<Response> auth_refusal(const Request& request) const {
+    if (!state_->options.api_key || route_path(request) == "/health") return std::nullopt;
     if (const auto target = execd_target(request)) {
       const auto token = request.find("X-EXECD-ACCESS-TOKEN");
       if (token != request.end() &&
           constant_time_equal(std::string(token->value()),
                               execd_access_token(state_->options, target->sandbox_id))) {
-        return true;
+        return std::nullopt;
       }
       if (!target->server_proxy) {
-        reply(json_response(
+        return json_response(
             request, http::status::unauthorized,
             boost::json::object{
-                {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}}));
-        return false;
+                {"error", "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN"}});
       }
     }
     const auto key = request.find("OPEN-SANDBOX-API-KEY");
     if (key == request.end() || key->value().empty()) {
-      reply(error_response(request, http::status::unauthorized, "MISSING_API_KEY",
-                           "Authentication credentials are missing. Provide API key via "
-                           "OPEN-SANDBOX-API-KEY header."));
-      return false;
+      return error_response(request, http::status::unauthorized, "MISSING_API_KEY",
+                            "Authentication credentials are missing. Provide API key via "
+                            "OPEN-SANDBOX-API-KEY header.");
     }
     if (!constant_time_equal(std::string(key->value()), *state_->options.api_key)) {
-      reply(error_response(request, http::status::unauthorized, "INVALID_API_KEY",
-                           "Authentication credentials are invalid. Check your API key and try "
-                           "again."));
-      return false;
+      return error_response(request, http::status::unauthorized, "INVALID_API_KEY",
+                            "Authentication credentials are invalid. Check your API key and try "
+                            "again.");
     }
-    return true;
+    return std::nullopt;
+  }
+
+  bool authorized(const Request& request, const Reply& reply) {
+    auto refusal = auth_refusal(request);
+    if (!refusal) return true;
+    reply(std::move(*refusal));
+    return false;
   }
 
   bool stopping() {
@@ -420,12 +448,42 @@ class Session : public std::enable_shared_from_this<Session> {
                           --self->state_->answering;
                           self->state_->maybe_finish_locked();
                         }
+                        if (!ec && self->unread_body_) {
+                          self->linger_close();
+                          return;
+                        }
                         if (ec || !held->keep_alive()) {
                           self->close();
                           return;
                         }
                         self->read();
                       });
+  }
+
+  // After an answer given before the request's body was read: closing a socket with unread bytes
+  // resets the connection, and a reset can make the client's kernel drop the answer before the
+  // client read it. So the sending side is shut, and what the client still sends is read into a
+  // small scratch buffer and dropped (never kept), for a bounded time and amount, then the socket
+  // closes.
+  void linger_close() {
+    unread_body_ = false;
+    beast::error_code ignored;
+    stream_.socket().shutdown(asio::socket_base::shutdown_send, ignored);
+    stream_.expires_after(
+        std::min<std::chrono::milliseconds>(state_->options.read_timeout, std::chrono::seconds(2)));
+    linger_left_ = state_->options.body_limit + state_->options.header_limit;
+    linger_read();
+  }
+  void linger_read() {
+    stream_.async_read_some(asio::buffer(watch_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                              if (ec || n >= self->linger_left_) {
+                                self->stream_.close();
+                                return;
+                              }
+                              self->linger_left_ -= n;
+                              self->linger_read();
+                            });
   }
 
   // --- uploads: the body read as it arrives -------------------------------------------------
@@ -733,12 +791,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().shutdown(asio::socket_base::shutdown_send, ignored);
     stream_.close();
   }
 
   std::shared_ptr<Server::State> state_;
-  beast::tcp_stream stream_;
+  beast::basic_stream<stream_protocol> stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::empty_body>> header_parser_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -749,6 +807,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string metrics_route_;  // the request being answered, for RequestMetrics
   std::chrono::steady_clock::time_point metrics_start_;
   bool keep_alive_ = true;
+  bool unread_body_ = false;     // the answer being written leaves the request's body unread
+  std::size_t linger_left_ = 0;  // bytes linger_close() still drops before closing
 
   // The stream being answered (strand only, but for what room_mutex_ guards).
   bool streaming_ = false;
@@ -773,7 +833,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void accept(const std::shared_ptr<Server::State>& state) {
   state->acceptor.async_accept(
-      asio::make_strand(state->ioc), [state](beast::error_code ec, tcp::socket socket) {
+      asio::make_strand(state->ioc), [state](beast::error_code ec, stream_protocol::socket socket) {
         if (ec == asio::error::operation_aborted || !state->acceptor.is_open()) return;
         if (ec) {
           // E.g. out of file descriptors: try again a little later rather than spin.
@@ -800,18 +860,62 @@ void sweep(const std::shared_ptr<Server::State>& state) {
 
 }  // namespace
 
+Server::State::SocketFile::~SocketFile() {
+  struct ::stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == device &&
+      st.st_ino == inode) {
+    ::unlink(path.c_str());
+  }
+}
+
+namespace {
+
+// Binds `acceptor` to the unix socket `path` with `mode` and starts listening; records the file
+// in `state.socket_file`. An existing socket file is replaced only when nobody listens on it.
+void listen_unix(Server::State& state, const std::filesystem::path& path, unsigned mode) {
+  const std::string where = "unix socket " + path.string();
+  struct ::stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      throw std::runtime_error("refusing to listen on " + where +
+                               ": the path exists and is not a socket (remove it first)");
+    }
+    // A socket: a server that listens on it answers a connect; a stale one (its server died)
+    // refuses it and may go.
+    asio::io_context probe_context;
+    asio::local::stream_protocol::socket probe(probe_context);
+    boost::system::error_code ec;
+    probe.connect(asio::local::stream_protocol::endpoint(path.string()), ec);
+    if (!ec)
+      throw std::runtime_error("refusing to listen on " + where + ": a server listens on it");
+    if (ec != asio::error::connection_refused) {
+      throw std::runtime_error("refusing to listen on " + where + ": " + ec.message());
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      throw std::runtime_error("cannot remove the stale " + where + ": " + std::strerror(errno));
+    }
+  } else if (errno != ENOENT) {
+    throw std::runtime_error("cannot use " + where + ": " + std::strerror(errno));
+  }
+  const stream_protocol::endpoint endpoint{asio::local::stream_protocol::endpoint(path.string())};
+  state.acceptor.open(endpoint.protocol());
+  state.acceptor.bind(endpoint);
+  if (::lstat(path.c_str(), &st) != 0) {
+    throw std::runtime_error("cannot stat " + where + ": " + std::strerror(errno));
+  }
+  state.socket_file.emplace(path, st.st_dev, st.st_ino);
+  // Before listen(): until then no client can connect, whatever the umask gave the file.
+  if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0) {
+    throw std::runtime_error("cannot chmod " + where + ": " + std::strerror(errno));
+  }
+  state.acceptor.listen(asio::socket_base::max_listen_connections);
+}
+
+}  // namespace
+
 Server::Server(sbx::Provider provider, Options options)
     : state_(std::make_shared<State>(std::move(provider), std::move(options))) {
   const Options& o = state_->options;
-  const std::string host = o.host == "localhost" ? "127.0.0.1" : o.host;
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec) throw std::invalid_argument("--listen needs an IP address, got '" + o.host + "'");
-  if (!address.is_loopback() && !o.api_key) {
-    throw std::invalid_argument("refusing to listen on " + o.host +
-                                " without an API key: anyone who can reach it could run "
-                                "commands (give --api-key-env VAR, or listen on 127.0.0.1)");
-  }
   if (o.threads < 1) throw std::invalid_argument("threads must be at least 1");
   if (o.keep_on_stop && !o.state_dir) {
     throw std::invalid_argument(
@@ -823,12 +927,36 @@ Server::Server(sbx::Provider provider, Options options)
                                 "' cannot connect to existing sandboxes (sbx.connect/1), which "
                                 "a state directory needs");
   }
-  const tcp::endpoint endpoint(address, o.port);
-  state_->acceptor.open(endpoint.protocol());
-  state_->acceptor.set_option(asio::socket_base::reuse_address(true));
-  state_->acceptor.bind(endpoint);
-  state_->acceptor.listen(asio::socket_base::max_listen_connections);
-  state_->port = state_->acceptor.local_endpoint().port();
+  if (o.socket_mode > 0777) throw std::invalid_argument("the socket mode must be at most 0777");
+  if (o.unix_socket) {
+    if (o.unix_socket->empty()) throw std::invalid_argument("the unix socket path is empty");
+    listen_unix(*state_, *o.unix_socket, o.socket_mode);
+  } else {
+    const std::string host = o.host == "localhost" ? "127.0.0.1" : o.host;
+    boost::system::error_code ec;
+    const auto address = asio::ip::make_address(host, ec);
+    if (ec) throw std::invalid_argument("--listen needs an IP address, got '" + o.host + "'");
+    if (!address.is_loopback() && !o.api_key) {
+      throw std::invalid_argument("refusing to listen on " + o.host +
+                                  " without an API key: anyone who can reach it could run "
+                                  "commands (give --api-key-env VAR, or listen on 127.0.0.1)");
+    }
+    const tcp::endpoint tcp_endpoint(address, o.port);
+    const stream_protocol::endpoint endpoint(tcp_endpoint);
+    state_->acceptor.open(endpoint.protocol());
+    state_->acceptor.set_option(asio::socket_base::reuse_address(true));
+    state_->acceptor.bind(endpoint);
+    state_->acceptor.listen(asio::socket_base::max_listen_connections);
+    state_->port = 0;
+    ::sockaddr_storage bound{};
+    ::socklen_t size = sizeof bound;
+    if (::getsockname(state_->acceptor.native_handle(), reinterpret_cast<::sockaddr*>(&bound),
+                      &size) == 0) {
+      state_->port = ntohs(bound.ss_family == AF_INET6
+                               ? reinterpret_cast<const ::sockaddr_in6*>(&bound)->sin6_port
+                               : reinterpret_cast<const ::sockaddr_in*>(&bound)->sin_port);
+    }
+  }
   // The private temp dir: command logs, uploads and downloads on their way.
   std::string pattern = ((o.temp_root.empty() ? std::filesystem::temp_directory_path()
                                               : std::filesystem::path(o.temp_root)) /
@@ -872,6 +1000,11 @@ Server::~Server() {
     if (state_->watch_fd >= 0) ::close(state_->watch_fd);  // run() never took it
     state_->watch_fd = -1;
   }
+  {
+    beast::error_code ignored;
+    state_->acceptor.close(ignored);
+  }
+  state_->socket_file.reset();  // the unix socket file it made, if still its own
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
   // The handlers still queued hold the state: destroy them (a continuation a plugin completes
@@ -970,7 +1103,7 @@ void drain_then_close(const std::shared_ptr<Server::State>& state,
   });
   spdlog::info("sbx serve: closing {} sandbox(es)", to_close.size());
   for (auto& entry : to_close) {
-    store_remove(*state, entry->id);
+    store_remove(*state, *entry);
     begin_close(state, entry, [](std::exception_ptr) {});
   }
   std::lock_guard lock(state->mutex);

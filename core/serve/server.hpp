@@ -33,8 +33,14 @@ namespace sbx::serve {
 class Faults;  // faults.hpp
 
 struct Options {
-  std::string host = "127.0.0.1";      // an IP address literal to listen on
-  uint16_t port = 0;                   // 0: any free port (see Server::port())
+  std::string host = "127.0.0.1";  // an IP address literal to listen on
+  uint16_t port = 0;               // 0: any free port (see Server::port())
+  // Listen on this unix socket instead of host:port. The file is made with `socket_mode` (set
+  // before the socket listens, so no connection comes before), an existing socket file nobody
+  // listens on is replaced, anything else there is refused; ~Server removes it. No API key is
+  // needed: the file's permissions say who may connect.
+  std::optional<std::filesystem::path> unix_socket;
+  unsigned socket_mode = 0600;
   std::optional<std::string> api_key;  // when set, OPEN-SANDBOX-API-KEY is required
   int threads = 2;
   std::size_t header_limit = 16 * 1024;  // bytes of a request's start line and headers (431)
@@ -107,10 +113,12 @@ struct Options {
 };
 
 // Throws std::invalid_argument for an address that is not an IP literal, or a non-loopback one
-// without an API key, for keep_on_stop without state_dir, for a state_dir with a provider that
-// cannot connect (sbx.connect/1); std::runtime_error when the state directory cannot be used or is
-// locked by another server; boost::system::system_error when the address cannot be bound. With a
-// state_dir, the constructor connects to every sandbox recorded there (blocking, before serving).
+// without an API key, std::runtime_error for a unix socket path holding something else than a
+// stale socket (a file, a directory, a socket a server listens on), for keep_on_stop without
+// state_dir, for a state_dir with a provider that cannot connect (sbx.connect/1);
+// std::runtime_error when the state directory cannot be used or is locked by another server;
+// boost::system::system_error when the address cannot be bound. With a state_dir, the constructor
+// connects to every sandbox recorded there (blocking, before serving).
 class Server {
  public:
   Server(sbx::Provider provider, Options options);
@@ -118,7 +126,7 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // The port bound (the real one when Options::port was 0).
+  // The port bound (the real one when Options::port was 0); 0 on a unix socket.
   uint16_t port() const;
 
   // Serves until a stop completes. Returns true when every sandbox the server created was closed

@@ -11,8 +11,9 @@
 
 #include <sbx/core/sandbox.hpp>
 
+#include <boost/asio/basic_socket_acceptor.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/http.hpp>
@@ -38,6 +39,10 @@
 namespace sbx::serve {
 
 namespace http = boost::beast::http;
+
+// The longest TTL a create may ask for and the furthest a renew may push an expiry, in seconds
+// from now: sbx::base::kForever (about 31 years), so that no expiry overflows the time types.
+inline constexpr int64_t kMaxTimeoutS = 1'000'000'000;
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
@@ -155,6 +160,10 @@ struct Entry {
   std::chrono::system_clock::time_point created_at;
   std::optional<std::chrono::system_clock::time_point> expires_at;  // guarded by State::mutex
   std::string descriptor;  // sbx.connect/1 descriptor, when the server keeps a state directory
+  // The state directory's writes of this sandbox (store.cpp), one at a time; once its record was
+  // removed (store_remove) it is never written again.
+  std::mutex store_mutex;
+  bool store_removed = false;  // guarded by store_mutex
   // Its commands (execd API); shut down by begin_close.
   std::shared_ptr<ExecdState> execd = new_execd_state();
 
@@ -184,10 +193,24 @@ struct Server::State {
   ServeContext ioc;
   // Where the acceptor, the grace timer and the stop's steps run, one at a time.
   boost::asio::strand<boost::asio::io_context::executor_type> control;
-  boost::asio::ip::tcp::acceptor acceptor;
+  // TCP or a unix socket (Options::unix_socket): connections are generic stream sockets.
+  boost::asio::basic_socket_acceptor<boost::asio::generic::stream_protocol> acceptor;
   boost::asio::steady_timer grace_timer;
   boost::asio::steady_timer sweep_timer;  // closes sandboxes whose TTL passed (on `control`)
-  uint16_t port = 0;
+  uint16_t port = 0;                      // 0 on a unix socket
+  // The socket file of Options::unix_socket, made by the constructor: removed (if it is still the
+  // one made, same device and inode) by ~Server, or by this object's destructor when the
+  // constructor fails after making it.
+  struct SocketFile {
+    std::filesystem::path path;
+    unsigned long long device = 0, inode = 0;
+    SocketFile(std::filesystem::path p, unsigned long long d, unsigned long long i)
+        : path(std::move(p)), device(d), inode(i) {}
+    SocketFile(const SocketFile&) = delete;
+    SocketFile& operator=(const SocketFile&) = delete;
+    ~SocketFile();
+  };
+  std::optional<SocketFile> socket_file;
   int state_dir_lock = -1;  // flock'ed file descriptor of Options::state_dir/.lock, or -1
   // A private directory for command logs and file transfers, made by the constructor and removed
   // with everything in it by the destructor.
@@ -251,12 +274,26 @@ void retire(const std::shared_ptr<Server::State>& state, const std::shared_ptr<E
 // Retires every entry whose expiry is at or before `now` (the TTL sweep).
 void retire_expired(const std::shared_ptr<Server::State>& state);
 
-// The state directory (store.cpp): one JSON file per sandbox, written atomically (temporary file
-// and rename); a no-op without Options::state_dir. Errors are logged, not thrown.
-void store_save(Server::State& state, const Entry& entry);
-void store_remove(const Server::State& state, const std::string& id);
-// Locks the directory (creating it) and connects to every sandbox recorded there; files of
-// sandboxes that are gone or expired are removed. Blocking: called by the constructor.
+// The state directory (store.cpp): one JSON file per sandbox, written atomically (a unique
+// temporary file, fsync, rename, fsync of the directory); a no-op without Options::state_dir.
+// Errors are logged, not thrown. The writes of one entry are serialised; after store_remove,
+// store_save does nothing for that entry.
+void store_save(Server::State& state, Entry& entry);
+void store_remove(const Server::State& state, Entry& entry);
+// The metadata key (hence, on local_docker, the container label) that marks the sandbox of one
+// create with its token, so that a restarted server finds it when the create was interrupted.
+inline constexpr const char* kCreateLabel = "sbx.serve.create";
+// Records a create about to be asked of the provider (its token, the provider block, the label),
+// durably, before the provider is called; "" on success (or without a state directory), else
+// the error. store_end_create removes the record once the create ended either way.
+std::string store_begin_create(const Server::State& state, const std::string& token,
+                               const std::string& image,
+                               std::chrono::system_clock::time_point created_at);
+void store_end_create(const Server::State& state, const std::string& token);
+// Locks the directory (creating it), connects to every sandbox recorded there (files of
+// sandboxes that are gone are removed), then reconciles the creates a crash interrupted: their
+// sandbox is closed (sbx.list-reap/1, by kCreateLabel) unless a record names it. Blocking:
+// called by the constructor.
 void store_load(Server::State& state);
 
 // The Sandbox object of the lifecycle API (GET, list) for `entry` in `status`. Reads expires_at:
@@ -361,9 +398,12 @@ std::vector<std::pair<std::string, std::string>> query_params(const Request& req
 std::optional<std::string> percent_decode(std::string_view text, bool form);
 // RFC 3339 as pydantic reads a datetime (fraction, 'Z' or an offset, naive = UTC, a date alone
 // = midnight UTC); on failure, pydantic's error text (e.g. "input is too short").
+// A valid date past what system_clock holds (years before 1678 or after 2261) has no `time`, an
+// empty `error` and `out_of_range` -1 (before) or 1 (after).
 struct ParsedTime {
   std::optional<std::chrono::system_clock::time_point> time;
   std::string error;
+  int out_of_range = 0;
 };
 ParsedTime parse_time(std::string_view text);
 

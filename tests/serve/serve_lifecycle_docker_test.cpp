@@ -4,13 +4,17 @@
 // sandbox, and with --state-dir --keep-on-stop a restarted server serves the same id (get, pause,
 // delete), which the daemon confirms.
 
+#include "../common/test_helpers.hpp"
 #include "support.hpp"
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <ctime>
 #include <fstream>
+#include <thread>
 
 using namespace serve_test;
 namespace json = boost::json;
@@ -29,7 +33,83 @@ std::string docker_state(const std::string& id) {
   return output;
 }
 
+// The ids of the containers, running or not, carrying `label` (k=v).
+std::vector<std::string> containers_labelled(const std::string& label) {
+  std::string output;
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "ps", "-a", "-q", "--no-trunc", "--filter",
+                       "label=" + label},
+                      output) == 0);
+  std::vector<std::string> ids;
+  std::size_t start = 0;
+  while (start < output.size()) {
+    const std::size_t end = output.find('\n', start);
+    const std::string line = output.substr(start, end - start);
+    if (!line.empty()) ids.push_back(line);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return ids;
+}
+
+// The files of the state directory that are not sandbox records: create records and temporaries.
+std::vector<std::string> stray_state_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    const std::string name = item.path().filename().string();
+    if (name != ".lock" &&
+        (name.rfind(".create-", 0) == 0 || name.find(".tmp") != std::string::npos))
+      out.push_back(name);
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("local_docker: a server killed while a create is in flight; the next one closes it") {
+  TempDir dir;
+  const fs::path config = dir.path / "sbx.json";
+  const fs::path state = dir.path / "state";
+  // The readiness probe never ends within the test: the create is in flight, its container made,
+  // until the server is killed.
+  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker", "config": )"
+                           R"({"probe": {"command": "sleep 3600", "timeout_s": 7200}}}}})";
+  std::optional<ServeProcess> server;
+  server.emplace(config, "docker", dir.path / "serve.log",
+                 std::vector<std::string>{"--state-dir", state.string()});
+  const std::string run = "sbx.run=" + server->run_id();
+  const int port = server->port();
+  std::thread client([port] {
+    try {  // no timeout: the sandbox lives forever unless someone closes it
+      request(port, "POST", "/v1/sandboxes",
+              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","3600"],)"
+              R"("resourceLimits":{},"metadata":{"test":"serve_lifecycle_docker_test"}})");
+    } catch (const std::exception&) {  // the server was killed: the connection is cut
+    }
+  });
+  // Waits for the event: the container exists (the create's record was written before it).
+  const bool made = sbx::testing::eventually([&] { return !containers_labelled(run).empty(); },
+                                             std::chrono::seconds(120));
+  CHECK(made);
+  const std::vector<std::string> before = containers_labelled(run);
+  CHECK(before.size() == 1);
+  CHECK(stray_state_files(state).size() == 1);  // the create's record
+  ::kill(server->pid(), SIGKILL);
+  client.join();
+  server.reset();
+  REQUIRE(containers_labelled(run) == before);  // left by the kill, with no sandbox record
+
+  // The next server on the same state directory reconciles before it listens.
+  server.emplace(config, "docker", dir.path / "serve2.log",
+                 std::vector<std::string>{"--state-dir", state.string()});
+  CHECK(containers_labelled(run).empty());
+  CHECK(stray_state_files(state).empty());
+  CHECK(request(server->port(), "GET", "/v1/sandboxes").json().at("items").as_array().empty());
+  CHECK(server->stop() == 0);
+  std::string ignored;  // whatever a failed check left behind
+  run_to_exit(
+      {SBX_CLI, "reap", "--config", config.string(), "--provider", "docker", "--label", run},
+      ignored);
+}
 
 TEST_CASE("local_docker: pause, renew, list, and a restarted server serving the same id") {
   TempDir dir;

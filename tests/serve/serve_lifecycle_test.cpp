@@ -276,6 +276,173 @@ TEST_CASE("renew-expiration: 200 {expiresAt}, GET reflects it, and the real serv
   CHECK(f.sandboxes_on_disk() == 0);
 }
 
+TEST_CASE("numbers out of range are refused with the real server's 4xx, nothing overflows") {
+  Fixture f;
+  auto post = [&](const std::string& body) {
+    return request(f.port(), "POST", "/v1/sandboxes", body);
+  };
+  const std::string memory_512 = R"("memory":"512Mi")";
+  auto body_with = [&](const std::string& limits, const std::string& timeout) {
+    return R"({"image":{"uri":"local/busybox:latest"},"entrypoint":["tail","-f","/dev/null"],)"
+           R"("resourceLimits":{)" +
+           limits + R"(},"timeout":)" + timeout + "}";
+  };
+  // timeout: 1e10 s used to give an expiry in 1759 (and the sandbox was swept at once).
+  for (const std::string timeout : {"1e10", "10000000000", "1000000001", "18446744073709551615"}) {
+    CAPTURE(timeout);
+    const auto r = post(body_with(memory_512, timeout));
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_PARAMETER");
+    CHECK(std::string(r.json().at("message").as_string()).find("timeout must be at most") == 0);
+  }
+  // The longest accepted timeout gives the expiry it says.
+  const auto longest = post(body_with(memory_512, "1000000000"));
+  REQUIRE(longest.status == 202);
+  const json::value l = longest.json();
+  CHECK(parse_time_us(std::string(l.at("expiresAt").as_string())) -
+            parse_time_us(std::string(l.at("createdAt").as_string())) ==
+        1'000'000'000LL * 1'000'000);
+  const std::string id(l.at("id").as_string());
+
+  // Resource limits past what any provider's arithmetic holds.
+  for (const std::string limit :
+       {R"("memory":"99999999999Gi")", R"("memory":"infMi")", R"("memory":"1e30")",
+        R"("cpu":"1e300")", R"("cpu":"inf")", R"("cpu":"99999999m")"}) {
+    CAPTURE(limit);
+    const auto r = post(body_with(limit, "600"));
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_PARAMETER");
+    CHECK(std::string(r.json().at("message").as_string()).find("is out of range") !=
+          std::string::npos);
+  }
+  CHECK(post(body_with(R"("memory":"1024Ti","cpu":"65536")", "600")).status == 202);  // the caps
+
+  // renew-expiration: far future, long past, absurd; the expiry stays as it was.
+  const json::value before = request(f.port(), "GET", "/v1/sandboxes/" + id).json();
+  auto renew = [&](const std::string& expires) {
+    return request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration",
+                   R"({"expiresAt":)" + expires + "}");
+  };
+  const std::string too_far = rfc3339(std::chrono::system_clock::now() +
+                                      std::chrono::seconds(1'000'000'000) + std::chrono::hours(1));
+  for (const std::string& expires :
+       {std::string(R"("9999-12-31T23:59:59Z")"), std::string(R"("2300-01-01")"),
+        "\"" + too_far + "\"", std::string("1e300"), std::string("99999999999999999999")}) {
+    CAPTURE(expires);
+    const auto r = renew(expires);
+    CHECK(r.status == 400);
+    CHECK(r.json() == error_of("DOCKER::INVALID_EXPIRATION",
+                               "New expiration time must be at most 1000000000 seconds (about 31 "
+                               "years) from now."));
+  }
+  for (const std::string expires : {R"("0001-01-01T00:00:00Z")", R"("1600-01-01")", "-1e300"}) {
+    CAPTURE(expires);
+    const auto r = renew(expires);
+    CHECK(r.status == 400);
+    CHECK(r.json() ==
+          error_of("DOCKER::INVALID_EXPIRATION", "New expiration time must be in the future."));
+  }
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") ==
+        before.at("expiresAt"));
+
+  // list: (page - 1) * pageSize wrapped to 0 for this page, which then showed the first page.
+  const auto far_page =
+      request(f.port(), "GET", "/v1/sandboxes?page=144115188075855873&pageSize=128");
+  REQUIRE(far_page.status == 200);
+  CHECK(far_page.json().at("items").as_array().empty());
+  CHECK(far_page.json().at("pagination").at("totalItems") == 2);
+  CHECK(far_page.json().at("pagination").at("hasNextPage") == false);
+  const auto last_digits = request(f.port(), "GET", "/v1/sandboxes?page=999999999999999999");
+  REQUIRE(last_digits.status == 200);
+  CHECK(last_digits.json().at("items").as_array().empty());
+}
+
+TEST_CASE("sbx serve's duration flags out of range are refused before anything starts") {
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--grace", "1e300"},
+                                                        {"--grace", "86401"},
+                                                        {"--grace", "-1"},
+                                                        {"--read-timeout", "1e20"},
+                                                        {"--read-timeout", "0"},
+                                                        {"--read-timeout", "inf"}}) {
+    CAPTURE(flag);
+    CAPTURE(value);
+    std::string output;
+    // No --listen: a value let through would fail on that instead, naming something else.
+    CHECK(run_to_exit({SBX_CLI, "serve", flag, value}, output) == 2);
+    CHECK(output.find(flag + " must be") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "--state-dir: concurrent renews write whole records; a renew after a delete writes none") {
+  ProcessesServer f;
+  const fs::path gate = f.dir.path / "renew-gate";
+  const fs::path state = f.dir.path / "state";
+  f.write_config(f.processes_block(json::object{{"renew_gate", gate.string()}}));
+  f.start({"--state-dir", state.string()});
+  const std::string id = create(f.port(), R"({"team":"infra"})");
+  const fs::path record = state / (id + ".json");
+  REQUIRE(fs::exists(record));
+  auto waiting = [&](int n) { return fs::exists(gate.string() + ".waiting-" + std::to_string(n)); };
+  auto renew_body = [](int minutes) {
+    return R"({"expiresAt":")" +
+           rfc3339(std::chrono::system_clock::now() + std::chrono::minutes(minutes)) + R"("})";
+  };
+  auto strays = [&] {
+    int n = 0;
+    for (const auto& item : fs::directory_iterator(state)) {
+      const std::string name = item.path().filename().string();
+      n += name.find(".tmp") != std::string::npos || name.rfind(".create-", 0) == 0;
+    }
+    return n;
+  };
+
+  // Eight renews held in the provider, then let go at once: their records are written one at a
+  // time, and the record ends up whole and equal to what GET answers.
+  std::vector<std::thread> renews;
+  std::vector<int> statuses(8);
+  for (int i = 0; i < 8; ++i) {
+    renews.emplace_back([&, i] {
+      statuses[static_cast<size_t>(i)] =
+          request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration", renew_body(60 + i))
+              .status;
+    });
+  }
+  for (int i = 1; i <= 8; ++i)
+    REQUIRE(sbx::testing::eventually([&] { return waiting(i); }));
+  std::ofstream{gate};
+  for (auto& t : renews)
+    t.join();
+  CHECK(statuses == std::vector<int>(8, 200));
+  std::ifstream in(record);
+  const json::value saved = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+  const long long got_us = parse_time_us(std::string(
+      request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt").as_string()));
+  CHECK(saved.at("expiresAtUs").to_number<long long>() == got_us);
+  CHECK(strays() == 0);
+
+  // A renew held in the provider while the sandbox is deleted: once it completes, the record
+  // stays gone (it used to be written back, and a restarted server served a closed sandbox).
+  fs::remove(gate);
+  int late_status = 0;
+  std::thread late([&] {
+    late_status =
+        request(f.port(), "POST", "/v1/sandboxes/" + id + "/renew-expiration", renew_body(90))
+            .status;
+  });
+  REQUIRE(sbx::testing::eventually([&] { return waiting(9); }));
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK_FALSE(fs::exists(record));
+  std::ofstream{gate};
+  late.join();
+  CHECK(late_status == 404);
+  CHECK_FALSE(fs::exists(record));
+  CHECK(strays() == 0);
+  CHECK(f.server->stop() == 0);
+  CHECK_FALSE(fs::exists(record));
+}
+
 TEST_CASE("past its TTL a sandbox is 404 everywhere and closed, also when nobody asks") {
   Fixture f({"--log-level", "info"});
   const std::string touched = create(f.port(), R"({"ttl":"short"})");

@@ -8,9 +8,14 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <fstream>
 #include <iterator>
@@ -210,6 +215,190 @@ TEST_CASE("the API key: MISSING_API_KEY, INVALID_API_KEY, /health exempt, key ne
   const std::string log = f.log_text();
   CHECK(log.find("answered 401") != std::string::npos);  // the debug log was on
   CHECK(log.find(key) == std::string::npos);
+}
+
+namespace {
+
+// A plain blocking TCP connection whose reads give up after 10 s (SO_RCVTIMEO): a test that waits
+// for an answer that does not come fails instead of hanging.
+struct RawConnection {
+  int fd = -1;
+  explicit RawConnection(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  }
+  ~RawConnection() { ::close(fd); }
+  void send(const std::string& text) const {
+    REQUIRE(::send(fd, text.data(), text.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(text.size()));
+  }
+  // Everything the server sends until it closes its side; `timed_out` when 10 s pass first.
+  std::string read_to_eof(bool& timed_out) const {
+    std::string out;
+    char buf[4096];
+    timed_out = false;
+    for (;;) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        timed_out = true;
+        break;
+      }
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a request without a valid key is answered 401 after its head; its body is never read") {
+  const std::string key = "front-door-key-1f2e";
+  // A long read timeout: a server that waited for the body would not answer within the test's
+  // 10 s bound.
+  Fixture f({"--api-key-env", "SBX_SERVE_TEST_KEY", "--read-timeout", "120"},
+            {{"SBX_SERVE_TEST_KEY", key}});
+  struct Case {
+    std::string head_extra, target, expected;
+  };
+  const std::vector<Case> cases{
+      {"", "/v1/sandboxes", R"("code":"MISSING_API_KEY")"},
+      {"OPEN-SANDBOX-API-KEY: wrong\r\n", "/sandboxes", R"("code":"INVALID_API_KEY")"},
+      {"", "/sandboxes/abc/proxy/44772/command", "invalid or missing header X-EXECD-ACCESS-TOKEN"},
+      {"", "/sandboxes/abc/proxy/44772/files/upload",
+       "invalid or missing header X-EXECD-ACCESS-TOKEN"},
+  };
+  // 40 stalled clients at once, each announcing a body of 1 MiB (the limit) and sending none.
+  std::vector<std::unique_ptr<RawConnection>> connections;
+  for (int i = 0; i < 40; ++i) {
+    const Case& c = cases[static_cast<size_t>(i) % cases.size()];
+    connections.push_back(std::make_unique<RawConnection>(f.port()));
+    connections.back()->send("POST " + c.target + " HTTP/1.1\r\nHost: x\r\n" + c.head_extra +
+                             "Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n");
+  }
+  for (int i = 0; i < 40; ++i) {
+    const Case& c = cases[static_cast<size_t>(i) % cases.size()];
+    CAPTURE(c.target);
+    bool timed_out = false;
+    const std::string answer = connections[static_cast<size_t>(i)]->read_to_eof(timed_out);
+    CHECK_FALSE(timed_out);  // the server closed its side after the answer, not waiting on us
+    CHECK(answer.rfind("HTTP/1.1 401 ", 0) == 0);
+    CHECK(answer.find(c.expected) != std::string::npos);
+  }
+  connections.clear();
+  // The server still serves, with and without a key.
+  CHECK(request(f.port(), "GET", "/health").status == 200);
+  CHECK(request(f.port(), "POST", "/sandboxes", kCreateBody, {{"OPEN-SANDBOX-API-KEY", key}})
+            .status == 202);
+  const auto metrics =
+      request(f.port(), "GET", "/metrics", std::nullopt, {{"OPEN-SANDBOX-API-KEY", key}});
+  CHECK(metrics.body.find("code=\"401\"") != std::string::npos);  // refusals are counted
+}
+
+namespace {
+
+struct ::stat stat_of(const fs::path& path) {
+  struct ::stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("--listen unix:PATH: a socket file of mode 0600 (or --socket-mode), removed at exit") {
+  ProcessesServer f;
+  f.write_config(f.processes_block());
+  const fs::path sock = f.dir.path / "serve.sock";
+  f.start({"--listen", "unix:" + sock.string()});
+  CHECK(f.server->port() == 0);
+  CHECK(f.server->unix_socket() == sock.string());
+  const struct ::stat st = stat_of(sock);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK((st.st_mode & 07777) == 0600);
+
+  // The repo's client and curl both speak to it; the lifecycle works as over TCP.
+  CHECK(unix_request(sock, "GET", "/health").status == 200);
+  const auto created = unix_request(sock, "POST", "/v1/sandboxes", kCreateBody);
+  REQUIRE_MESSAGE(created.status == 202, created.body);
+  const std::string id(created.json().at("id").as_string());
+  std::string output;
+  CHECK(run_to_exit({"/usr/bin/env", "curl", "-sS", "--unix-socket", sock.string(),
+                     "http://localhost/v1/sandboxes/" + id},
+                    output) == 0);
+  CHECK(json::parse(output).at("id") == json::value(id));
+  // The endpoint a unix-socket server hands out names the request's Host.
+  const auto endpoint = unix_request(sock, "GET", "/v1/sandboxes/" + id + "/endpoints/44772");
+  CHECK(endpoint.json().at("endpoint") ==
+        json::value("localhost/sandboxes/" + id + "/proxy/44772"));
+  CHECK(unix_request(sock, "DELETE", "/v1/sandboxes/" + id).status == 204);
+
+  // A second server on the same path is refused: a server listens there.
+  std::string second;
+  CHECK(run_to_exit({SBX_CLI, "serve", "--config", f.config.string(), "--provider", "p",
+                     "--plugin-dir", SBX_TEST_PLUGIN_DIR, "--listen", "unix:" + sock.string()},
+                    second) != 0);
+  CHECK(second.find("a server listens on it") != std::string::npos);
+  CHECK(unix_request(sock, "GET", "/health").status == 200);  // the first one still serves
+
+  CHECK(f.server->stop() == 0);
+  CHECK_FALSE(fs::exists(fs::symlink_status(sock)));  // removed at exit
+  CHECK(f.sandboxes_on_disk() == 0);
+
+  // --socket-mode 0660; a stale socket (its server was killed) is replaced.
+  f.start({"--listen", "unix:" + sock.string(), "--socket-mode", "0660"});
+  CHECK((stat_of(sock).st_mode & 07777) == 0660);
+  ::kill(f.server->pid(), SIGKILL);
+  f.server.reset();
+  REQUIRE(S_ISSOCK(stat_of(sock).st_mode));  // left behind by the kill
+  f.start({"--listen", "unix:" + sock.string()});
+  CHECK((stat_of(sock).st_mode & 07777) == 0600);
+  CHECK(unix_request(sock, "GET", "/health").status == 200);
+  CHECK(f.server->stop() == 0);
+  CHECK_FALSE(fs::exists(fs::symlink_status(sock)));
+}
+
+TEST_CASE("--listen unix:PATH refuses to replace what is not a socket, and bad modes") {
+  ProcessesServer f;
+  f.write_config(f.processes_block());
+  auto serve = [&](std::vector<std::string> extra, std::string& output) {
+    std::vector<std::string> argv{SBX_CLI,      "serve", "--config",     f.config.string(),
+                                  "--provider", "p",     "--plugin-dir", SBX_TEST_PLUGIN_DIR};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_to_exit(argv, output);
+  };
+  const fs::path file = f.dir.path / "precious.txt";
+  std::ofstream(file) << "keep me";
+  const fs::path link = f.dir.path / "link.sock";
+  fs::create_symlink(file, link);
+  for (const fs::path& path : {file, link, f.dir.path}) {
+    CAPTURE(path);
+    std::string output;
+    CHECK(serve({"--listen", "unix:" + path.string()}, output) != 0);
+    CHECK(output.find("exists and is not a socket") != std::string::npos);
+  }
+  CHECK(fs::is_regular_file(file));
+  CHECK(fs::is_symlink(link));
+  std::ifstream in(file);
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "keep me");
+
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"--listen", "unix:" + (f.dir.path / "s").string(), "--socket-mode", "888"},
+           {"--listen", "unix:" + (f.dir.path / "s").string(), "--socket-mode", "01777"},
+           {"--listen", "127.0.0.1:0", "--socket-mode", "0600"},
+           {"--listen", "unix:"}}) {
+    CAPTURE(extra.back());
+    std::string output;
+    CHECK(serve(extra, output) == 2);
+  }
+  CHECK_FALSE(fs::exists(f.dir.path / "s"));
 }
 
 TEST_CASE("bad create requests get the real server's 422 and 400 answers and create nothing") {

@@ -4,6 +4,7 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -91,11 +92,17 @@ std::string read_all(int fd) {
 ServeProcess::ServeProcess(const fs::path& config, const std::string& provider,
                            const fs::path& stderr_path, std::vector<std::string> extra,
                            std::map<std::string, std::string> env) {
-  std::vector<std::string> argv{
-      SBX_CLI,  "serve",    "--config",    config.string(), "--provider",
-      provider, "--listen", "127.0.0.1:0", "--plugin-dir",  SBX_TEST_PLUGIN_DIR};
-  for (auto& e : extra)
+  std::vector<std::string> argv{SBX_CLI,      "serve",  "--config",     config.string(),
+                                "--provider", provider, "--plugin-dir", SBX_TEST_PLUGIN_DIR};
+  bool listen_given = false;
+  for (auto& e : extra) {
+    listen_given = listen_given || e == "--listen";
     argv.push_back(std::move(e));
+  }
+  if (!listen_given) {
+    argv.push_back("--listen");
+    argv.push_back("127.0.0.1:0");
+  }
   auto envs = environment_with(env);
   auto argp = pointers(argv);
   auto envp = pointers(envs);
@@ -124,14 +131,16 @@ ServeProcess::ServeProcess(const fs::path& config, const std::string& provider,
     line.push_back(c);
   }
   std::smatch m;
-  if (!std::regex_search(
-          line, m, std::regex(R"(listening on http://127\.0\.0\.1:(\d+) .*sbx\.run=(\S+)\))"))) {
+  if (!std::regex_search(line, m,
+                         std::regex(R"(listening on (?:http://127\.0\.0\.1:(\d+)|unix:(\S+)) )"
+                                    R"(.*sbx\.run=(\S+)\))"))) {
     const int status = stop();
     throw std::runtime_error("sbx serve did not start (exit " + std::to_string(status) + "): '" +
                              line + "'");
   }
-  port_ = std::stoi(m[1]);
-  run_id_ = m[2];
+  port_ = m[1].matched ? std::stoi(m[1]) : 0;
+  unix_socket_ = m[2].matched ? std::string(m[2]) : std::string();
+  run_id_ = m[3];
 }
 
 int ServeProcess::stop() {
@@ -151,7 +160,8 @@ ServeProcess::~ServeProcess() {
 
 namespace {
 
-Response read_response(asio::ip::tcp::socket& socket, bool head) {
+template <class Socket>
+Response read_response(Socket& socket, bool head) {
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.skip(head);
@@ -168,7 +178,7 @@ Response read_response(asio::ip::tcp::socket& socket, bool head) {
   }
   out.body = res.body();
   beast::error_code ignored;
-  socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket.shutdown(asio::socket_base::shutdown_both, ignored);
   return out;
 }
 
@@ -182,6 +192,26 @@ Response request(int port, const std::string& method, const std::string& target,
   socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, "127.0.0.1:" + std::to_string(port));
+  req.keep_alive(false);
+  if (body) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = *body;
+    req.prepare_payload();
+  }
+  for (const auto& [k, v] : headers)
+    req.set(k, v);
+  http::write(socket, req);
+  return read_response(socket, method == "HEAD");
+}
+
+Response unix_request(const fs::path& socket_path, const std::string& method,
+                      const std::string& target, const std::optional<std::string>& body,
+                      const std::map<std::string, std::string>& headers) {
+  asio::io_context ioc;
+  asio::local::stream_protocol::socket socket(ioc);
+  socket.connect(asio::local::stream_protocol::endpoint(socket_path.string()));
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "localhost");
   req.keep_alive(false);
   if (body) {
     req.set(http::field::content_type, "application/json");

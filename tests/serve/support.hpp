@@ -27,8 +27,9 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 };
 
-// `sbx serve --config <config> --provider <provider> --listen 127.0.0.1:0 <extra...>`, its stdout
-// read up to the line giving the port; stderr goes to `stderr_path`. `env` is added to the child's
+// `sbx serve --config <config> --provider <provider> --listen 127.0.0.1:0 <extra...>` (no
+// default --listen when `extra` has one, e.g. unix:PATH), its stdout read up to the line giving
+// the address; stderr goes to `stderr_path`. `env` is added to the child's
 // environment. The destructor sends SIGTERM (if it still runs) and reaps it.
 class ServeProcess {
  public:
@@ -38,7 +39,8 @@ class ServeProcess {
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
 
-  int port() const { return port_; }
+  int port() const { return port_; }                               // 0 on a unix socket
+  const std::string& unix_socket() const { return unix_socket_; }  // "" on TCP
   pid_t pid() const { return pid_; }
   // The `sbx.run` label of the sandboxes it creates, from its first line.
   const std::string& run_id() const { return run_id_; }
@@ -51,6 +53,7 @@ class ServeProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   int port_ = 0;
+  std::string unix_socket_;
   std::string run_id_;
   std::string stdout_rest_;
 };
@@ -93,6 +96,12 @@ struct Response {
 Response request(int port, const std::string& method, const std::string& target,
                  const std::optional<std::string>& body = std::nullopt,
                  const std::map<std::string, std::string>& headers = {});
+
+// As request(), on a new connection to the unix socket `socket_path`.
+Response unix_request(const fs::path& socket_path, const std::string& method,
+                      const std::string& target,
+                      const std::optional<std::string>& body = std::nullopt,
+                      const std::map<std::string, std::string>& headers = {});
 
 // Sends `text` as is on a new connection and reads one response.
 Response raw_request(int port, const std::string& text);

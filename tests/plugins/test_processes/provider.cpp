@@ -42,6 +42,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <thread>
 
 extern char** environ;
 
@@ -71,6 +72,9 @@ struct Config {
   // It writes "<hang_fifo>.hanging" first, for the test to wait on.
   std::optional<std::string> hang_in;
   fs::path hang_fifo;
+  // A renew does its work, then creates `<renew_gate>.waiting-<N>` (N counts renews from 1) and
+  // completes only once `renew_gate` exists: a test holds a renew's completion back.
+  std::optional<std::string> renew_gate;
 
   static Config read(const boost::json::object& json) {
     sdk::json::ObjectReader r(json);
@@ -95,6 +99,7 @@ struct Config {
       throw Error::invalid_argument(
           "$.hang_in: one of \"init\", \"create\", \"exec\", with \"hang_fifo\"");
     }
+    c.renew_gate = r.string("renew_gate");
     r.finish();
     return c;
   }
@@ -329,7 +334,8 @@ class TestProcessesProvider final : public sdk::Provider,
     "create_delay_ms": {"type": "integer", "minimum": 0},
     "upload_delay_ms": {"type": "integer", "minimum": 0},
     "hang_in": {"enum": ["init", "create", "exec"]},
-    "hang_fifo": {"type": "string"}
+    "hang_fifo": {"type": "string"},
+    "renew_gate": {"type": "string"}
   }
 })";
 
@@ -458,7 +464,19 @@ class TestProcessesProvider final : public sdk::Provider,
     }
     sandbox.set_expires_at_unix_ms(expires_at_unix_ms);
     write_meta(sandbox.dir(), sandbox.spec(), expires_at_unix_ms);
-    done.succeed(expires_at_unix_ms);
+    if (!config_.renew_gate) {
+      done.succeed(expires_at_unix_ms);
+      return;
+    }
+    const fs::path gate = *config_.renew_gate;
+    const fs::path waiting = gate.string() + ".waiting-" + std::to_string(++renews_);
+    pool_.submit([gate, waiting, expires_at_unix_ms, done = std::move(done)]() mutable {
+      std::ofstream{waiting};
+      std::error_code ec;
+      while (!fs::exists(gate, ec) && !done.cancel_token().stop_requested())
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      done.succeed(expires_at_unix_ms);
+    });
   }
 
   void serialize(sdk::Sandbox& s, sdk::Completion<std::string> done) override {
@@ -657,7 +675,8 @@ class TestProcessesProvider final : public sdk::Provider,
 
   Config config_;
   sdk::Logger log_;
-  sdk::ThreadPool pool_;  // last: joined first
+  std::atomic<int> renews_{0};  // with renew_gate
+  sdk::ThreadPool pool_;        // last: joined first
 };
 
 }  // namespace
