@@ -85,7 +85,7 @@ ProviderBlock read_block(base::json::ObjectReader& r, const std::string& name,
 }
 
 // The `serve` section (ServeSettings). Limits are checked here; the faults plan is kept as written
-// for sbx serve, which knows the routes and the actions (core/serve/faults.hpp).
+// for sbx serve, which knows the routes and the actions (serve/faults.hpp).
 ServeSettings read_serve(base::json::ObjectReader& r, std::string_view source) {
   ServeSettings s;
   s.listen = r.string("listen");

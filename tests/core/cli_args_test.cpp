@@ -1,6 +1,6 @@
 // The `sbx` command line, without running anything: the parser and help texts generated from a
-// command table (core/cli/args.hpp), and how sandboxes are named (core/cli/target.hpp). The table
-// here is a small one of its own; tests/core/cli_test.cpp runs the real commands.
+// command table (cli/args.hpp), and how sandboxes are named (cli/target.hpp). The table
+// here is a small one of its own; tests/cli_test.cpp runs the real commands.
 
 #include <doctest/doctest.h>
 

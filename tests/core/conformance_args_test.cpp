@@ -1,6 +1,6 @@
 // `sbx conformance` without running a provider: the command's options as the real table entry
-// parses them (core/cli/cmd_conformance.cpp), case selection and the JUnit document
-// (core/conformance). tests/conformance/command_test.sh runs the command itself.
+// parses them (cli/cmd_conformance.cpp), case selection and the JUnit document
+// (conformance). tests/conformance/command_test.sh runs the command itself.
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// The fault plan (core/serve/faults.hpp) as a library: route keys, the sequences (repeat, pass,
+// The fault plan (serve/faults.hpp) as a library: route keys, the sequences (repeat, pass,
 // cut_after_events through stream_cut), the windows per sandbox, many threads at once, and the
 // validation of the config (every message names the JSON path).
 

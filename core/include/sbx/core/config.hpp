@@ -80,7 +80,7 @@ struct ProviderBlock {
 
 // The `serve` section: settings of `sbx serve` (docs/serve.md, docs/config.md). Every field is
 // optional: an absent one keeps the server's default, and a command-line flag given to `sbx serve`
-// wins over the file. Plain values only (no Boost.Beast): core/cli/cmd_serve.cpp maps them to
+// wins over the file. Plain values only (no Boost.Beast): cli/cmd_serve.cpp maps them to
 // sbx::serve::Options.
 struct ServeSettings {
   std::optional<std::string> listen;         // "HOST:PORT" (checked by sbx serve)
@@ -93,7 +93,7 @@ struct ServeSettings {
   std::optional<int> threads;                // 1..64
   std::optional<double> keepalive_ping_s;    // > 0: the event streams' ping interval
   // The fault-injection plan as written (a JSON array), validated by sbx serve, which owns the
-  // route names and actions (core/serve/faults.hpp); absent: no faults. `faults_path` is where it
+  // route names and actions (serve/faults.hpp); absent: no faults. `faults_path` is where it
   // sits, e.g. "sbx.json: $.serve.faults", so that errors name the file and the JSON path.
   std::optional<boost::json::value> faults;
   std::string faults_path;

@@ -1,4 +1,4 @@
-// For the provider conformance suite (core/conformance, `sbx conformance`): ways to reach a
+// For the provider conformance suite (conformance, `sbx conformance`): ways to reach a
 // plugin's own answers past the host's guards. Applications have no use for them.
 //
 // The host answers some calls itself: after close() it refuses exec, upload and download with

@@ -1,4 +1,4 @@
-// sbx conformance: the provider conformance suite (core/conformance) against one provider.
+// sbx conformance: the provider conformance suite (conformance) against one provider.
 // Exit status: 0 when every case passed or is not offered, 1 when a case failed, 2 for usage
 // errors (an unknown provider, an --only that selects nothing), 74 when the --junit file cannot be
 // written, 125 when the provider cannot be used at all (its plugin does not load).

@@ -1,4 +1,4 @@
-// sbx serve: an OpenSandbox-compatible server over one provider (core/serve, docs/serve.md).
+// sbx serve: an OpenSandbox-compatible server over one provider (serve, docs/serve.md).
 // SIGINT/SIGTERM stop it gracefully: no new connection, running commands given --grace to finish,
 // the sandboxes it created closed within --grace, exit 0. SIGHUP (or POST /admin/reload, or
 // `sbx reload`) reloads the config and replaced plugin files (docs/hot-swap.md).

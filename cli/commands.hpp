@@ -5,7 +5,7 @@
 //                                                 (one sandbox over several sbx processes)
 //   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
 //   cmd_conformance.cpp conformance               (the provider conformance suite)
-//   cmd_serve.cpp       serve                     (an OpenSandbox-compatible server, core/serve)
+//   cmd_serve.cpp       serve                     (an OpenSandbox-compatible server, serve)
 //   cmd_reload.cpp      reload                    (asks a running sbx serve to reload)
 // main.cpp puts them in the table, in the order `sbx --help` lists them.
 #pragma once

@@ -1,4 +1,4 @@
-// What the server's parts share (internal to core/serve): the server state, the registry of the
+// What the server's parts share (internal to serve): the server state, the registry of the
 // sandboxes the server created, and the types the route files answer with.
 //
 // THREADING: State is shared (shared_ptr) by the connections and by the continuations of provider

@@ -16,7 +16,7 @@
 //     arguments (other commands), never options.
 //
 // This file and args.cpp use the standard library only; they are the static library
-// sbx_cli_args, which the parsing unit tests (tests/core/cli_args_test.cpp) link alone.
+// sbx_cli_args, which the parsing unit tests (tests/cli_args_test.cpp) link alone.
 #pragma once
 
 #include <cstdint>
