@@ -9,6 +9,7 @@
 
 #include <faults.hpp>
 #include <server.hpp>
+#include <settings.hpp>
 
 #include <sbx/base/time.hpp>
 #include <sbx/core/errors.hpp>
@@ -150,8 +151,8 @@ unsigned parse_socket_mode(const std::string& text) {
 }
 
 // The config file's `serve` section onto `options` (the flags are applied after it).
-void apply_settings(const sbx::ServeSettings& s, sbx::serve::Options& options) {
-  // The config reader bounds these (docs/config.md); the conversion is checked all the same.
+void apply_settings(const sbx::serve::Settings& s, sbx::serve::Options& options) {
+  // read_settings bounds these (docs/config.md); the conversion is checked all the same.
   auto ms = [](double seconds) { return sbx::base::seconds_to_ms(seconds); };
   if (s.max_sandboxes) options.max_sandboxes = *s.max_sandboxes;
   if (s.max_streams) options.max_streams = *s.max_streams;
@@ -161,6 +162,12 @@ void apply_settings(const sbx::ServeSettings& s, sbx::serve::Options& options) {
   if (s.grace_s) options.grace = ms(*s.grace_s);
   if (s.threads) options.threads = *s.threads;
   if (s.keepalive_ping_s) options.keepalive_ping = ms(*s.keepalive_ping_s);
+  if (s.max_commands) options.max_commands = *s.max_commands;
+  if (s.max_queued_commands) options.max_queued_commands = *s.max_queued_commands;
+  if (s.kept_commands) options.kept_commands = *s.kept_commands;
+  if (s.command_log_limit) options.command_log_limit = *s.command_log_limit;
+  if (s.stream_buffer) options.stream_buffer = *s.stream_buffer;
+  if (s.temp_limit) options.temp_limit = *s.temp_limit;
   if (s.faults) {
     auto faults = sbx::serve::Faults::parse(*s.faults, s.faults_path);  // ConfigError: exit 2
     if (!faults->empty()) options.faults = std::move(faults);
@@ -174,7 +181,10 @@ int serve(ServeFields& f, const Global& g) {
     if (const char* env = std::getenv("SBX_CONFIG"); env && *env) config = env;
   }
   if (config) host_options.config = sbx::Config::load(*config);
-  const std::optional<sbx::ServeSettings>& settings = host_options.config.serve;
+  std::optional<sbx::serve::Settings> settings;
+  if (host_options.config.serve) {
+    settings = sbx::serve::read_settings(*host_options.config.serve, host_options.config.source);
+  }
 
   sbx::serve::Options options;
   if (settings) apply_settings(*settings, options);

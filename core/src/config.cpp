@@ -84,37 +84,6 @@ ProviderBlock read_block(base::json::ObjectReader& r, const std::string& name,
   return block;
 }
 
-// The `serve` section (ServeSettings). Limits are checked here; the faults plan is kept as written
-// for sbx serve, which knows the routes and the actions (serve/faults.hpp).
-ServeSettings read_serve(base::json::ObjectReader& r, std::string_view source) {
-  ServeSettings s;
-  s.listen = r.string("listen");
-  if (s.listen && s.listen->empty()) r.fail("listen", "must be HOST:PORT, got an empty string");
-  auto size = [&](const char* key, int64_t min, int64_t max) -> std::optional<std::size_t> {
-    if (auto v = r.integer(key, min, max)) return static_cast<std::size_t>(*v);
-    return std::nullopt;
-  };
-  constexpr int64_t kGiB = int64_t{1} << 30;
-  s.max_sandboxes = size("max_sandboxes", 0, 1000000);
-  s.max_streams = size("max_streams", 0, 1000000);
-  s.header_limit = size("header_limit", 1024, 1024 * 1024);
-  s.body_limit = size("body_limit", 1, 64 * kGiB);
-  s.read_timeout_s = r.number("read_timeout_s", 0, 86400, true);
-  s.grace_s = r.number("grace_s", 0, 86400);
-  if (auto t = r.integer("threads", 1, 64)) s.threads = static_cast<int>(*t);
-  s.keepalive_ping_s = r.number("keepalive_ping_s", 0, 3600, true);
-  if (const auto* faults = r.value("faults"); faults && !faults->is_null()) {
-    if (!faults->is_array()) {
-      r.fail("faults", "expected an array of fault rules, got " +
-                           std::string(base::json::kind_name(*faults)));
-    }
-    s.faults = *faults;
-    s.faults_path = std::string(source) + ": " + r.path_of("faults");
-  }
-  r.finish();
-  return s;
-}
-
 }  // namespace
 
 std::optional<std::filesystem::path> ProviderBlock::plugin_file() const {
@@ -163,7 +132,14 @@ Config Config::parse(std::string_view json_text, std::string_view source,
       d->finish();
       config.deadlines = deadlines;
     }
-    if (auto serve = r.object("serve")) config.serve = read_serve(*serve, source);
+    config.source = std::string(source);
+    if (const auto* serve = r.value("serve"); serve && !serve->is_null()) {
+      if (!serve->is_object()) {
+        throw ConfigError("$.serve: expected an object (sbx serve's settings), got " +
+                          std::string(base::json::kind_name(*serve)));
+      }
+      config.serve = serve->get_object();
+    }
     if (auto providers = r.object("providers")) {
       for (const auto& member : root.at("providers").get_object()) {
         const std::string name(member.key());

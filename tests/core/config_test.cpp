@@ -147,49 +147,13 @@ TEST_CASE("a provider block named twice is an error, not the last one silently")
         "test.json: JSON: $.providers.a: duplicate key");
 }
 
-TEST_CASE("the serve section: sbx serve's limits, and its faults plan kept for sbx serve") {
-  const auto c = sbx::Config::parse(R"({"serve": {
-      "listen": "127.0.0.1:8080", "max_sandboxes": 10, "max_streams": 0, "header_limit": 8192,
-      "body_limit": 2048, "read_timeout_s": 2.5, "grace_s": 0, "threads": 4,
-      "keepalive_ping_s": 0.5, "faults": [{"route": "GET /ping", "fail_for_s": 5, "status": 502}]
-    }})",
+TEST_CASE("the serve section is kept as written for sbx serve, which reads it") {
+  const auto c = sbx::Config::parse(R"({"serve": {"listen": "127.0.0.1:8080", "anything": 1}})",
                                     "test.json");
   REQUIRE(c.serve);
-  CHECK(*c.serve->listen == "127.0.0.1:8080");
-  CHECK(*c.serve->max_sandboxes == 10);
-  CHECK(*c.serve->max_streams == 0);
-  CHECK(*c.serve->header_limit == 8192);
-  CHECK(*c.serve->body_limit == 2048);
-  CHECK(*c.serve->read_timeout_s == 2.5);
-  CHECK(*c.serve->grace_s == 0);
-  CHECK(*c.serve->threads == 4);
-  CHECK(*c.serve->keepalive_ping_s == 0.5);
-  REQUIRE(c.serve->faults);
-  CHECK(c.serve->faults->as_array().size() == 1);
-  CHECK(c.serve->faults_path == "test.json: $.serve.faults");
-
-  const auto empty = sbx::Config::parse(R"({"serve": {}})");
-  REQUIRE(empty.serve);
-  CHECK_FALSE(empty.serve->listen);
-  CHECK_FALSE(empty.serve->body_limit);
-  CHECK_FALSE(empty.serve->faults);
+  CHECK(c.serve->at("listen") == "127.0.0.1:8080");
+  CHECK(c.serve->at("anything") == 1);  // checked by sbx serve (tests/serve), not the host
+  CHECK(c.source == "test.json");
   CHECK_FALSE(sbx::Config::parse("{}").serve);
-}
-
-TEST_CASE("the serve section's errors name the JSON path") {
-  CHECK(parse_error(R"({"serve": {"max_sandbox": 3}})")
-            .starts_with("test.json: $.serve.max_sandbox: unknown key"));
-  CHECK(parse_error(R"({"serve": {"threads": 0}})") ==
-        "test.json: $.serve.threads: must be between 1 and 64, got 0");
-  CHECK(parse_error(R"({"serve": {"body_limit": "1M"}})") ==
-        "test.json: $.serve.body_limit: expected an integer, got string");
-  CHECK(parse_error(R"({"serve": {"read_timeout_s": 0}})") ==
-        "test.json: $.serve.read_timeout_s: must be > 0, got 0");
-  CHECK(parse_error(R"({"serve": {"max_streams": -1}})")
-            .starts_with("test.json: $.serve.max_streams: must be between 0"));
-  CHECK(parse_error(R"({"serve": {"listen": ""}})")
-            .starts_with("test.json: $.serve.listen: must be HOST:PORT"));
-  CHECK(parse_error(R"({"serve": {"faults": {"route": "GET /ping"}}})") ==
-        "test.json: $.serve.faults: expected an array of fault rules, got object");
   CHECK(parse_error(R"({"serve": []})").starts_with("test.json: $.serve: expected an object"));
 }

@@ -7,8 +7,8 @@
 //     "default_provider": "docker",                 // optional: used when none is named
 //     "deadlines": {"grace_s": 30},                 // optional: sbx::Deadlines, in seconds
 //     "serve": {"listen": "127.0.0.1:8080", "body_limit": 1048576, "faults": [...]},
-//                                                   // optional: sbx serve's settings
-//                                                   (ServeSettings)
+//                                                   // optional: sbx serve's settings,
+//                                                   // kept as written (serve/settings.hpp)
 //     "providers": {
 //       "docker": {
 //         "plugin": "local_docker",                 // provider id, or "path/x.so[#id]"
@@ -78,27 +78,6 @@ struct ProviderBlock {
   }
 };
 
-// The `serve` section: settings of `sbx serve` (docs/serve.md, docs/config.md). Every field is
-// optional: an absent one keeps the server's default, and a command-line flag given to `sbx serve`
-// wins over the file. Plain values only (no Boost.Beast): cli/cmd_serve.cpp maps them to
-// sbx::serve::Options.
-struct ServeSettings {
-  std::optional<std::string> listen;         // "HOST:PORT" (checked by sbx serve)
-  std::optional<std::size_t> max_sandboxes;  // 0: unlimited
-  std::optional<std::size_t> max_streams;    // 0: unlimited
-  std::optional<std::size_t> header_limit;   // bytes of a request's start line and headers
-  std::optional<std::size_t> body_limit;     // bytes of a request body
-  std::optional<double> read_timeout_s;      // > 0
-  std::optional<double> grace_s;             // >= 0
-  std::optional<int> threads;                // 1..64
-  std::optional<double> keepalive_ping_s;    // > 0: the event streams' ping interval
-  // The fault-injection plan as written (a JSON array), validated by sbx serve, which owns the
-  // route names and actions (serve/faults.hpp); absent: no faults. `faults_path` is where it
-  // sits, e.g. "sbx.json: $.serve.faults", so that errors name the file and the JSON path.
-  std::optional<boost::json::value> faults;
-  std::string faults_path;
-};
-
 struct Config {
   std::vector<std::filesystem::path> plugin_path;  // resolved against the file's directory
   StringMap labels;
@@ -106,8 +85,11 @@ struct Config {
   std::map<std::string, ProviderBlock> providers;
   // When set, replaces Host::Options::deadlines (only the keys given; the others keep defaults).
   std::optional<Deadlines> deadlines;
-  // The `serve` section, when present.
-  std::optional<ServeSettings> serve;
+  // The `serve` section as written, when present: sbx serve's settings, read and checked by sbx
+  // serve (serve/settings.hpp); the host only requires an object. `source` names where the config
+  // came from ("sbx.json"), for errors about sections read elsewhere.
+  std::optional<boost::json::object> serve;
+  std::string source;
 
   // Throws ConfigError("<source>: <JSON path>: <problem>").
   static Config parse(std::string_view json_text, std::string_view source = "config",
