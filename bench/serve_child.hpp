@@ -45,8 +45,21 @@ class ServeChild {
   ServeChild(const std::filesystem::path& sbx, const std::filesystem::path& config,
              const std::filesystem::path& log, const Options& options) {
     // argv and envp are made before the fork: the child only calls async-signal-safe functions.
-    std::vector<std::string> args{sbx.string(), "serve",          "--config", config.string(),
-                                  "--provider", options.provider, "--listen", "127.0.0.1:0"};
+    // The benchmarks put hundreds of commands on one sandbox at once: the per-sandbox command
+    // cap (8 running, 24 waiting by default; docs/serve.md "Limits") is raised so that they time
+    // the server, not its refusals.
+    std::vector<std::string> args{sbx.string(),
+                                  "serve",
+                                  "--config",
+                                  config.string(),
+                                  "--provider",
+                                  options.provider,
+                                  "--listen",
+                                  "127.0.0.1:0",
+                                  "--max-commands",
+                                  "4096",
+                                  "--max-queued-commands",
+                                  "100000"};
     args.insert(args.end(), options.args.begin(), options.args.end());
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {

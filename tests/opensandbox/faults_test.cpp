@@ -97,8 +97,12 @@ struct Fixture : ProcessesServer {
   std::optional<sbx::Host> host;
 
   explicit Fixture(const std::string& faults, json::object plugin = {}, bool with_key = false) {
+    // The server's per-sandbox command cap (8 running, 24 waiting by default) would refuse the
+    // 200 execs this suite sends at once: these cases measure the plugin, so the cap is raised.
     write_config(processes_block(),
-                 json::object{{"serve", json::object{{"faults", json::parse(faults)}}}});
+                 json::object{{"serve", json::object{{"faults", json::parse(faults)},
+                                                     {"max_commands", 256},
+                                                     {"max_queued_commands", 256}}}});
     std::vector<std::string> extra{"--log-level", "debug"};
     std::map<std::string, std::string> env;
     if (with_key) {

@@ -182,16 +182,13 @@ Response read_response(Socket& socket, bool head) {
   return out;
 }
 
-}  // namespace
-
-Response request(int port, const std::string& method, const std::string& target,
-                 const std::optional<std::string>& body,
-                 const std::map<std::string, std::string>& headers) {
-  asio::io_context ioc;
-  asio::ip::tcp::socket socket(ioc);
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+// A request that closes its connection: `body` as JSON when given, then `headers`.
+http::request<http::string_body> one_request(const std::string& method, const std::string& target,
+                                             const std::string& host,
+                                             const std::optional<std::string>& body,
+                                             const std::map<std::string, std::string>& headers) {
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-  req.set(http::field::host, "127.0.0.1:" + std::to_string(port));
+  req.set(http::field::host, host);
   req.keep_alive(false);
   if (body) {
     req.set(http::field::content_type, "application/json");
@@ -200,7 +197,19 @@ Response request(int port, const std::string& method, const std::string& target,
   }
   for (const auto& [k, v] : headers)
     req.set(k, v);
-  http::write(socket, req);
+  return req;
+}
+
+}  // namespace
+
+Response request(int port, const std::string& method, const std::string& target,
+                 const std::optional<std::string>& body,
+                 const std::map<std::string, std::string>& headers) {
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  http::write(socket,
+              one_request(method, target, "127.0.0.1:" + std::to_string(port), body, headers));
   return read_response(socket, method == "HEAD");
 }
 
@@ -210,17 +219,7 @@ Response unix_request(const fs::path& socket_path, const std::string& method,
   asio::io_context ioc;
   asio::local::stream_protocol::socket socket(ioc);
   socket.connect(asio::local::stream_protocol::endpoint(socket_path.string()));
-  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-  req.set(http::field::host, "localhost");
-  req.keep_alive(false);
-  if (body) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = *body;
-    req.prepare_payload();
-  }
-  for (const auto& [k, v] : headers)
-    req.set(k, v);
-  http::write(socket, req);
+  http::write(socket, one_request(method, target, "localhost", body, headers));
   return read_response(socket, method == "HEAD");
 }
 

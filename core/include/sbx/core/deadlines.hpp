@@ -22,7 +22,12 @@ struct Deadlines {
 
   // Throws InvalidArgumentError unless every value is a positive number.
   void validate() const;
-  bool operator==(const Deadlines&) const = default;
+  // Written out (not defaulted): the public headers stay usable from C++17 hosts.
+  bool operator==(const Deadlines& o) const {
+    return grace_s == o.grace_s && cancel_grace_s == o.cancel_grace_s && create_s == o.create_s &&
+           exec_s == o.exec_s && transfer_idle_s == o.transfer_idle_s && call_s == o.call_s;
+  }
+  bool operator!=(const Deadlines& o) const { return !(*this == o); }
 
   std::chrono::milliseconds grace() const { return ms(grace_s); }
   std::chrono::milliseconds cancel_grace() const { return ms(cancel_grace_s); }
