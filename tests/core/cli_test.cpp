@@ -80,6 +80,22 @@ pid_t spawn_cli(const fs::path& tmpdir, std::vector<std::string> args) {
   return pid;
 }
 
+// Waits (bounded) until `pid`'s main thread blocks SIGHUP: the command's signal thread
+// (cli/stop.cpp) is in place. False at the limit.
+bool signals_taken(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigBlk:", 0) != 0) continue;
+      const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+      if (mask & (1ull << (SIGHUP - 1))) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 // waitpid with a bound: a run that does not stop is a failure, not a hung test.
 std::optional<int> wait_exit(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -210,9 +226,13 @@ TEST_CASE("a signal during create cancels it at once; SIGHUP counts as an interr
       "plugin": "test_processes", "config": {"create_delay_ms": 600000}}}})");
   const pid_t pid = spawn_cli(root.path, {"--config", (root.path / "slow.json").string(), "run",
                                           "--provider", "slow", "--", "true"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // maybe before create started
+  // Once the command has taken its signals (they are blocked for its signal thread), before or
+  // while it creates: a fixed sleep raced with a slow start-up (ASan on a busy machine).
+  REQUIRE(signals_taken(pid, std::chrono::seconds(60)));
   ::kill(pid, SIGHUP);
-  CHECK(wait_exit(pid, std::chrono::seconds(30)) == 130);  // not after the 10-minute create
+  // Not after the 10-minute create; the bound leaves room for a slow start-up (plugin probing
+  // and loading happen before the create can be cancelled).
+  CHECK(wait_exit(pid, std::chrono::seconds(120)) == 130);
   fs::remove(root.path / "slow.json");
   CHECK(fs::is_empty(root.path));
 }
@@ -477,9 +497,9 @@ TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125
   for (const std::string& args : std::vector<std::string>{
            "create", "exec ID -- true", "cp " + in + " ID:/x", "cp ID:/x " + in, "status ID",
            "pause ID", "resume ID", "close ID"}) {
-    const std::string out = run_cli_in_bash(
-        root.path, "--plugin-dir " + std::string(SBX_C_PLUGIN_DIR) + " " +
-                       with_provider(args, "v1_0_processes") + "\necho \" rc=$?\"");
+    const std::string out =
+        run_cli_in_bash(root.path, "--plugin-dir " + std::string(SBX_C_PLUGIN_DIR) + " " +
+                                       with_provider(args, "v1_0_processes") + "\necho \" rc=$?\"");
     CHECK_MESSAGE(has(out,
                       "provider 'v1_0_processes' does not support connecting to an existing "
                       "sandbox (sbx.connect/1)"),
@@ -489,37 +509,33 @@ TEST_CASE("a provider without sbx.connect/1: the multi-step commands say so, 125
   CHECK(fs::is_empty(root.path));  // the provider never made one
 }
 
-TEST_CASE("one sandbox over several sbx processes: create, exec, cp, status, pause, resume, "
-          "close by id") {
+TEST_CASE(
+    "one sandbox over several sbx processes: create, exec, cp, status, pause, resume, "
+    "close by id") {
   sbx::testing::TempDir root("sbx-cli-multistep");
   sbx::testing::TempDir files("sbx-cli-multistep-files");
   sbx::testing::write_file(files.path / "in.txt", "from the host\n");
   const std::string script =
-      with_test_provider("create --workdir /w --env GREETING=hi") +
-      " > " + (files.path / "id").string() +
-      "\nid=$(cat " + (files.path / "id").string() + ")"
+      with_test_provider("create --workdir /w --env GREETING=hi") + " > " +
+      (files.path / "id").string() + "\nid=$(cat " + (files.path / "id").string() +
+      ")"
       "\necho \"create rc=$?\"" +
       "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
       with_test_provider("cp " + (files.path / "in.txt").string() + " $id:in.txt") +
-      "\necho \"cp in rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      "\necho \"cp in rc=$?\"" + "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
       with_test_provider("exec $id -- 'cat in.txt; echo $GREETING; exit 3'") +
-      "\necho \"exec rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("pause $id") + "\necho \"pause rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("status $id") +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("exec $id -- true") + "\necho \"paused exec rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("resume $id") +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      "\necho \"exec rc=$?\"" + "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("pause $id") + "\necho \"pause rc=$?\"" + "\n" + SBX_CLI +
+      " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + with_test_provider("status $id") + "\n" +
+      SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("exec $id -- true") + "\necho \"paused exec rc=$?\"" + "\n" + SBX_CLI +
+      " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + with_test_provider("resume $id") + "\n" +
+      SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
       with_test_provider("cp $id:in.txt " + (files.path / "out.txt").string()) +
-      "\necho \"cp out rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("close $id") + "\necho \"close rc=$?\"" +
-      "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
-      with_test_provider("exec $id -- true") + "\necho \"gone rc=$?\"";
+      "\necho \"cp out rc=$?\"" + "\n" + SBX_CLI + " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " +
+      with_test_provider("close $id") + "\necho \"close rc=$?\"" + "\n" + SBX_CLI +
+      " --plugin-dir " + SBX_TEST_PLUGIN_DIR + " " + with_test_provider("exec $id -- true") +
+      "\necho \"gone rc=$?\"";
   const std::string out = run_cli_in_bash(root.path, script);
   CHECK_MESSAGE(has(out, "create rc=0"), out);
   CHECK_MESSAGE(has(out, "cp in rc=0"), out);
