@@ -114,7 +114,7 @@ struct Fixture {
 
 // The private copies of plugin.so this process maps (/tmp/plugin-XXXXXX.so, unlinked: "(deleted)"),
 // by path. The installed file itself is never mapped.
-std::set<std::string> mapped_copies() {
+[[maybe_unused]] std::set<std::string> mapped_copies() {
   const std::string prefix = (fs::temp_directory_path() / "plugin-").string();
   std::ifstream maps("/proc/self/maps");
   std::set<std::string> out;

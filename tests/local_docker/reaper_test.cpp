@@ -3,6 +3,7 @@
 // Hosts are killed with SIGKILL (build/bin/sbx and build/bin/ld_kill_target) and no sbx process
 // runs afterwards: only the reaper and the TTL inside the containers can remove what they left.
 
+#include "../common/test_helpers.hpp"
 #include "support.hpp"
 
 #include <signal.h>
@@ -230,8 +231,12 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
   const std::string tag = "sbx.test.kill=" + batch;
   const std::string suite = std::string(ldtest::kSuiteLabel) + "=" + ldtest::kSuiteValue;
   const EventLog events(tag);
-  // The two hosts, each running a short command in a sandbox with a 5 s TTL: the CLI and a
-  // host-API program.
+  // The two hosts, each running a short command in a sandbox with a 10 s TTL: the CLI and a
+  // host-API program. A run not killed takes up to ~5 s under ASan on a busy machine (create ~4 s):
+  // the TTL must not end it first.
+  constexpr auto kTtl = 10s;
+  const std::string ttl = std::to_string(kTtl.count());
+  sbx::testing::TempDir logs("sbx-ld-reaper-kill");
   auto argv_of = [&](bool cli) -> std::vector<std::string> {
     if (cli) {
       return {ldtest::sbx_binary(),
@@ -239,7 +244,7 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
               "--image",
               ldtest::kBusybox,
               "--ttl",
-              "5",
+              ttl,
               "--metadata",
               suite,
               "--metadata",
@@ -250,7 +255,7 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
     }
     return {ldtest::test_binary("ld_kill_target"),
             "--ttl",
-            "5",
+            ttl,
             "--label",
             tag,
             "--command",
@@ -307,8 +312,9 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
       Run& run = runs[what / 2];
       if (what % 2 == 0) {
         run.spawned = std::chrono::system_clock::now();
-        run.child.emplace(
-            ldtest::Child::Options{.argv = argv_of(run.cli), .env = {"SBX_RUN_ID=" + run.id}});
+        run.child.emplace(ldtest::Child::Options{.argv = argv_of(run.cli),
+                                                 .env = {"SBX_RUN_ID=" + run.id},
+                                                 .stderr_path = (logs.path / run.id).string()});
       } else {
         run.child->kill(SIGKILL);
         run.killed = std::chrono::system_clock::now();
@@ -345,7 +351,8 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
     const auto times = events.by_run();
     std::vector<double> started[2], died[2], ended[2];
     for (auto& run : runs) {
-      CHECK(run.child->wait_for(0ms) == 0);
+      CHECK_MESSAGE(run.child->wait_for(0ms) == 0, run.id,
+                    " failed: ", sbx::testing::read_file(logs.path / run.id));
       const auto& t = times.at(run.id);
       started[run.cli].push_back((t.at("start") - unix_ns(run.spawned)) / 1e9);
       died[run.cli].push_back((t.at("die") - unix_ns(run.spawned)) / 1e9);
@@ -413,9 +420,9 @@ TEST_CASE("hosts killed at 30 instants over create, exec and close leave nothing
   CHECK(phases["3 started: probe or exec"] > 0);
   CHECK(phases["4 close or later"] > 0);
 
-  // The TTL (5 s) plus 4 s of margin (the reaper's 2 s interval, the removal, a second of rounding
-  // in the label) must clear every container, with no sbx process running.
-  const auto deadline = last_kill + 9s;
+  // The TTL plus 4 s of margin (the reaper's 2 s interval, the removal, a second of rounding in
+  // the label) must clear every container, with no sbx process running.
+  const auto deadline = last_kill + kTtl + 4s;
   auto left = docker().containers_with_label(tag);
   while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(200ms);
