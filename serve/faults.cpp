@@ -17,111 +17,12 @@ namespace sbx::serve {
 
 namespace {
 
-// A route of the lifecycle or execd API: its key ("METHOD /path/{id}"), the index of the path
-// segment that is the sandbox id (-1: none), and whether it is an event stream.
-struct RouteInfo {
-  std::string_view key;
-  int sandbox_segment;
-  bool stream;
-};
-
-// The lifecycle API (sandbox-lifecycle.yml), at the root or under /v1.
-constexpr std::array kLifecycleRoutes{
-    RouteInfo{"GET /health", -1, false},
-    RouteInfo{"GET /sandboxes", -1, false},
-    RouteInfo{"POST /sandboxes", -1, false},
-    RouteInfo{"GET /sandboxes/{id}", 1, false},
-    RouteInfo{"DELETE /sandboxes/{id}", 1, false},
-    RouteInfo{"PATCH /sandboxes/{id}/metadata", 1, false},
-    RouteInfo{"POST /sandboxes/{id}/snapshots", 1, false},
-    RouteInfo{"POST /sandboxes/{id}/pause", 1, false},
-    RouteInfo{"POST /sandboxes/{id}/resume", 1, false},
-    RouteInfo{"POST /sandboxes/{id}/renew-expiration", 1, false},
-    RouteInfo{"GET /sandboxes/{id}/endpoints/{port}", 1, false},
-    RouteInfo{"GET /snapshots", -1, false},
-    RouteInfo{"GET /snapshots/{id}", -1, false},
-    RouteInfo{"DELETE /snapshots/{id}", -1, false},
-};
-
-// The execd API (execd-api.yaml), under /sandboxes/{id}/proxy/44772; the sandbox is in the prefix.
-constexpr std::array kExecdRoutes{
-    RouteInfo{"GET /ping", 1, false},
-    RouteInfo{"GET /code/contexts", 1, false},
-    RouteInfo{"DELETE /code/contexts", 1, false},
-    RouteInfo{"GET /code/contexts/{id}", 1, false},
-    RouteInfo{"DELETE /code/contexts/{id}", 1, false},
-    RouteInfo{"POST /code/context", 1, false},
-    RouteInfo{"POST /code", 1, false},
-    RouteInfo{"DELETE /code", 1, false},
-    RouteInfo{"POST /session", 1, false},
-    RouteInfo{"POST /session/{id}/run", 1, false},
-    RouteInfo{"DELETE /session/{id}", 1, false},
-    RouteInfo{"POST /command", 1, true},  // the event stream that consumes cut_after_events
-    RouteInfo{"DELETE /command", 1, false},
-    RouteInfo{"GET /command/status/{id}", 1, false},
-    RouteInfo{"GET /command/{id}/logs", 1, false},
-    RouteInfo{"GET /files/info", 1, false},
-    RouteInfo{"DELETE /files", 1, false},
-    RouteInfo{"POST /files/permissions", 1, false},
-    RouteInfo{"POST /files/mv", 1, false},
-    RouteInfo{"GET /files/search", 1, false},
-    RouteInfo{"POST /files/replace", 1, false},
-    RouteInfo{"POST /files/upload", 1, false},
-    RouteInfo{"GET /files/download", 1, true},  // cut after N pieces of 64 KiB
-    RouteInfo{"GET /directories/list", 1, false},
-    RouteInfo{"POST /directories", 1, false},
-    RouteInfo{"DELETE /directories", 1, false},
-    RouteInfo{"GET /metrics", 1, false},
-    RouteInfo{"GET /metrics/watch", 1, false},
-};
-
-constexpr std::string_view kExecdPort = "44772";
-
-const RouteInfo* find_route(std::string_view key) {
-  for (const auto& r : kLifecycleRoutes)
-    if (r.key == key) return &r;
-  for (const auto& r : kExecdRoutes)
-    if (r.key == key) return &r;
-  return nullptr;
-}
-
-// "/a/b/c" -> {"a","b","c"}; "/" -> {}. An empty segment (a doubled or trailing slash) is kept,
-// so such a path matches no template.
-std::vector<std::string_view> segments(std::string_view path) {
-  std::vector<std::string_view> out;
-  if (path.empty() || path.front() != '/') return {{}};  // matches nothing
-  path.remove_prefix(1);
-  if (path.empty()) return out;
-  for (;;) {
-    const auto slash = path.find('/');
-    out.push_back(path.substr(0, slash));
-    if (slash == std::string_view::npos) break;
-    path.remove_prefix(slash + 1);
-  }
-  return out;
-}
-
-// Whether `parts` match the path template of `key` ("GET /a/{id}"), given the method.
-bool matches(const RouteInfo& route, std::string_view method,
-             const std::vector<std::string_view>& parts) {
-  const auto space = route.key.find(' ');
-  if (route.key.substr(0, space) != method) return false;
-  const auto pattern = segments(route.key.substr(space + 1));
-  if (pattern.size() != parts.size()) return false;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].empty()) return false;
-    const bool placeholder = pattern[i].size() > 2 && pattern[i].front() == '{';
-    if (!placeholder && pattern[i] != parts[i]) return false;
-  }
-  return true;
-}
-
 [[noreturn]] void fail_at(const std::string& path, const std::string& message) {
   throw base::json::Error(path + ": " + message);
 }
 
 FaultAction read_action(const boost::json::value& value, const std::string& path,
-                        const RouteInfo& route) {
+                        const Route& route) {
   if (!value.is_object()) {
     fail_at(path, "expected an action object, got " + std::string(base::json::kind_name(value)));
   }
@@ -148,7 +49,7 @@ FaultAction read_action(const boost::json::value& value, const std::string& path
     a.status = static_cast<int>(*r.integer("status", 400, 599));
     a.code = r.string("code", "GENERAL::INJECTED_FAULT");
     a.message = r.string("message", "Injected fault (serve.faults): " + std::to_string(a.status) +
-                                        " on " + std::string(route.key) + ".");
+                                        " on " + route.key() + ".");
   } else if (kind == "reset" || kind == "pass") {
     const auto flag = r.boolean(kind);
     if (!flag || !*flag) r.fail(kind, "must be true (leave the action out instead)");
@@ -160,7 +61,7 @@ FaultAction read_action(const boost::json::value& value, const std::string& path
     if (!route.stream) {
       r.fail("cut_after_events",
              "only a streamed route (POST /command, GET /files/download) can be cut, not " +
-                 std::string(route.key));
+                 route.key());
     }
     a.kind = FaultAction::Kind::cut_after_events;
     a.events = static_cast<int>(*r.integer("cut_after_events", 0, 1000000));
@@ -187,25 +88,6 @@ std::string describe(const FaultAction& action) {
   return "?";
 }
 
-std::optional<RouteKey> route_key(std::string_view method, std::string_view path) {
-  const auto parts = segments(path);
-  if (parts.size() >= 4 && parts[0] == "sandboxes" && !parts[1].empty() && parts[2] == "proxy") {
-    if (parts[3] != kExecdPort) return std::nullopt;  // a proxy to another port: not an API route
-    const std::vector<std::string_view> rest(parts.begin() + 4, parts.end());
-    for (const auto& r : kExecdRoutes) {
-      if (matches(r, method, rest)) return RouteKey{std::string(r.key), std::string(parts[1])};
-    }
-    return std::nullopt;
-  }
-  for (const auto& r : kLifecycleRoutes) {
-    if (!matches(r, method, parts)) continue;
-    RouteKey out{std::string(r.key), {}};
-    if (r.sandbox_segment >= 0) out.sandbox_id = std::string(parts[r.sandbox_segment]);
-    return out;
-  }
-  return std::nullopt;
-}
-
 bool is_known_route(std::string_view key) {
   return find_route(key) != nullptr;
 }
@@ -230,7 +112,7 @@ std::shared_ptr<Faults> Faults::parse(const boost::json::value& plan, std::strin
       Rule rule;
       const auto route_text = r.string("route");
       if (!route_text) r.fail("route", "required: a route key such as \"POST /sandboxes\"");
-      const RouteInfo* route = find_route(*route_text);
+      const Route* route = find_route(*route_text);
       if (!route) {
         r.fail("route", "unknown route '" + *route_text +
                             "'; a route key is \"METHOD PATH\" as in the OpenAPI specs, e.g. "
@@ -243,7 +125,7 @@ std::shared_ptr<Faults> Faults::parse(const boost::json::value& plan, std::strin
       auto& [has_sequence, has_window] = seen[rule.route];
       if (actions && fail_for) r.fail("fail_for_s", "a rule has actions or fail_for_s, not both");
       if (fail_for) {
-        if (route->sandbox_segment < 0) {
+        if (!route->names_sandbox()) {
           r.fail("fail_for_s",
                  "a window counts from a sandbox's creation: " + rule.route + " names no sandbox");
         }

@@ -21,8 +21,11 @@
 // (/v1/sandboxes/{id}/proxy/44772/...).
 //
 // THREADING: a Faults is shared by every connection (shared_ptr); take() and stream_cut() may be
-// called from any thread at once (one mutex). parse() and route_key() are pure.
+// called from any thread at once (one mutex). parse() is pure. The route keys are those of
+// routes.hpp.
 #pragma once
+
+#include "routes.hpp"
 
 #include <boost/json/value.hpp>
 
@@ -56,19 +59,6 @@ struct FaultAction {
 
 // "status 503", "reset", "delay 1500 ms", "cut after 3 events", "pass": for the logs.
 std::string describe(const FaultAction& action);
-
-// Which route a request is, for the plan: its key ("GET /sandboxes/{id}", "POST /command") and the
-// sandbox id its path names (empty for routes without one).
-struct RouteKey {
-  std::string key;
-  std::string sandbox_id;
-};
-
-// The route of `method` and `path` (a request target's path without its query, the "/v1" prefix
-// removed: route_path() in state.hpp); nullopt for a path that is no route of the OpenSandbox
-// lifecycle or execd APIs (e.g. a proxy to another port), which no fault touches. Execd routes are
-// the paths under /sandboxes/{id}/proxy/44772.
-std::optional<RouteKey> route_key(std::string_view method, std::string_view path);
 
 // True when `key` names a route the plan may use (the lifecycle and execd APIs' routes).
 bool is_known_route(std::string_view key);

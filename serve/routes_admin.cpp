@@ -209,28 +209,26 @@ json::object admin_providers(Server::State& state) {
                                                      : json::value(state.admin_queue.last)}};
 }
 
+// Without Options::admin the admin routes are not there: 404 as for any unknown path.
+bool admin_enabled(const Call& call) {
+  if (call.state->options.admin) return true;
+  call.reply(
+      json_response(call.request, http::status::not_found, json::object{{"detail", "Not Found"}}));
+  return false;
+}
+
 }  // namespace
 
-bool route_admin(const std::shared_ptr<Server::State>& state, const Request& request,
-                 const Reply& reply) {
-  const std::string path = route_path(request);
-  if (path != "/admin/reload" && path != "/admin/providers") return false;
-  if (!state->options.admin) {
-    reply(json_response(request, http::status::not_found, json::object{{"detail", "Not Found"}}));
-    return true;
-  }
-  const bool is_reload = path == "/admin/reload";
-  if (request.method() != (is_reload ? http::verb::post : http::verb::get)) {
-    reply(json_response(request, http::status::method_not_allowed,
-                        json::object{{"detail", "Method Not Allowed"}}));
-    return true;
-  }
-  if (!is_reload) {
-    json::object body = admin_providers(*state);
-    body["served"] = state->current_provider().name();
-    reply(json_response(request, http::status::ok, body));
-    return true;
-  }
+void get_admin_providers(const Call& call) {
+  if (!admin_enabled(call)) return;
+  json::object body = admin_providers(*call.state);
+  body["served"] = call.state->current_provider().name();
+  call.reply(json_response(call.request, http::status::ok, body));
+}
+
+void post_admin_reload(const Call& call) {
+  if (!admin_enabled(call)) return;
+  const Request& request = call.request;
   // The body: empty, {} or {"sandboxes": "move"|"drain"}; anything else is refused.
   std::optional<bool> move;
   if (request.body().find_first_not_of(" \t\r\n") != std::string::npos) {
@@ -242,9 +240,10 @@ bool route_admin(const std::shared_ptr<Server::State>& state, const Request& req
                           (!choice || (choice->is_string() && (choice->get_string() == "move" ||
                                                                choice->get_string() == "drain")));
     if (!readable) {
-      reply(error_response(request, http::status::bad_request, "ADMIN::INVALID_REQUEST",
-                           "the body must be empty, {} or {\"sandboxes\": \"move\"|\"drain\"}"));
-      return true;
+      call.reply(
+          error_response(request, http::status::bad_request, "ADMIN::INVALID_REQUEST",
+                         "the body must be empty, {} or {\"sandboxes\": \"move\"|\"drain\"}"));
+      return;
     }
     if (choice) move = choice->get_string() == "move";
   }
@@ -254,10 +253,9 @@ bool route_admin(const std::shared_ptr<Server::State>& state, const Request& req
   if (const auto id = request.find("x-request-id"); id != request.end()) {
     shape.set("x-request-id", id->value());
   }
-  start_reload(state, move, [shape, reply](bool ok, json::object body) {
+  start_reload(call.state, move, [shape, reply = call.reply](bool ok, json::object body) {
     reply(json_response(shape, ok ? http::status::ok : http::status::conflict, std::move(body)));
   });
-  return true;
 }
 
 }  // namespace sbx::serve

@@ -1,5 +1,5 @@
 // The execd API on the gateway (docs/serve.md), for /sandboxes/{id}/proxy/44772/... and the same
-// under /v1: the dispatch of every execd path, GET /ping and the command routes:
+// under /v1: the sandbox of an execd path (execd_entry), GET /ping and the command routes:
 //   POST   /command                 an event stream: init, ping (and every 3 s of silence), one
 //                                   stdout/stderr event per line, then execution_complete or error
 //   DELETE /command?id=             interrupt (cancels the command's Operation)
@@ -898,37 +898,24 @@ void logs(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
 
 }  // namespace
 
-bool route_execd_command(const std::shared_ptr<Server::State>& state,
-                         const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                         const Request& request, const Reply& reply,
-                         const OpenStream& open_stream) {
-  const std::string& rest = target.rest;
-  const auto method = request.method();
-  if (rest == "/command") {
-    if (method == http::verb::post) {
-      run_command(state, entry, request, reply, open_stream);
-    } else if (method == http::verb::delete_) {
-      interrupt(entry, request, reply);
-    } else {
-      return false;
-    }
-    return true;
-  }
-  const std::string status_prefix = "/command/status/";
-  if (rest.rfind(status_prefix, 0) == 0 && method == http::verb::get) {
-    status(entry, request, reply, rest.substr(status_prefix.size()));
-    return true;
-  }
-  const std::string prefix = "/command/";
-  const std::string suffix = "/logs";
-  if (rest.rfind(prefix, 0) == 0 && rest.size() > prefix.size() + suffix.size() &&
-      rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-      method == http::verb::get) {
-    logs(entry, request, reply,
-         rest.substr(prefix.size(), rest.size() - prefix.size() - suffix.size()));
-    return true;
-  }
-  return false;
+void get_ping(const Call& call) {
+  call.reply(empty_response(call.request, http::status::ok));
+}
+
+void post_command(const Call& call) {
+  run_command(call.state, call.entry, call.request, call.reply, call.open_stream);
+}
+
+void delete_command(const Call& call) {
+  interrupt(call.entry, call.request, call.reply);
+}
+
+void get_command_status(const Call& call) {
+  status(call.entry, call.request, call.reply, call.params.at(0));
+}
+
+void get_command_logs(const Call& call) {
+  logs(call.entry, call.request, call.reply, call.params.at(0));
 }
 
 std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
@@ -947,22 +934,6 @@ std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
     return nullptr;
   }
   return entry;
-}
-
-void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream,
-                 const WatchHangup& watch_hangup) {
-  auto entry = execd_entry(state, target, request, reply);
-  if (!entry) return;
-  if (target.rest == "/ping" && request.method() == http::verb::get) {
-    reply(empty_response(request, http::status::ok));
-    return;
-  }
-  if (route_execd_command(state, entry, target, request, reply, open_stream)) return;
-  if (route_execd_files(state, entry, target, request, reply, open_stream, watch_hangup)) return;
-  reply(execd_error(request, http::status::not_found, "NOT_SUPPORTED",
-                    "sbx serve does not serve execd's " + std::string(request.method_string()) +
-                        " " + target.rest));
 }
 
 }  // namespace sbx::serve

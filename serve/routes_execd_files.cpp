@@ -895,42 +895,19 @@ void info(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
   });
 }
 
-bool upload_path(const Request& head, ExecdTarget& target) {
-  auto t = execd_target(head);
-  if (!t || t->rest != "/files/upload" || head.method() != http::verb::post) return false;
-  target = std::move(*t);
-  return true;
-}
-
 }  // namespace
 
-bool route_execd_files(const std::shared_ptr<Server::State>& state,
-                       const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                       const Request& request, const Reply& reply, const OpenStream& open_stream,
-                       const WatchHangup& watch_hangup) {
-  if (request.method() != http::verb::get) return false;
-  if (target.rest == "/files/download") {
-    download(state, entry, request, reply, open_stream, watch_hangup);
-    return true;
-  }
-  if (target.rest == "/files/info") {
-    info(entry, request, reply);
-    return true;
-  }
-  return false;
+void get_files_download(const Call& call) {
+  download(call.state, call.entry, call.request, call.reply, call.open_stream, call.watch_hangup);
 }
 
-bool is_execd_upload(const Request& head) {
-  ExecdTarget target;
-  return upload_path(head, target);
+void get_files_info(const Call& call) {
+  info(call.entry, call.request, call.reply);
 }
 
-std::shared_ptr<BodySink> open_execd_upload(const std::shared_ptr<Server::State>& state,
-                                            const Request& head, const Reply& reply) {
-  ExecdTarget target;
-  upload_path(head, target);
-  auto entry = execd_entry(state, target, head, reply);
-  if (!entry) return nullptr;
+std::shared_ptr<BodySink> post_files_upload(const Call& call) {
+  const Request& head = call.request;
+  const Reply& reply = call.reply;
   const auto type = head.find(http::field::content_type);
   const std::string content_type = type == head.end() ? std::string() : std::string(type->value());
   std::optional<std::string> boundary;
@@ -942,7 +919,7 @@ std::shared_ptr<BodySink> open_execd_upload(const std::shared_ptr<Server::State>
                       "the body must be multipart/form-data with a boundary"));
     return nullptr;
   }
-  return std::make_shared<UploadSink>(state, entry, *boundary, reply, head.version());
+  return std::make_shared<UploadSink>(call.state, call.entry, *boundary, reply, head.version());
 }
 
 }  // namespace sbx::serve

@@ -4,16 +4,9 @@
 
 namespace sbx::serve {
 
-bool route_health(const std::shared_ptr<Server::State>&, const Request& request,
-                  const Reply& reply) {
-  if (route_path(request) != "/health") return false;
-  if (request.method() != http::verb::get) {
-    reply(json_response(request, http::status::method_not_allowed,
-                        boost::json::object{{"detail", "Method Not Allowed"}}));
-    return true;
-  }
-  reply(json_response(request, http::status::ok, boost::json::object{{"status", "healthy"}}));
-  return true;
+void get_health(const Call& call) {
+  call.reply(
+      json_response(call.request, http::status::ok, boost::json::object{{"status", "healthy"}}));
 }
 
 }  // namespace sbx::serve

@@ -871,34 +871,20 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
 
 }  // namespace
 
-bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
-                     const Reply& reply) {
-  const std::string path = route_path(request);
-  if (path == "/sandboxes") {
-    if (request.method() == http::verb::post) {
-      create(state, request, reply);
-    } else if (request.method() == http::verb::get) {
-      list(state, request, reply);
-    } else {
-      reply(method_not_allowed(request));
-    }
-    return true;
-  }
-  const std::string prefix = "/sandboxes/";
-  if (path.rfind(prefix, 0) != 0) return false;
-  const std::string id = path.substr(prefix.size());
-  if (id.empty() || id.find('/') != std::string::npos) return false;
-  switch (request.method()) {
-    case http::verb::get:
-      get(state, request, reply, id);
-      return true;
-    case http::verb::delete_:
-      remove(state, request, reply, id);
-      return true;
-    default:
-      reply(method_not_allowed(request));
-      return true;
-  }
+void get_sandboxes(const Call& call) {
+  list(call.state, call.request, call.reply);
+}
+
+void post_sandboxes(const Call& call) {
+  create(call.state, call.request, call.reply);
+}
+
+void get_sandbox(const Call& call) {
+  get(call.state, call.request, call.reply, call.sandbox_id);
+}
+
+void delete_sandbox(const Call& call) {
+  remove(call.state, call.request, call.reply, call.sandbox_id);
 }
 
 }  // namespace sbx::serve

@@ -113,25 +113,19 @@ Response prometheus(const std::shared_ptr<Server::State>& state, const Request& 
   return response;
 }
 
-bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
-                   const Reply& reply) {
-  if (route_path(request) == "/metrics" && request.method() == http::verb::get) {
-    reply(prometheus(state, request));
-    return true;
-  }
-  if (route_path(request) != "/metrics/events") return false;
-  if (request.method() != http::verb::post) {
-    reply(json_response(request, http::status::method_not_allowed,
-                        json::object{{"detail", "Method Not Allowed"}}));
-    return true;
-  }
+void get_metrics(const Call& call) {
+  call.reply(prometheus(call.state, call.request));
+}
+
+void post_metrics_events(const Call& call) {
+  const Request& request = call.request;
   boost::system::error_code ec;
   const json::value body = json::parse(request.body(), ec);
   const std::string problem = ec ? "the body is not JSON: " + ec.message() : event_problem(body);
   if (!problem.empty()) {
-    reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
-                         "Invalid metrics event: " + problem + "."));
-    return true;
+    call.reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_PARAMETER",
+                              "Invalid metrics event: " + problem + "."));
+    return;
   }
   const json::object& event = body.get_object();
   const auto agent = request.find(http::field::user_agent);
@@ -139,8 +133,7 @@ bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& r
                 event.at("createDurationMs").to_number<int64_t>(), event.at("success").get_bool(),
                 event.contains("sandboxId") ? json::serialize(event.at("sandboxId")) : "-",
                 agent != request.end() ? std::string(agent->value()) : "no User-Agent");
-  reply(empty_response(request, http::status::no_content));
-  return true;
+  call.reply(empty_response(request, http::status::no_content));
 }
 
 }  // namespace sbx::serve

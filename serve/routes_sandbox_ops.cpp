@@ -348,37 +348,20 @@ void endpoint(const std::shared_ptr<Server::State>& state, const Request& reques
 
 }  // namespace
 
-bool route_sandbox_ops(const std::shared_ptr<Server::State>& state, const Request& request,
-                       const Reply& reply) {
-  const std::string path = route_path(request);
-  const std::string prefix = "/sandboxes/";
-  if (path.rfind(prefix, 0) != 0) return false;
-  const auto slash = path.find('/', prefix.size());
-  if (slash == std::string::npos || slash == prefix.size()) return false;
-  const std::string id = path.substr(prefix.size(), slash - prefix.size());
-  const std::string op = path.substr(slash + 1);
-  const auto method = request.method();
-  if (op == "pause" || op == "resume" || op == "renew-expiration") {
-    if (method != http::verb::post) {
-      reply(method_not_allowed(request));
-    } else if (op == "renew-expiration") {
-      renew(state, request, reply, id);
-    } else {
-      pause_or_resume(state, request, reply, id, op == "pause");
-    }
-    return true;
-  }
-  const std::string endpoints = "endpoints/";
-  if (op.rfind(endpoints, 0) == 0 && op.size() > endpoints.size() &&
-      op.find('/', endpoints.size()) == std::string::npos) {
-    if (method != http::verb::get) {
-      reply(method_not_allowed(request));
-    } else {
-      endpoint(state, request, reply, id, op.substr(endpoints.size()));
-    }
-    return true;
-  }
-  return false;
+void post_pause(const Call& call) {
+  pause_or_resume(call.state, call.request, call.reply, call.sandbox_id, true);
+}
+
+void post_resume(const Call& call) {
+  pause_or_resume(call.state, call.request, call.reply, call.sandbox_id, false);
+}
+
+void post_renew_expiration(const Call& call) {
+  renew(call.state, call.request, call.reply, call.sandbox_id);
+}
+
+void get_endpoint(const Call& call) {
+  endpoint(call.state, call.request, call.reply, call.sandbox_id, call.params.at(0));
 }
 
 }  // namespace sbx::serve

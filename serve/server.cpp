@@ -2,6 +2,7 @@
 // the graceful stop (server.hpp). The routes are in routes_*.cpp.
 
 #include "faults.hpp"
+#include "routes.hpp"
 #include "state.hpp"
 
 #include <spdlog/spdlog.h>
@@ -216,21 +217,19 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     Request head(header_parser_->get().base());
+    begin_request(head);
     // Authentication on the head: a client without a valid key is answered before any of its
     // body is read, and the connection closes (the body is never read, so never held).
     if (auto refusal = auth_refusal(head)) {
       count_answering();
-      begin_request(head);
       keep_alive_ = false;
       header_parser_.reset();
-      const auto key = route_key(std::string(head.method_string()), route_path(head));
-      state_->metrics.record(key ? key->key : "other", refusal->result_int(), 0.0,
-                             error_type(*refusal));
+      state_->metrics.record(metrics_route_, refusal->result_int(), 0.0, error_type(*refusal));
       unread_body_ = true;
       write(std::move(*refusal));
       return;
     }
-    if (is_execd_upload(head)) {
+    if (match_ && !match_->wrong_method && match_->route->body_handler) {
       count_answering();
       start_upload(std::move(head));
       return;
@@ -264,7 +263,11 @@ class Session : public std::enable_shared_from_this<Session> {
     handle(parser_->release());
   }
 
+  // A new request, from its head: its id, its route (routes.hpp) and its metrics label.
   void begin_request(const Request& request) {
+    match_ = match_route(std::string(request.method_string()), route_path(request));
+    metrics_route_ = match_ && !match_->wrong_method ? match_->route->metrics_label() : "other";
+    metrics_start_ = std::chrono::steady_clock::now();
     const auto id = request.find("X-Request-ID");
     request_id_ = id != request.end() && !id->value().empty() && id->value().size() <= 256
                       ? std::string(id->value())
@@ -282,50 +285,38 @@ class Session : public std::enable_shared_from_this<Session> {
     };
   }
 
-  void handle(Request request) {
-    begin_request(request);
-    auto request_ptr = std::make_shared<const Request>(std::move(request));
-    // GET /metrics: every answer is counted, by its route and status, with its latency.
-    const auto key = route_key(std::string(request_ptr->method_string()), route_path(*request_ptr));
-    metrics_route_ = key ? key->key : "other";
-    metrics_start_ = std::chrono::steady_clock::now();
-    Reply reply = [inner = make_reply(), state = state_, route = metrics_route_,
-                   start = metrics_start_](Response response) {
+  // The reply to the request begun last: GET /metrics counts its answer, by its route and
+  // status, with its latency.
+  Reply metered_reply() {
+    return [inner = make_reply(), state = state_, route = metrics_route_,
+            start = metrics_start_](Response response) {
       state->metrics.record(route, response.result_int(), seconds_since(start),
                             error_type(response));
       inner(std::move(response));
     };
+  }
+
+  // A request read whole (begun by on_header).
+  void handle(Request request) {
+    auto request_ptr = std::make_shared<const Request>(std::move(request));
     const Request& req = *request_ptr;
     spdlog::debug("sbx serve: {} {} (request {})", std::string(req.method_string()),
                   std::string(req.target()), request_id_);
-    route(request_ptr, reply, true);
+    route(request_ptr, metered_reply(), true);
   }
 
-  // Authentication, then (with `faults`) the fault plan, then the route groups; an exception
+  // Authentication, then (with `faults`) the fault plan, then the route's handler; an exception
   // becomes 500 GENERAL::UNKNOWN_ERROR. A delayed request comes back here without `faults`.
   void route(const std::shared_ptr<const Request>& request_ptr, const Reply& reply, bool faults) {
     const Request& req = *request_ptr;
     try {
       if (!authorized(req, reply)) return;
-      // Fault injection (faults.hpp), when the config file has a plan: may answer, reset or delay.
-      if (faults && state_->options.faults && inject_fault(request_ptr, reply)) return;
-      if (route_health(state_, req, reply)) return;
-      if (auto target = execd_target(req)) {
-        OpenStream open = [self = shared_from_this()](Response head, bool chunked) {
-          return self->open_stream(std::move(head), chunked);
-        };
-        WatchHangup hangup = [self = shared_from_this()](std::function<void()> fn) {
-          self->post_watch_hangup(std::move(fn));
-        };
-        route_execd(state_, *target, req, reply, open, hangup);
+      if (faults && fault_taken(req, reply, [self = shared_from_this(), request_ptr, reply] {
+            self->route(request_ptr, reply, false);
+          })) {
         return;
       }
-      if (route_lifecycle(state_, req, reply)) return;
-      if (route_sandbox_ops(state_, req, reply)) return;
-      if (route_metrics(state_, req, reply)) return;
-      if (route_admin(state_, req, reply)) return;
-      reply(json_response(req, http::status::not_found,
-                          boost::json::object{{"detail", "Not Found"}}));
+      dispatch(req, reply);
     } catch (const std::exception& e) {
       spdlog::error("sbx serve: {} {}: {}", std::string(req.method_string()),
                     std::string(req.target()), e.what());
@@ -334,10 +325,53 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // Asks the fault plan for this request's action: answers it (status), aborts the connection
-  // (reset) or routes it after a wait (delay) and returns true; false to route it now.
-  bool inject_fault(const std::shared_ptr<const Request>& request, const Reply& reply) {
-    const auto key = route_key(std::string(request->method_string()), route_path(*request));
+  // The request as its handler gets it: an execd path's sandbox (answered 404 when it is unknown,
+  // 502 for another port) and the connection's streams. Null after an answer.
+  std::optional<Call> call_of(const Request& req, const Reply& reply) {
+    Call call{state_, req, reply};
+    if (match_) {
+      call.sandbox_id = match_->sandbox_id;
+      call.params = match_->params;
+    }
+    if (const auto target = execd_target(req)) {
+      call.entry = execd_entry(state_, *target, req, reply);
+      if (!call.entry) return std::nullopt;
+      call.open_stream = [self = shared_from_this()](Response head, bool chunked) {
+        return self->open_stream(std::move(head), chunked);
+      };
+      call.watch_hangup = [self = shared_from_this()](std::function<void()> fn) {
+        self->post_watch_hangup(std::move(fn));
+      };
+    }
+    return call;
+  }
+
+  // The route's handler, or the answer for a path or method no handler serves: execd's
+  // NOT_SUPPORTED on an execd path, else FastAPI's 405 or 404.
+  void dispatch(const Request& req, const Reply& reply) {
+    const auto call = call_of(req, reply);
+    if (!call) return;
+    const Route* route = match_ && !match_->wrong_method ? match_->route : nullptr;
+    if (route && route->handler) {
+      route->handler(*call);
+    } else if (call->entry) {
+      reply(execd_error(req, http::status::not_found, "NOT_SUPPORTED",
+                        "sbx serve does not serve execd's " + std::string(req.method_string()) +
+                            " " + execd_target(req)->rest));
+    } else if (match_ && match_->wrong_method) {
+      reply(method_not_allowed(req));
+    } else {
+      reply(json_response(req, http::status::not_found,
+                          boost::json::object{{"detail", "Not Found"}}));
+    }
+  }
+
+  // The fault plan's action for the request begun last (faults.hpp), when the config file has a
+  // plan: answers it (status), aborts the connection (reset) or calls `again` after the wait
+  // (delay), and returns true; false to serve it now.
+  bool fault_taken(const Request& request, const Reply& reply, std::function<void()> again) {
+    if (!state_->options.faults) return false;
+    const auto key = route_key(match_);
     if (!key) return false;
     std::optional<std::chrono::system_clock::time_point> created_at;
     if (!key->sandbox_id.empty()) {
@@ -349,7 +383,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!action) return false;
     switch (action->kind) {
       case FaultAction::Kind::status:
-        reply(error_response(*request, static_cast<http::status>(action->status), action->code,
+        reply(error_response(request, static_cast<http::status>(action->status), action->code,
                              action->message));
         return true;
       case FaultAction::Kind::reset:
@@ -358,9 +392,7 @@ class Session : public std::enable_shared_from_this<Session> {
       case FaultAction::Kind::delay: {
         auto timer = std::make_shared<asio::steady_timer>(stream_.get_executor());
         timer->expires_after(action->delay);
-        timer->async_wait([self = shared_from_this(), timer, request, reply](beast::error_code) {
-          self->route(request, reply, false);
-        });
+        timer->async_wait([timer, again = std::move(again)](beast::error_code) { again(); });
         return true;
       }
       case FaultAction::Kind::cut_after_events:  // taken by the stream code (stream_cut)
@@ -490,48 +522,19 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // `faults`: ask the fault plan first (false when a delay brings the upload back here).
   void start_upload(Request head, bool faults = true) {
-    begin_request(head);
-    Reply reply = make_reply();
+    Reply reply = metered_reply();
     spdlog::debug("sbx serve: {} {} (request {}, streamed body)", std::string(head.method_string()),
                   std::string(head.target()), request_id_);
     keep_alive_ = false;  // an upload refused before its body is read leaves the body unread
     if (!authorized(head, reply)) return;
-    if (faults && state_->options.faults) {
-      if (const auto key = route_key(std::string(head.method_string()), route_path(head))) {
-        std::optional<std::chrono::system_clock::time_point> created_at;
-        if (!key->sandbox_id.empty()) {
-          std::lock_guard lock(state_->mutex);
-          if (auto it = state_->sandboxes.find(key->sandbox_id); it != state_->sandboxes.end())
-            created_at = it->second->created_at;
-        }
-        if (const auto action = state_->options.faults->take(*key, created_at)) {
-          switch (action->kind) {
-            case FaultAction::Kind::status:
-              reply(error_response(head, static_cast<http::status>(action->status), action->code,
-                                   action->message));
-              return;
-            case FaultAction::Kind::reset:
-              reset();
-              return;
-            case FaultAction::Kind::delay: {
-              auto timer = std::make_shared<asio::steady_timer>(stream_.get_executor());
-              timer->expires_after(action->delay);
-              timer->async_wait(
-                  [self = shared_from_this(), timer, head](beast::error_code) mutable {
-                    self->start_upload(std::move(head), false);
-                  });
-              return;
-            }
-            case FaultAction::Kind::cut_after_events:
-            case FaultAction::Kind::pass:
-              break;
-          }
-        }
-      }
+    if (faults && fault_taken(head, reply, [self = shared_from_this(), head]() mutable {
+          self->start_upload(std::move(head), false);
+        })) {
+      return;
     }
     std::shared_ptr<BodySink> sink;
     try {
-      sink = open_execd_upload(state_, head, reply);
+      if (auto call = call_of(head, reply)) sink = match_->route->body_handler(*call);
     } catch (const std::exception& e) {
       reply(execd_error(head, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
       return;
@@ -804,7 +807,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<BodySink> upload_;
   std::vector<char> upload_buffer_;  // 64 KiB once the connection uploads
   std::string request_id_;
-  std::string metrics_route_;  // the request being answered, for RequestMetrics
+  std::optional<RouteMatch> match_;  // the route of the request being answered
+  std::string metrics_route_;        // its label, for RequestMetrics
   std::chrono::steady_clock::time_point metrics_start_;
   bool keep_alive_ = true;
   bool unread_body_ = false;     // the answer being written leaves the request's body unread

@@ -308,12 +308,50 @@ Response method_not_allowed(const Request& request);
 // For GET /metrics: the type of an answer of 400 or more (RequestMetrics::record), else "".
 std::string error_type(const Response& response);
 
-// Route groups, one file each. Each answers the request or returns false when the path is not its.
-bool route_health(const std::shared_ptr<Server::State>& state, const Request& request,
-                  const Reply& reply);
-// POST /metrics/events: the SDKs' create-latency telemetry, accepted with 204 (routes_metrics.cpp).
-bool route_admin(const std::shared_ptr<Server::State>& state, const Request& request,
-                 const Reply& reply);
+// A request given to its route's handler (routes.hpp). The handler answers once, through
+// `reply` (from any thread), or, for a route of the event stream or a download, through
+// `open_stream`.
+struct Call {
+  std::shared_ptr<Server::State> state;
+  const Request& request;  // for a body handler, the head alone
+  Reply reply;
+  std::string sandbox_id;           // the sandbox the path names, or empty
+  std::vector<std::string> params;  // the template's other {...} segments, in order
+  std::shared_ptr<Entry> entry;     // execd routes: the sandbox, live (execd_entry)
+  OpenStream open_stream;           // execd routes
+  WatchHangup watch_hangup;         // execd routes
+};
+
+// The handlers of the route table (routes.cpp), by file; each is named for its method and path.
+// routes_health.cpp
+void get_health(const Call& call);
+// routes_lifecycle.cpp
+void get_sandboxes(const Call& call);
+void post_sandboxes(const Call& call);
+void get_sandbox(const Call& call);
+void delete_sandbox(const Call& call);
+// routes_sandbox_ops.cpp
+void post_pause(const Call& call);
+void post_resume(const Call& call);
+void post_renew_expiration(const Call& call);
+void get_endpoint(const Call& call);
+// routes_execd_command.cpp
+void get_ping(const Call& call);
+void post_command(const Call& call);
+void delete_command(const Call& call);
+void get_command_status(const Call& call);
+void get_command_logs(const Call& call);
+// routes_execd_files.cpp
+void get_files_info(const Call& call);
+void get_files_download(const Call& call);
+std::shared_ptr<BodySink> post_files_upload(const Call& call);  // the body read as it arrives
+// routes_metrics.cpp
+void get_metrics(const Call& call);
+void post_metrics_events(const Call& call);  // the SDKs' create-latency telemetry: 204
+// routes_admin.cpp
+void post_admin_reload(const Call& call);
+void get_admin_providers(const Call& call);
+
 // Queues a reload on the admin thread (Options::admin); `done` gets the answer (on that thread).
 // `move`: whether sandboxes on a replaced generation move to the new one (unset: the default,
 // Admin::move_sandboxes). Without `done` (SIGHUP, the watcher) a reload already waiting to start
@@ -324,13 +362,6 @@ void start_reload(const std::shared_ptr<Server::State>& state, std::optional<boo
 void stop_admin(Server::State& state);
 // Starts watching Admin::watched (watch.cpp) with State::watch_fd: a change starts a reload.
 void start_watch(const std::shared_ptr<Server::State>& state);
-bool route_metrics(const std::shared_ptr<Server::State>& state, const Request& request,
-                   const Reply& reply);
-bool route_lifecycle(const std::shared_ptr<Server::State>& state, const Request& request,
-                     const Reply& reply);
-// pause, resume, renew-expiration, endpoints (routes_sandbox_ops.cpp).
-bool route_sandbox_ops(const std::shared_ptr<Server::State>& state, const Request& request,
-                       const Reply& reply);
 
 // An execd path on the gateway: /sandboxes/{id}/proxy/{port}/{rest} (direct) or the same under /v1
 // (server proxy). `rest` starts with '/'.
@@ -341,23 +372,6 @@ struct ExecdTarget {
   bool server_proxy = false;
 };
 std::optional<ExecdTarget> execd_target(const Request& request);
-// The execd API's routes for a target (routes_execd_*.cpp). route_execd answers every execd
-// target: an unknown sandbox, another port and an unknown route included.
-void route_execd(const std::shared_ptr<Server::State>& state, const ExecdTarget& target,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream,
-                 const WatchHangup& watch_hangup);
-bool route_execd_command(const std::shared_ptr<Server::State>& state,
-                         const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                         const Request& request, const Reply& reply, const OpenStream& open_stream);
-bool route_execd_files(const std::shared_ptr<Server::State>& state,
-                       const std::shared_ptr<Entry>& entry, const ExecdTarget& target,
-                       const Request& request, const Reply& reply, const OpenStream& open_stream,
-                       const WatchHangup& watch_hangup);
-// POST .../files/upload: the body is read as it arrives. Returns the sink, or null when `reply` was
-// already given (unknown sandbox, not multipart...). `head` has no body.
-bool is_execd_upload(const Request& head);
-std::shared_ptr<BodySink> open_execd_upload(const std::shared_ptr<Server::State>& state,
-                                            const Request& head, const Reply& reply);
 // {"code","message"} as execd answers (Content-Type with charset, as the transcript).
 Response execd_error(const Request& request, http::status status, const std::string& code,
                      const std::string& message);

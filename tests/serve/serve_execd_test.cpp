@@ -562,6 +562,15 @@ TEST_CASE("upload: several pairs, a 20 MiB file, mode; temp files removed") {
                                {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
   CHECK(unknown.status == 404);
   CHECK(unknown.json().at("code") == "DOCKER::SANDBOX_NOT_FOUND");
+  // Uploads are counted in GET /metrics under their route, as every request (routes.cpp).
+  const std::string metrics = request(f.port(), "GET", "/metrics").body;
+  for (const char* line :
+       {"sbx_serve_requests_total{route=\"POST /files/upload\",code=\"200\"} 1\n",
+        "sbx_serve_requests_total{route=\"POST /files/upload\",code=\"400\"} 5\n",
+        "sbx_serve_requests_total{route=\"POST /files/upload\",code=\"404\"} 1\n",
+        "sbx_serve_errors_total{route=\"POST /files/upload\",type=\"INVALID_FILE\"} 2\n"}) {
+    CHECK_MESSAGE(metrics.find(line) != std::string::npos, line, "not in\n", metrics);
+  }
   CHECK(f.server->stop() == 0);
   CHECK(fs::is_empty(temps.path));  // the server's temp dir went with it
 }

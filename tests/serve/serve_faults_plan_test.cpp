@@ -11,6 +11,8 @@
 #include <boost/json.hpp>
 
 #include <atomic>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,6 +108,65 @@ TEST_CASE("route keys: lifecycle routes at their templates, execd routes by thei
   CHECK(is_known_route("GET /sandboxes/{id}"));
   CHECK_FALSE(is_known_route("GET /sandboxes/abc"));
   CHECK_FALSE(is_known_route("post /sandboxes"));
+}
+
+TEST_CASE("the route table: one route per key, each found by its key and matched by its path") {
+  std::set<std::string> keys;
+  int served = 0;
+  for (const Route& route : routes()) {
+    const std::string key = route.key();
+    CHECK_MESSAGE(keys.insert(key + (route.api == Api::server ? " (server)" : "")).second, key);
+    CHECK_MESSAGE((route.handler != nullptr) + (route.body_handler != nullptr) <= 1, key);
+    served += route.handler || route.body_handler ? 1 : 0;
+    // A concrete path of the template matches the route itself, with its parameters in order.
+    std::string path;
+    std::vector<std::string> values;
+    for (std::string_view rest = route.path; !rest.empty();) {
+      const auto slash = rest.find('/', 1);
+      const std::string_view segment = rest.substr(0, slash);
+      if (segment.size() > 3 && segment[1] == '{') {
+        values.push_back("v" + std::to_string(values.size()));
+        path += "/" + values.back();
+      } else {
+        path += std::string(segment);
+      }
+      rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+    }
+    if (route.api == Api::execd) path = "/sandboxes/box/proxy/44772" + path;
+    const auto match = match_route(std::string(boost::beast::http::to_string(route.method)), path);
+    REQUIRE_MESSAGE(match, key, " at ", path);
+    CHECK_MESSAGE(match->route == &route, key, " at ", path);
+    CHECK_FALSE(match->wrong_method);
+    if (route.api == Api::execd) {
+      CHECK(match->sandbox_id == "box");
+      CHECK(match->params == values);
+    } else if (route.names_sandbox()) {
+      CHECK(match->sandbox_id == "v0");
+      CHECK(match->params == std::vector<std::string>(values.begin() + 1, values.end()));
+    } else {
+      CHECK(match->params == values);
+    }
+    // The fault plan knows exactly the OpenSandbox APIs' routes (execd's GET /metrics is one,
+    // the server's own is not).
+    CHECK_MESSAGE((find_route(key) == &route) == (route.api != Api::server), key);
+  }
+  CHECK(served == 21);  // 9 lifecycle, 4 of the server's own, 8 execd (the upload's a body handler)
+  // Another method on a route's path is the route's path with the wrong method (405), no key.
+  const auto put = match_route("PUT", "/sandboxes/abc");
+  REQUIRE(put);
+  CHECK(put->wrong_method);
+  CHECK_FALSE(route_key(put));
+  const auto post_metrics = match_route("POST", "/metrics");
+  REQUIRE(post_metrics);
+  CHECK(post_metrics->wrong_method);
+  // The server's own routes are no route of the plan, and are labelled "other" in GET /metrics.
+  const auto metrics = match_route("GET", "/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->route->api == Api::server);
+  CHECK(metrics->route->metrics_label() == "other");
+  CHECK_FALSE(route_key("GET", "/metrics"));
+  CHECK_FALSE(route_key("POST", "/admin/reload"));
+  CHECK(route_key("GET", "/sandboxes/s1/proxy/44772/metrics")->key == "GET /metrics");
 }
 
 TEST_CASE("the first N command submissions answer 502, then normal service") {
