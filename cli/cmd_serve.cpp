@@ -18,6 +18,7 @@
 #include <boost/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -288,7 +289,20 @@ int serve(ServeFields& f, const Global& g) {
               "sandboxes of sbx.run=" + run_id + " may still exist: sbx reap --provider " + served +
                   " --label sbx.run=" + run_id);
   }
+  made.reset();  // the temp dir and the socket file go, the admin thread is joined
   std::cout << "sbx serve: stopped" << std::endl;
+  if (const size_t stuck = host.abandoned_reload_steps(); stuck > 0) {
+    // A reload abandoned by the stop still runs in plugin code on a thread of its own, and may
+    // use the loggers and its library at any moment: a normal exit would run static destructors
+    // (spdlog's registry, the host's generations) under it. Leave now, as leave_now does.
+    spdlog::warn("sbx serve: {} reload step(s) still in plugin code; exiting without unloading",
+                 stuck);
+    spdlog::default_logger()->flush();
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   return 0;
 }
 
