@@ -29,6 +29,7 @@
 #include <vector>
 
 using namespace serve_test;
+using namespace std::chrono_literals;
 namespace json = boost::json;
 
 namespace {
@@ -375,15 +376,24 @@ TEST_CASE("a slow reader's stream is cut; the plugin's thread serves another san
     return std::string(r.json().at("id").as_string());
   };
   const std::string a = create(), b = create();
-  // A floods and its client reads nothing.
-  RawClient slow(front.port(), post_text(front.port(), Fixture::execd(a, "/command"),
-                                         command_body("yes flood | head -c 200000000")));
+  // A floods and its client reads nothing. Lines of 8 KB: before F's queue grows, the kernel's
+  // socket buffers (several MB) fill, and in events of a few bytes that takes minutes under TSan.
+  RawClient slow(front.port(),
+                 post_text(front.port(), Fixture::execd(a, "/command"),
+                           command_body("yes \"$(head -c 8000 /dev/zero | tr '\\0' f)\" | "
+                                        "head -c 200000000")));
   // B's command completes meanwhile, through the same plugin.
   const auto events = run(front.port(), Fixture::execd(b, "/command"), command_body("echo hi"), 60);
   REQUIRE(events.size() >= 3);
   CHECK(events[events.size() - 2].at("text") == "hi");
   CHECK(events.back().at("type") == "execution_complete");
-  // A's stream was cut: it breaks off without a final event, and its command ended as killed.
+  // A's stream is cut while its client still reads nothing (the client reads only once F says so:
+  // reading earlier would drain what F queued), then it breaks off without a final event.
+  CHECK(eventually(
+      [&] {
+        return front.log_text().find("cutting a command's event stream") != std::string::npos;
+      },
+      120s));
   const std::string got = slow.read_all();
   INFO("the stream's last bytes: ", got.substr(got.size() > 600 ? got.size() - 600 : 0));
   INFO("the front server's log: ", front.log_text());
