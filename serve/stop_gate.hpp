@@ -38,7 +38,7 @@ class StopGate {
   // False (nothing counted) once the server stops: the create is refused.
   bool begin_create();
   // The create ended; `then_closing`: its sandbox is closed (counted as a close in the same
-  // step, so that the stop never sees it neither creating nor closing). May finish.
+  // step, so that it is counted as one or the other throughout). May finish.
   void end_create(bool then_closing);
 
   // --- commands and their event streams --------------------------------------------------
@@ -66,7 +66,7 @@ class StopGate {
     int creating = 0;
   };
   std::optional<Left> give_up();
-  // False when the grace period passed with closes or creates left (give_up).
+  // False when the grace period passed before the finish (give_up).
   bool all_closed() const;
 
  private:
