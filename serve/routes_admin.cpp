@@ -39,12 +39,7 @@ json::array names(const std::vector<std::string>& list) {
 // drains on its generation, as without the move; sandboxes created meanwhile are on the current
 // generation already.
 void move_sandboxes(Server::State& state, json::object& report) {
-  std::vector<std::shared_ptr<Entry>> entries;
-  {
-    std::lock_guard lock(state.mutex);
-    for (const auto& [id, entry] : state.sandboxes)
-      entries.push_back(entry);
-  }
+  const std::vector<std::shared_ptr<Entry>> entries = state.registry.snapshot();
   json::array moved;
   json::array not_moved;
   for (const auto& entry : entries) {
@@ -55,16 +50,11 @@ void move_sandboxes(Server::State& state, json::object& report) {
       std::optional<sbx::Sandbox> fresh = state.options.admin->move(*box);
       if (!fresh) continue;  // on the current generation already
       auto handle = std::make_shared<sbx::Sandbox>(std::move(*fresh));
-      {
-        // Only into an entry still served: a DELETE, the TTL sweep or the stop may have taken it
-        // out (and closed the sandbox through the old handle) while it moved.
-        std::lock_guard lock(state.mutex);
-        const auto it = state.sandboxes.find(entry->id);
-        if (it != state.sandboxes.end() && it->second == entry) {
-          entry->set_box(std::move(handle));
-          moved.emplace_back(entry->id);
-          continue;
-        }
+      // Only into an entry still served: a DELETE, the TTL sweep or the stop may have taken it
+      // out (and closed the sandbox through the old handle) while it moved.
+      if (state.registry.set_box_if_held(entry, handle)) {
+        moved.emplace_back(entry->id);
+        continue;
       }
       handle->detach();  // whoever took it out closes it; this handle must not close it again
       why = "it was deleted during the move";

@@ -538,19 +538,14 @@ void finish_command(const std::shared_ptr<Server::State>& state,
   }
   for (const auto& path : dropped_logs)
     ::unlink(path.c_str());
-  {
-    std::lock_guard lock(state->mutex);
-    --state->running_commands;
-    state->maybe_finish_locked();
-  }
+  state->gate.command_ended();
   // Started from the io_context, not from here: this may be a plugin's thread (a continuation),
   // and a provider call is not made from inside the provider's own callback.
   if (next) asio::post(state->ioc, [next = std::move(next)] { next(true); });
 }
 
 void release_stream(const std::shared_ptr<Server::State>& state) {
-  std::lock_guard lock(state->mutex);
-  --state->open_streams;
+  state->gate.close_stream();
 }
 
 // One admitted command, from its admission to its end: what exec_async needs, and its stream.
@@ -651,22 +646,18 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     return;
   }
   CommandRequest cmd = std::move(*parsed);
-  {
-    std::lock_guard lock(state->mutex);
-    if (state->stopping) {
+  switch (state->gate.try_open_stream(state->options.max_streams)) {
+    case StopGate::StreamAdmit::ok:
+      break;
+    case StopGate::StreamAdmit::stopping:
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "the server is stopping"));
       return;
-    }
-    if (state->options.max_streams > 0 &&
-        static_cast<std::size_t>(state->open_streams) >= state->options.max_streams) {
+    case StopGate::StreamAdmit::full:
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "too many open command streams (at most " +
                             std::to_string(state->options.max_streams) + "); try again later"));
       return;
-    }
-    ++state->open_streams;
-    ++state->running_commands;
   }
   const auto& o = state->options;
   auto command = std::make_shared<Command>();
@@ -748,12 +739,8 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     }
   }
   if (!sink) {
-    {
-      std::lock_guard lock(state->mutex);
-      --state->open_streams;
-      --state->running_commands;
-      state->maybe_finish_locked();
-    }
+    state->gate.close_stream();
+    state->gate.command_ended();
     switch (admit) {
       case Admit::full:
         reply(execd_error(request, http::status::too_many_requests, "TOO_MANY_COMMANDS",

@@ -21,7 +21,9 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
+#include <variant>
 
 namespace sbx::serve {
 
@@ -393,20 +395,10 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
   // Then the create's own record goes: a crash between the two leaves both, and the next server
   // adopts the sandbox (its record names it).
   store_end_create(*state, token);
-  bool refused = false;
-  {
-    std::lock_guard lock(state->mutex);
-    state->creating.erase(ticket);
-    if (!error) {
-      if (state->stopping) {
-        ++state->closing;
-        refused = true;
-      } else {
-        state->sandboxes[entry->id] = entry;
-      }
-    }
-    if (!refused) state->maybe_finish_locked();
-  }
+  // The registry first, then the gate, which counts a refused one as a close in the step that
+  // ends the create (state.hpp).
+  const bool refused = !state->registry.end_create(ticket, error ? nullptr : entry);
+  state->gate.end_create(refused);
   if (error) {
     spdlog::info("sbx serve: create failed: {}", sbx::to_error(error).what());
     reply(provider_error_response(shape, error, ""));
@@ -436,24 +428,32 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
             const Reply& reply) {
   auto read = read_create(request, reply);
   if (!read) return;
-  uint64_t ticket = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    if (state->stopping) {
-      reply(error_response(request, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
-                           "The server is stopping."));
-      return;
+  // Counted in the gate (a stop waits for it), then in the registry (the cap), before it starts
+  // (state.hpp).
+  const std::size_t cap = state->options.max_sandboxes;
+  std::optional<uint64_t> begun;
+  bool full = false;
+  if (state->gate.begin_create()) {
+    const auto ticket_or_refusal = state->registry.begin_create(cap);
+    if (const auto* ticket = std::get_if<uint64_t>(&ticket_or_refusal)) {
+      begun = *ticket;
+    } else {
+      full = std::get<Registry::Refusal>(ticket_or_refusal) == Registry::Refusal::full;
+      state->gate.end_create(false);
     }
-    const std::size_t cap = state->options.max_sandboxes;
-    if (cap != 0 && state->sandboxes.size() + state->creating.size() >= cap) {
-      reply(error_response(request, http::status::too_many_requests, "SANDBOX::TOO_MANY_SANDBOXES",
-                           "The server holds its maximum of " + std::to_string(cap) +
-                               " sandboxes; delete one first."));
-      return;
-    }
-    ticket = state->next_ticket++;
-    state->creating[ticket];  // counted before it starts: a stop waits for it
   }
+  if (!begun && full) {
+    reply(error_response(request, http::status::too_many_requests, "SANDBOX::TOO_MANY_SANDBOXES",
+                         "The server holds its maximum of " + std::to_string(cap) +
+                             " sandboxes; delete one first."));
+    return;
+  }
+  if (!begun) {
+    reply(error_response(request, http::status::service_unavailable, "SANDBOX::SERVER_STOPPING",
+                         "The server is stopping."));
+    return;
+  }
+  const uint64_t ticket = *begun;
   auto entry = std::make_shared<Entry>();
   entry->image = read->image;
   entry->entrypoint = read->entrypoint;
@@ -477,11 +477,8 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     if (const std::string error =
             store_begin_create(*state, token, entry->image, entry->created_at);
         !error.empty()) {
-      {
-        std::lock_guard lock(state->mutex);
-        state->creating.erase(ticket);
-        state->maybe_finish_locked();
-      }
+      state->registry.end_create(ticket, nullptr);
+      state->gate.end_create(false);
       spdlog::warn("sbx serve: create refused: {}", error);
       reply(error_response(request, http::status::internal_server_error, "GENERAL::UNKNOWN_ERROR",
                            "The create could not be recorded in the state directory."));
@@ -494,23 +491,13 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
     op = state->current_provider().create_async(std::move(read->spec));
   } catch (...) {
     store_end_create(*state, token);
-    {
-      std::lock_guard lock(state->mutex);
-      state->creating.erase(ticket);
-      state->maybe_finish_locked();
-    }
+    state->registry.end_create(ticket, nullptr);
+    state->gate.end_create(false);
     reply(provider_error_response(request, std::current_exception(), ""));
     return;
   }
-  bool cancel = false;
-  {
-    std::lock_guard lock(state->mutex);
-    if (auto it = state->creating.find(ticket); it != state->creating.end()) {
-      it->second = op;
-      cancel = state->stopping;
-    }
-  }
-  if (cancel) op.cancel();
+  // For the stop to cancel; cancelled here when the stop came first (state.hpp).
+  if (state->registry.set_create_op(ticket, op)) op.cancel();
   // The continuation runs on the thread that completes the create (a plugin thread, or this one).
   op.then([state, ticket, token, entry, version, reply](sbx::Operation<sbx::Sandbox>& done) {
     std::exception_ptr error;
@@ -535,10 +522,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
       if (error) {  // a sandbox the server could not find again after a restart: not created
         spdlog::warn("sbx serve: sandbox {} has no descriptor ({}); closing it", entry->id,
                      sbx::to_error(error).what());
-        {
-          std::lock_guard lock(state->mutex);
-          ++state->closing;
-        }
+        state->gate.begin_close();
         begin_close(state, entry, [](std::exception_ptr) {});
       }
       finish_create(state, ticket, token, entry, error, version, reply);
@@ -596,11 +580,7 @@ Response method_not_allowed(const Request& request) {
 
 json::object sandbox_json(const std::shared_ptr<Server::State>& state, const Entry& entry,
                           sbx::SandboxStatus status) {
-  std::optional<std::chrono::system_clock::time_point> expires_at;
-  {
-    std::lock_guard lock(state->mutex);
-    expires_at = entry.expires_at;
-  }
+  const auto expires_at = state->registry.expires_at(entry);
   json::object body{{"id", entry.id},
                     {"image", json::object{{"uri", entry.image}}},
                     {"status", status_of(status, entry.created_at)}};
@@ -639,17 +619,11 @@ void remove(const std::shared_ptr<Server::State>& state, const Request& request,
     reply(not_found(request, id));
     return;
   }
-  std::shared_ptr<Entry> entry;
-  {
-    std::lock_guard lock(state->mutex);
-    const auto it = state->sandboxes.find(id);
-    if (it != state->sandboxes.end()) {
-      entry = it->second;
-      state->sandboxes.erase(it);
-      ++state->closing;
-    }
-  }
+  // Counted as a close before it leaves the registry (state.hpp).
+  state->gate.begin_close();
+  const std::shared_ptr<Entry> entry = state->registry.take(id);
   if (!entry) {  // another request took it meanwhile
+    state->gate.end_close();
     reply(not_found(request, id));
     return;
   }
@@ -761,16 +735,13 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
 
   retire_expired(state);
   std::vector<std::shared_ptr<Entry>> entries;
-  {
-    std::lock_guard lock(state->mutex);
-    for (const auto& [id, entry] : state->sandboxes) {
-      bool match = true;
-      for (const auto& [k, v] : wanted) {
-        const json::value* have = entry->metadata ? entry->metadata->if_contains(k) : nullptr;
-        match = match && have && have->is_string() && have->as_string() == v;
-      }
-      if (match) entries.push_back(entry);
+  for (const auto& entry : state->registry.snapshot()) {  // metadata: fixed once it entered
+    bool match = true;
+    for (const auto& [k, v] : wanted) {
+      const json::value* have = entry->metadata ? entry->metadata->if_contains(k) : nullptr;
+      match = match && have && have->is_string() && have->as_string() == v;
     }
+    if (match) entries.push_back(entry);
   }
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
     return a->created_at != b->created_at ? a->created_at > b->created_at : a->id < b->id;

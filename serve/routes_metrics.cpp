@@ -65,13 +65,8 @@ std::string error_type(const Response& response) {
 // event streams open, and with hot swap the reloads and each generation's sandboxes and operations.
 Response prometheus(const std::shared_ptr<Server::State>& state, const Request& request) {
   std::string text = state->metrics.prometheus();
-  std::size_t sandboxes = 0;
-  int streams = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    sandboxes = state->sandboxes.size();
-    streams = state->open_streams;
-  }
+  const std::size_t sandboxes = state->registry.count();
+  const int streams = state->gate.open_streams();
   text += fmt::format(
       "# HELP sbx_serve_sandboxes Sandboxes the server holds.\n"
       "# TYPE sbx_serve_sandboxes gauge\nsbx_serve_sandboxes {}\n"

@@ -197,12 +197,7 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
                              " seconds (about 31 years) from now."));
     return;
   }
-  bool has_expiry = false;
-  {
-    std::lock_guard lock(state->mutex);
-    has_expiry = entry->expires_at.has_value();
-  }
-  if (!has_expiry) {
+  if (!state->registry.expires_at(*entry)) {
     reply(error_response(request, http::status::conflict, "DOCKER::INVALID_EXPIRATION",
                          "Sandbox " + id + " does not have automatic expiration enabled."));
     return;
@@ -217,14 +212,9 @@ void renew(const std::shared_ptr<Server::State>& state, const Request& request, 
                             "Failed to renew sandbox"));
       return;
     }
-    bool served = false;
-    {
-      std::lock_guard lock(state->mutex);
-      const auto it = state->sandboxes.find(id);
-      served = it != state->sandboxes.end() && it->second == entry;
-      if (served) entry->expires_at = expires_at;
-    }
-    if (!served) {  // deleted (or expired) while the provider renewed it: nothing to keep
+    if (!state->registry.renew(
+            entry,
+            expires_at)) {  // deleted (or expired) while the provider renewed it: nothing to keep
       reply(not_found(shape, id));
       return;
     }

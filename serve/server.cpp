@@ -60,16 +60,13 @@ Server::State::State(sbx::Provider p, Options o)
       control(asio::make_strand(ioc)),
       acceptor(control),
       grace_timer(control),
-      sweep_timer(control) {}
-
-void Server::State::maybe_finish_locked() {
-  if (!stopping || finished || !creating.empty() || closing != 0 || answering != 0) return;
-  finished = true;
-  asio::post(control, [this] {
-    grace_timer.cancel();
-    ioc.stop();
-  });
-}
+      sweep_timer(control),
+      gate([this] {
+        asio::post(control, [this] {
+          grace_timer.cancel();
+          ioc.stop();
+        });
+      }) {}
 
 namespace {
 
@@ -173,10 +170,7 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
   }
 
-  void count_answering() {
-    std::lock_guard lock(state_->mutex);
-    ++state_->answering;
-  }
+  void count_answering() { state_->gate.enter_request(); }
 
   // A request over a limit: the rest of it is not read; answer and close.
   void refuse_limit(bool header) {
@@ -375,9 +369,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!key) return false;
     std::optional<std::chrono::system_clock::time_point> created_at;
     if (!key->sandbox_id.empty()) {
-      std::lock_guard lock(state_->mutex);
-      if (auto it = state_->sandboxes.find(key->sandbox_id); it != state_->sandboxes.end())
-        created_at = it->second->created_at;
+      if (const auto entry = state_->registry.find(key->sandbox_id)) created_at = entry->created_at;
     }
     const auto action = state_->options.faults->take(*key, created_at);
     if (!action) return false;
@@ -407,9 +399,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
     stream_.socket().close(ignored);
-    std::lock_guard lock(state_->mutex);
-    --state_->answering;  // counted when the request was read; it gets no answer
-    state_->maybe_finish_locked();
+    state_->gate.leave_request();  // counted when the request was read; it gets no answer
   }
 
   // OPEN-SANDBOX-API-KEY when a key is configured; /health is exempt, as on the real server. A
@@ -457,10 +447,7 @@ class Session : public std::enable_shared_from_this<Session> {
     return false;
   }
 
-  bool stopping() {
-    std::lock_guard lock(state_->mutex);
-    return state_->stopping;
-  }
+  bool stopping() { return state_->gate.stopping(); }
 
   void write(Response response) {
     answered_ = true;
@@ -475,11 +462,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto held = std::make_shared<Response>(std::move(response));
     http::async_write(stream_, *held,
                       [self = shared_from_this(), held](beast::error_code ec, std::size_t) {
-                        {
-                          std::lock_guard lock(self->state_->mutex);
-                          --self->state_->answering;
-                          self->state_->maybe_finish_locked();
-                        }
+                        self->state_->gate.leave_request();
                         if (!ec && self->unread_body_) {
                           self->linger_close();
                           return;
@@ -779,11 +762,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void finish_stream() {
     if (finished_) return;
     finished_ = true;
-    {
-      std::lock_guard lock(state_->mutex);
-      --state_->answering;
-      state_->maybe_finish_locked();
-    }
+    state_->gate.leave_request();
     if (gone_ || !keep_alive_) {
       close();
       return;
@@ -991,19 +970,16 @@ Server::~Server() {
   // running for the next server with keep_on_stop. Reloads queued or running finish first (their
   // plugin code is not interrupted, and a move must not swap a handle being detached here).
   stop_admin(*state_);
-  {
-    std::lock_guard lock(state_->mutex);
-    if (state_->options.keep_on_stop) {
-      for (auto& [id, entry] : state_->sandboxes)
-        if (const auto box = entry->box()) box->detach();
-      for (auto& entry : state_->kept)
-        if (const auto box = entry->box()) box->detach();
-    }
-    if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
-    state_->state_dir_lock = -1;
-    if (state_->watch_fd >= 0) ::close(state_->watch_fd);  // run() never took it
-    state_->watch_fd = -1;
+  if (state_->options.keep_on_stop) {
+    for (const auto& entry : state_->registry.snapshot())
+      if (const auto box = entry->box()) box->detach();
+    for (const auto& entry : state_->registry.kept())
+      if (const auto box = entry->box()) box->detach();
   }
+  if (state_->state_dir_lock >= 0) ::close(state_->state_dir_lock);
+  state_->state_dir_lock = -1;
+  if (state_->watch_fd >= 0) ::close(state_->watch_fd);  // run() never took it
+  state_->watch_fd = -1;
   {
     beast::error_code ignored;
     state_->acceptor.close(ignored);
@@ -1058,8 +1034,7 @@ bool Server::run() {
   state->ioc.run();
   for (auto& t : threads)
     t.join();
-  std::lock_guard lock(state->mutex);
-  return state->all_closed;
+  return state->gate.all_closed();
 }
 
 namespace {
@@ -1070,11 +1045,7 @@ namespace {
 void drain_then_close(const std::shared_ptr<Server::State>& state,
                       std::vector<std::shared_ptr<Entry>> to_close,
                       std::chrono::steady_clock::time_point deadline) {
-  int running = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    running = state->running_commands;
-  }
+  const int running = state->gate.running_commands();
   if (running > 0 && std::chrono::steady_clock::now() < deadline) {
     auto timer = std::make_shared<asio::steady_timer>(state->control);
     timer->expires_after(std::chrono::milliseconds(50));
@@ -1085,24 +1056,18 @@ void drain_then_close(const std::shared_ptr<Server::State>& state,
     return;
   }
   if (running > 0) spdlog::warn("sbx serve: cancelling {} command(s) still running", running);
-  std::vector<std::shared_ptr<Entry>> kept;
-  {
-    std::lock_guard lock(state->mutex);
-    kept = state->kept;
-  }
-  for (auto& entry : kept)  // left running for the next server, without this one's commands
+  // Left running for the next server, without this one's commands.
+  for (auto& entry : state->registry.kept())
     shutdown_execd(*entry->execd);
   state->grace_timer.expires_after(state->options.grace);
   state->grace_timer.async_wait([state](beast::error_code ec) {
     if (ec) return;  // cancelled: everything closed in time
-    std::lock_guard lock(state->mutex);
-    if (state->finished) return;
-    state->finished = true;
-    state->all_closed = false;
+    const auto left = state->gate.give_up();
+    if (!left) return;
     spdlog::warn(
         "sbx serve: the grace period passed with {} sandbox(es) still closing and {} "
         "create(s) in flight",
-        state->closing, state->creating.size());
+        left->closing, left->creating);
     state->ioc.stop();
   });
   spdlog::info("sbx serve: closing {} sandbox(es)", to_close.size());
@@ -1110,37 +1075,22 @@ void drain_then_close(const std::shared_ptr<Server::State>& state,
     store_remove(*state, *entry);
     begin_close(state, entry, [](std::exception_ptr) {});
   }
-  std::lock_guard lock(state->mutex);
-  state->maybe_finish_locked();
+  state->gate.finish_if_done();
 }
 
 }  // namespace
 
 void Server::stop() {
   auto state = state_;
-  std::vector<std::shared_ptr<Entry>> to_close;
-  std::vector<sbx::Operation<sbx::Sandbox>> to_cancel;
-  std::size_t kept = 0;
-  {
-    std::lock_guard lock(state->mutex);
-    if (state->stopping) return;
-    state->stopping = true;
-    for (auto& [id, entry] : state->sandboxes) {
-      if (state->options.keep_on_stop) {
-        // Left running, its state file kept for the next server; detached once run() returned
-        // (~Server), when no request can be using it.
-        state->kept.push_back(entry);
-        ++kept;
-      } else {
-        to_close.push_back(entry);
-      }
-    }
-    state->sandboxes.clear();
-    for (auto& [ticket, op] : state->creating)
-      if (op.valid()) to_cancel.push_back(op);
-    state->closing += static_cast<int>(to_close.size());
-  }
-  for (auto& op : to_cancel)
+  // The registry first, then the gate (state.hpp): the first stop() takes the sandboxes (to close,
+  // or kept with keep_on_stop, detached once run() returned, by ~Server), and counts them as
+  // closes in the step that makes the server stop.
+  auto taken = state->registry.close(state->options.keep_on_stop);
+  if (!taken) return;  // stopping already
+  std::vector<std::shared_ptr<Entry>> to_close = std::move(taken->to_close);
+  const std::size_t kept = taken->kept;
+  state->gate.stop(static_cast<int>(to_close.size()));
+  for (auto& op : taken->creates)
     op.cancel();
   // A reload hung in plugin code is abandoned now: its request is answered (a refusal) and the
   // stop does not wait for the plugin (nor for the grace period, counting that request).
@@ -1165,11 +1115,7 @@ void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_
     op = entry->box()->close_async();
   } catch (...) {
     const auto error = std::current_exception();
-    {
-      std::lock_guard lock(state->mutex);
-      --state->closing;
-      state->maybe_finish_locked();
-    }
+    state->gate.end_close();
     done(error);
     return;
   }
@@ -1182,11 +1128,7 @@ void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_
       spdlog::warn("sbx serve: closing sandbox {} failed: {}", entry->id,
                    sbx::to_error(error).what());
     }
-    {
-      std::lock_guard lock(state->mutex);
-      --state->closing;
-      state->maybe_finish_locked();
-    }
+    state->gate.end_close();
     done(error);
   });
 }

@@ -2,12 +2,15 @@
 // sandboxes the server created, and the types the route files answer with.
 //
 // THREADING: State is shared (shared_ptr) by the connections and by the continuations of provider
-// operations; its registry is guarded by its mutex. A route handler runs on its connection's strand
-// and answers through `Reply`, which may be called once, from any thread (it posts to the strand).
+// operations; its registry (Registry) and its stop's counts (StopGate) guard themselves. A route
+// handler runs on its connection's strand and answers through `Reply`, which may be called once,
+// from any thread (it posts to the strand).
 #pragma once
 
 #include "metrics.hpp"
+#include "registry.hpp"
 #include "server.hpp"
+#include "stop_gate.hpp"
 
 #include <sbx/core/sandbox.hpp>
 
@@ -141,8 +144,9 @@ class BodySink {
 
 // A sandbox the server created (or found again in its state directory), with what the lifecycle
 // API reports of it. Filled in before it enters the registry; after that only `expires_at`
-// changes (renew), under State::mutex, and the Sandbox handle (a reload that moves sandboxes to
-// the new generation, docs/hot-swap.md), under its own mutex. The Sandbox itself is thread-safe.
+// changes (renew), under the Registry's mutex, and the Sandbox handle (a reload that moves
+// sandboxes to the new generation, docs/hot-swap.md), under its own mutex. The Sandbox itself is
+// thread-safe. Owned jointly (shared_ptr) by the registry and the requests using it.
 struct Entry {
   // The handle requests use; one taken before a move keeps working on the old generation.
   std::shared_ptr<sbx::Sandbox> box() const {
@@ -158,7 +162,9 @@ struct Entry {
   std::vector<std::string> entrypoint;
   std::optional<boost::json::object> metadata;
   std::chrono::system_clock::time_point created_at;
-  std::optional<std::chrono::system_clock::time_point> expires_at;  // guarded by State::mutex
+  // Set by the entry's maker before it enters the registry; from then on guarded by the Registry's
+  // mutex: read with Registry::expires_at, changed with Registry::renew.
+  std::optional<std::chrono::system_clock::time_point> expires_at;
   std::string descriptor;  // sbx.connect/1 descriptor, when the server keeps a state directory
   // The state directory's writes of this sandbox (store.cpp), one at a time; once its record was
   // removed (store_remove) it is never written again.
@@ -218,18 +224,30 @@ struct Server::State {
   // Bytes of transfers staged in temp_dir (Options::temp_limit).
   TempSpace temp_space{options.temp_limit};
 
-  std::mutex mutex;  // guards what follows
-  std::map<std::string, std::shared_ptr<Entry>> sandboxes;
-  std::vector<std::shared_ptr<Entry>> kept;  // left running by a stop with keep_on_stop
-  std::map<uint64_t, sbx::Operation<sbx::Sandbox>> creating;  // creates in flight, by ticket
-  uint64_t next_ticket = 0;
-  int closing = 0;           // closes in flight (deletes and the stop's)
-  int answering = 0;         // requests read and not yet answered: a stop lets them finish
-  int open_streams = 0;      // command event streams open (Options::max_streams)
-  int running_commands = 0;  // commands running in any sandbox: a stop lets them finish
-  bool stopping = false;
-  bool finished = false;
-  bool all_closed = true;
+  // The sandboxes held, kept by a stop, and being created (thread-safe, registry.hpp).
+  Registry registry;
+  // What a stop waits for: requests, closes, creates, commands (thread-safe, stop_gate.hpp). Its
+  // finish stops the io_context (on `control`, after cancelling the grace timer).
+  //
+  // The registry and the gate have a mutex each, never held together (neither calls the other),
+  // so there is no lock order between them (the registry's may be taken under an Entry's
+  // store_mutex and takes an Entry's box mutex; the gate's is a leaf). They are kept consistent by
+  // the order of the steps, so that a sandbox not in the registry (not entered yet, or taken out)
+  // and not closed yet is always counted in the gate (as a create or a close): the gate cannot
+  // finish without it:
+  //  - a close outside the stop (DELETE, the TTL's retire) counts itself (gate.begin_close) before
+  //    it takes the entry out of the registry, and uncounts itself (end_close) if another took it;
+  //  - a create counts itself (gate.begin_create, refused once stopping) before the registry gives
+  //    it a ticket, and ends in the registry (end_create: the entry enters, or is refused when the
+  //    registry is closed) before the gate's end_create, which, for a refused one, turns the
+  //    create into a close in one step;
+  //  - the stop closes the registry first (registry.close: once, deciding which stop() call is
+  //    the stop; the held sandboxes leave it, and no sandbox enters after), then counts the
+  //    sandboxes it took with gate.stop(n), in the step that sets `stopping`: until then the gate
+  //    cannot finish. A create's operation is cancelled by the stop (when close() finds it) or by
+  //    the create itself (set_create_op says the registry was closed first), both decided under
+  //    the registry's mutex, so exactly one of them does.
+  StopGate gate;
   RequestMetrics metrics;  // GET /metrics (thread-safe)
   // Hot swap (Options::admin, routes_admin.cpp): reloads run one at a time on the admin thread,
   // started with the first one and joined by ~Server.
@@ -249,17 +267,17 @@ struct Server::State {
     // Called after every reload that was put in service (the watcher sets its watches again).
     std::function<void()> on_reloaded;
   } admin_queue;
-  int watch_fd = -1;  // inotify, made by the constructor with Admin::watched; watch.cpp takes it
+  // inotify, made by the constructor with Admin::watched; run() hands it to watch.cpp. Touched only
+  // by the thread that constructs, runs and destroys the Server (never concurrently).
+  int watch_fd = -1;
 
   State(sbx::Provider p, Options o);
-
-  void maybe_finish_locked();
 };
 
-// Starts closing `entry`'s sandbox. The caller has counted it in State::closing (under the
-// mutex) and must not hold the mutex: the operation may complete at once, on this thread. When it
-// ends, `closing` goes down and `done` runs (on a plugin thread, or this one) with the error, if
-// any.
+// Starts closing `entry`'s sandbox. The caller has counted it as a close in the gate
+// (StopGate::begin_close, StopGate::end_create(true) or StopGate::stop) and holds no lock: the
+// operation may complete at once, on this thread. When it ends, the close is uncounted
+// (StopGate::end_close) and `done` runs (on a plugin thread, or this one) with the error, if any.
 void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
                  std::function<void(std::exception_ptr)> done);
 
@@ -268,7 +286,7 @@ void begin_close(const std::shared_ptr<Server::State>& state, const std::shared_
 std::shared_ptr<Entry> find_live(const std::shared_ptr<Server::State>& state,
                                  const std::string& id);
 // Takes `entry` out of the registry (if it is still there) and closes its sandbox in the
-// background, counted in State::closing; its state file goes too. Must not hold the mutex.
+// background, counted as a close in the gate; its state file goes too. Holds no lock.
 void retire(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
             const char* why);
 // Retires every entry whose expiry is at or before `now` (the TTL sweep).

@@ -167,11 +167,8 @@ void store_save(Server::State& state, Entry& entry) {
   if (!state.options.state_dir) return;
   std::lock_guard store_lock(entry.store_mutex);
   if (entry.store_removed) return;  // deleted (or closed) meanwhile: its record stays gone
-  std::optional<std::chrono::system_clock::time_point> expires_at;
-  {
-    std::lock_guard lock(state.mutex);
-    expires_at = entry.expires_at;
-  }
+  // The registry's lock under store_mutex (registry.hpp).
+  const auto expires_at = state.registry.expires_at(entry);
   const fs::path target = file_of(*state.options.state_dir, entry.id);
   if (const std::string error =
           write_atomically(target, json::serialize(to_json(entry, expires_at)));
@@ -295,8 +292,7 @@ void store_load(Server::State& state) {
       }
       continue;
     }
-    std::lock_guard lock(state.mutex);
-    state.sandboxes[f.entry->id] = f.entry;
+    state.registry.insert(f.entry);
     ++kept;
   }
   spdlog::info("sbx serve: found {} sandbox(es) again in {}", kept, dir.string());

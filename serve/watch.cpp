@@ -132,10 +132,7 @@ class Watcher : public std::enable_shared_from_this<Watcher> {
     settle_.expires_after(kSettle);
     settle_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec) return;  // a later change moved the reload on
-      {
-        std::lock_guard lock(self->state_->mutex);
-        if (self->state_->stopping) return;
-      }
+      if (self->state_->gate.stopping()) return;
       start_reload(self->state_, std::nullopt, nullptr);
     });
   }
