@@ -77,7 +77,12 @@ struct Agent {
     }
     FAIL("sbx-agent did not listen on " << socket);
   }
-  ~Agent() { stop(); }
+  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit).
+  ~Agent() {
+    const int status = stop();
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 
   static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env) {
     std::vector<char*> argv, envp;
