@@ -691,6 +691,22 @@ void Server::on_readable(Connection& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n == 0 && !c.command && !c.closing) {
+      // The client finished sending (a half-close): answer what it sent, then close. A stream
+      // started by it has nobody to go to and ends like a client gone.
+      process_input(c);
+      if (c.dead) return;
+      if (!c.command) {
+        c.closing = true;
+        if (c.pending() == 0) {
+          close_conn(c);
+        } else {
+          c.want_out = true;
+          rewatch(c.token, c.fd, EPOLLOUT);  // no EPOLLIN: it would report the EOF forever
+        }
+        return;
+      }
+    }
     close_conn(c);  // EOF or a reset: the client is gone (a streamed command is killed)
     return;
   }

@@ -731,6 +731,14 @@ TEST_CASE("HTTP limits: head, body, chunked bodies, Expect: 100-continue, HTTP/1
     CHECK(client.at_eof());
   }
   {
+    // A client that half-closes after its request still gets the answer, then the close.
+    Client client(agent.socket);
+    client.send_raw("GET /ping HTTP/1.1\r\n\r\n");
+    ::shutdown(client.fd(), SHUT_WR);
+    CHECK(client.read_response().status == 200);
+    CHECK(client.at_eof());
+  }
+  {
     // Two requests in one write: the second is answered after the first's stream.
     Client client(agent.socket);
     const std::string body = command_body("echo one");
