@@ -1,0 +1,1493 @@
+// The agent's loop. Everything here runs on the one thread that called run(): no locks, no
+// threads. Sources of events, all in one epoll set: the listeners, a signalfd (SIGCHLD, SIGTERM,
+// SIGINT), the client connections, and the read ends of the commands' output pipes. Timers (pings
+// and command timeouts) are an ordered set whose first entry bounds epoll_wait's timeout.
+#include "agent.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "http.hpp"
+#include "json.hpp"
+#include "users.hpp"
+
+extern char** environ;
+
+namespace sbx::agent {
+
+namespace {
+
+constexpr std::size_t kMaxLine = 1024 * 1024;         // a longer line is sent in pieces
+constexpr std::size_t kReadChunk = 64 * 1024;         // one read() from a pipe or a socket
+constexpr std::size_t kPauseAbove = 4 * 1024 * 1024;  // unsent bytes that pause a command's output
+constexpr std::size_t kResumeBelow = 1024 * 1024;     // ... and resume it
+constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // one GET /command/{id}/logs answer
+constexpr std::size_t kMaxContent = 64 * 1024;        // the command text kept for status
+constexpr const char* kDefaultPath =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+int64_t mono_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t real_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// RFC 3339 with nanoseconds, as execd (Go) prints.
+std::string rfc3339(int64_t ns) {
+  const std::time_t secs = static_cast<std::time_t>(ns / 1000000000);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(ns % 1000000000));
+  return buf;
+}
+
+std::string stamp() {
+  return ",\"timestamp\":" + std::to_string(real_ns() / 1000000);
+}
+
+// One event of the stream: a bare JSON object and a blank line (execd's framing).
+std::string text_event(std::string_view type, std::string_view text) {
+  std::string e = "{\"type\":\"";
+  e += type;
+  e += "\",\"text\":";
+  json::append_string(e, text);
+  e += stamp();
+  e += "}\n\n";
+  return e;
+}
+
+std::string error_event(std::string_view evalue, std::string_view traceback) {
+  std::string e =
+      "{\"type\":\"error\"" + stamp() + ",\"error\":{\"ename\":\"CommandExecError\",\"evalue\":";
+  json::append_string(e, evalue);
+  e += ",\"traceback\":[";
+  json::append_string(e, traceback);
+  e += "]}}\n\n";
+  return e;
+}
+
+std::string complete_event(int64_t execution_ms) {
+  return "{\"type\":\"execution_complete\",\"execution_time\":" + std::to_string(execution_ms) +
+         stamp() + "}\n\n";
+}
+
+std::string error_body(std::string_view code, std::string_view message) {
+  std::string b = "{\"code\":";
+  json::append_string(b, code);
+  b += ",\"message\":";
+  json::append_string(b, message);
+  b += "}";
+  return b;
+}
+
+// Go's names for the signals a command most often dies of ("signal: killed").
+std::string signal_text(int sig) {
+  switch (sig) {
+    case SIGKILL:
+      return "signal: killed";
+    case SIGTERM:
+      return "signal: terminated";
+    case SIGINT:
+      return "signal: interrupt";
+    case SIGHUP:
+      return "signal: hangup";
+    case SIGQUIT:
+      return "signal: quit";
+    case SIGABRT:
+      return "signal: aborted";
+    case SIGSEGV:
+      return "signal: segmentation fault";
+    case SIGBUS:
+      return "signal: bus error";
+    case SIGFPE:
+      return "signal: floating point exception";
+    case SIGPIPE:
+      return "signal: broken pipe";
+    case SIGXFSZ:
+      return "signal: file size limit exceeded";
+    default:
+      return "signal: " + std::to_string(sig);
+  }
+}
+
+// Compares without an early exit, so the time taken does not tell how much of a token matched.
+bool equal_constant_time(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::size_t n = std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::string new_id() {
+  unsigned char bytes[16];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got < sizeof bytes) {  // no getrandom (very old kernel): unique, not secret
+    static uint64_t counter = 0;
+    const uint64_t v[2] = {static_cast<uint64_t>(real_ns()),
+                           ++counter ^ static_cast<uint64_t>(::getpid())};
+    std::memcpy(bytes, v, sizeof bytes);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (unsigned char b : bytes) {
+    id += kHex[b >> 4];
+    id += kHex[b & 0xF];
+  }
+  return id;
+}
+
+void set_nonblocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Output split into lines: '\n', '\r' and "\r\n" end one; an empty line is sent as "\n" (as execd
+// does); a line longer than kMaxLine is sent in pieces.
+class LineSplitter {
+ public:
+  template <typename Emit>
+  void feed(std::string_view data, Emit&& emit) {
+    for (const char c : data) {
+      if (after_cr_ && c == '\n') {
+        after_cr_ = false;
+        continue;
+      }
+      after_cr_ = c == '\r';
+      if (c == '\n' || c == '\r') {
+        emit(partial_.empty() ? std::string_view("\n") : std::string_view(partial_));
+        partial_.clear();
+        continue;
+      }
+      partial_ += c;
+      if (partial_.size() >= kMaxLine) {
+        emit(std::string_view(partial_));
+        partial_.clear();
+      }
+    }
+  }
+  template <typename Emit>
+  void flush(Emit&& emit) {
+    if (!partial_.empty()) emit(std::string_view(partial_));
+    partial_.clear();
+  }
+
+ private:
+  std::string partial_;
+  bool after_cr_ = false;
+};
+
+enum class Kind { listener, signal, connection, pipe };
+
+// What an epoll registration stands for: looked up by the registration's token, so an event for a
+// closed fd (or an fd number reused within one batch) finds nothing instead of the wrong object.
+struct Source {
+  Kind kind;
+  uint64_t key;    // the connection's or command's key; a listener's fd
+  int stream = 0;  // a pipe: 0 stdout (or the combined output), 1 stderr
+};
+
+struct Connection {
+  uint64_t key = 0;
+  uint64_t token = 0;
+  int fd = -1;
+  std::string in;
+  std::string out;
+  std::size_t out_off = 0;
+  bool want_out = false;
+  bool have_head = false;
+  bool sent_continue = false;
+  bool closing = false;  // close once `out` is written
+  bool dead = false;
+  uint64_t command = 0;  // the command whose events it streams, 0 when none
+  http::Request req;
+
+  std::size_t pending() const { return out.size() - out_off; }
+};
+
+struct Command {
+  uint64_t key = 0;
+  std::string id;
+  std::string content;
+  bool background = false;
+  pid_t pid = -1;
+  bool running = false;
+  bool killed = false;
+  std::optional<int> exit_code;
+  std::optional<std::string> error;
+  int64_t started_ns = 0;
+  int64_t finished_ns = 0;
+  int64_t started_ms = 0;
+  int64_t deadline_ms = 0;  // 0: no timeout
+  int64_t last_event_ms = 0;
+  int64_t timer_at = 0;  // the wake-up scheduled in timers_, 0 when none
+  int fds[2] = {-1, -1};
+  uint64_t tokens[2] = {0, 0};
+  LineSplitter lines[2];
+  bool paused = false;
+  uint64_t conn = 0;  // the streaming connection, 0 when none
+  int log_fd = -1;
+  std::string log_path;
+  uint64_t log_size = 0;
+};
+
+struct Listener {
+  int fd = -1;
+  std::string unix_path;  // empty for TCP
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// The parsed body of POST /command.
+struct CommandRequest {
+  std::string command;
+  std::optional<std::string> cwd;
+  bool background = false;
+  int64_t timeout_ms = 0;
+  std::vector<std::pair<std::string, std::string>> envs;
+  std::optional<Identity> identity;
+};
+
+class Server {
+ public:
+  explicit Server(Options options) : opt_(std::move(options)) {}
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  ~Server() { shutdown(); }
+
+  bool start();
+  void loop();
+
+ private:
+  // Registration.
+  uint64_t watch(int fd, uint32_t events, Source source);
+  void rewatch(uint64_t token, int fd, uint32_t events);
+  void unwatch(uint64_t& token, int fd);
+
+  // Listening and connections.
+  bool listen_on(const std::string& spec);
+  void on_accept(int fd);
+  void on_readable(Connection& c);
+  void on_writable(Connection& c);
+  void process_input(Connection& c);
+  void handle(Connection& c);
+  void send(Connection& c, std::string_view data);
+  void reply(Connection& c, int status, std::string_view type, std::string_view body,
+             const std::vector<std::string>& extra = {});
+  void reply_error(Connection& c, int status, std::string_view code, std::string_view message);
+  void fail_head(Connection& c, int status, std::string_view message);
+  void close_conn(Connection& c);
+  Connection* conn_of(uint64_t key);
+
+  // Commands.
+  void post_command(Connection& c);
+  std::optional<CommandRequest> read_command(const std::string& body, std::string& why);
+  std::optional<std::string> spawn(Command& cmd, const CommandRequest& req);
+  void delete_command(Connection& c);
+  void command_status(Connection& c, const std::string& id);
+  void command_logs(Connection& c, const std::string& id);
+  Command* command_of(uint64_t key);
+  Command* command_by_id(const std::string& id);
+  void emit(Command& cmd, std::string_view event);
+  void on_pipe(Command& cmd, int stream, bool final_drain);
+  void kill_group(Command& cmd);
+  void on_exit(pid_t pid, int status);
+  void finish(Command& cmd, int status);
+  void fail_start(Command& cmd, const std::string& why);
+  void retire(Command& cmd);
+  void pause_output(Command& cmd, bool pause);
+  void schedule(Command& cmd);
+  void run_timers();
+  int next_timeout() const;
+
+  void on_signal();
+  void shutdown();
+
+  Options opt_;
+  int epfd_ = -1;
+  int sigfd_ = -1;
+  int reserve_fd_ = -1;  // given up to accept (and drop) a connection when out of fds
+  bool stop_ = false;
+  bool shut_ = false;
+  bool made_state_dir_ = false;
+  std::vector<std::string> base_env_;
+  std::vector<Listener> listeners_;
+  uint64_t next_token_ = 1;
+  uint64_t next_key_ = 1;
+  std::unordered_map<uint64_t, Source> sources_;
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  std::unordered_map<uint64_t, std::unique_ptr<Command>> commands_;
+  std::unordered_map<std::string, uint64_t> ids_;
+  std::unordered_map<pid_t, uint64_t> pids_;
+  std::deque<uint64_t> finished_;
+  std::set<std::pair<int64_t, uint64_t>> timers_;
+  std::vector<uint64_t> dead_conns_;
+  std::vector<uint64_t> resume_input_;  // connections whose stream ended: parse what they sent
+};
+
+uint64_t Server::watch(int fd, uint32_t events, Source source) {
+  const uint64_t token = next_token_++;
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return 0;
+  sources_.emplace(token, source);
+  return token;
+}
+
+void Server::rewatch(uint64_t token, int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void Server::unwatch(uint64_t& token, int fd) {
+  if (token == 0) return;
+  ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  sources_.erase(token);
+  token = 0;
+}
+
+bool Server::start() {
+  // The children's environment: the agent's own (in a container, the image's ENV), without the
+  // token, with a default PATH when there is none.
+  bool have_path = false;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("SBX_AGENT_TOKEN=")) continue;
+    if (entry.starts_with("PATH=")) have_path = true;
+    base_env_.emplace_back(entry);
+  }
+  if (!have_path) base_env_.emplace_back(kDefaultPath);
+
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  // Orphans of the commands (a `cmd &` whose shell exited) become the agent's children and are
+  // reaped here, not left as zombies; as PID 1 this is implied.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  sigfd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (epfd_ < 0 || sigfd_ < 0) {
+    std::fprintf(stderr, "sbx-agent: epoll/signalfd: %s\n", std::strerror(errno));
+    return false;
+  }
+  watch(sigfd_, EPOLLIN, Source{Kind::signal, 0});
+  reserve_fd_ = ::open("/", O_RDONLY | O_CLOEXEC);
+
+  if (opt_.state_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/sbx-agent-XXXXXX";
+    if (!::mkdtemp(templ.data())) {
+      std::fprintf(stderr, "sbx-agent: cannot make a state directory %s: %s\n", templ.c_str(),
+                   std::strerror(errno));
+      return false;
+    }
+    opt_.state_dir = templ;
+    made_state_dir_ = true;
+  } else if (::mkdir(opt_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "sbx-agent: cannot make %s: %s\n", opt_.state_dir.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+
+  if (opt_.listen.empty()) {
+    std::fprintf(stderr, "sbx-agent: nothing to listen on (--listen unix:PATH or tcp:HOST:PORT)\n");
+    return false;
+  }
+  for (const auto& spec : opt_.listen)
+    if (!listen_on(spec)) return false;
+  return true;
+}
+
+bool Server::listen_on(const std::string& spec) {
+  Listener l;
+  if (spec.starts_with("unix:")) {
+    const std::string path = spec.substr(5);
+    sockaddr_un addr{};
+    if (path.empty() || path.size() >= sizeof addr.sun_path) {
+      std::fprintf(stderr, "sbx-agent: bad unix socket path '%s'\n", path.c_str());
+      return false;
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        std::fprintf(stderr, "sbx-agent: refusing to replace %s: it is not a socket\n",
+                     path.c_str());
+        return false;
+      }
+      // A socket someone still answers on is not stale.
+      const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const bool live =
+          probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+      if (probe >= 0) ::close(probe);
+      if (live) {
+        std::fprintf(stderr, "sbx-agent: %s is in use by another process\n", path.c_str());
+        return false;
+      }
+      ::unlink(path.c_str());
+    }
+    l.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const mode_t old = ::umask(0177);  // born 0600: no window with a wider mode
+    const int rc = l.fd < 0 ? -1 : ::bind(l.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::umask(old);
+    if (rc != 0 || ::listen(l.fd, 1024) != 0 || ::lstat(path.c_str(), &st) != 0) {
+      std::fprintf(stderr, "sbx-agent: cannot listen on %s: %s\n", path.c_str(),
+                   std::strerror(errno));
+      if (l.fd >= 0) ::close(l.fd);
+      return false;
+    }
+    ::chmod(path.c_str(), 0600);
+    l.unix_path = path;
+    l.dev = st.st_dev;
+    l.ino = st.st_ino;
+  } else if (spec.starts_with("tcp:")) {
+    const std::string rest = spec.substr(4);
+    const std::size_t colon = rest.rfind(':');
+    std::string host = colon == std::string::npos ? "" : rest.substr(0, colon);
+    const std::string port_text = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    char* end = nullptr;
+    const long port = std::strtol(port_text.c_str(), &end, 10);
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    bool ok = !port_text.empty() && *end == '\0' && port >= 0 && port <= 65535;
+    if (ok && host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+      a6->sin6_family = AF_INET6;
+      a6->sin6_port = htons(static_cast<uint16_t>(port));
+      ok = ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6->sin6_addr) == 1;
+      len = sizeof *a6;
+    } else if (ok) {
+      auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+      a4->sin_family = AF_INET;
+      a4->sin_port = htons(static_cast<uint16_t>(port));
+      ok = ::inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1;
+      len = sizeof *a4;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "sbx-agent: bad TCP address '%s' (tcp:IPV4:PORT or tcp:[IPV6]:PORT)\n",
+                   rest.c_str());
+      return false;
+    }
+    l.fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    if (l.fd >= 0) ::setsockopt(l.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (l.fd < 0 || ::bind(l.fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+        ::listen(l.fd, 1024) != 0) {
+      std::fprintf(stderr, "sbx-agent: cannot listen on %s: %s\n", spec.c_str(),
+                   std::strerror(errno));
+      if (l.fd >= 0) ::close(l.fd);
+      return false;
+    }
+  } else {
+    std::fprintf(stderr, "sbx-agent: --listen takes unix:PATH or tcp:HOST:PORT, not '%s'\n",
+                 spec.c_str());
+    return false;
+  }
+  watch(l.fd, EPOLLIN, Source{Kind::listener, static_cast<uint64_t>(l.fd)});
+  listeners_.push_back(l);
+  return true;
+}
+
+void Server::loop() {
+  epoll_event events[256];
+  while (!stop_) {
+    const int n = ::epoll_wait(epfd_, events, 256, next_timeout());
+    if (n < 0 && errno != EINTR) {
+      std::fprintf(stderr, "sbx-agent: epoll_wait: %s\n", std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      const auto it = sources_.find(events[i].data.u64);
+      if (it == sources_.end()) continue;  // closed earlier in this batch
+      const Source source = it->second;
+      const uint32_t ev = events[i].events;
+      switch (source.kind) {
+        case Kind::listener:
+          on_accept(static_cast<int>(source.key));
+          break;
+        case Kind::signal:
+          on_signal();
+          break;
+        case Kind::connection:
+          if (Connection* c = conn_of(source.key)) {
+            if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) on_readable(*c);
+            if (!c->dead && (ev & EPOLLOUT)) on_writable(*c);
+          }
+          break;
+        case Kind::pipe:
+          if (Command* cmd = command_of(source.key)) on_pipe(*cmd, source.stream, false);
+          break;
+      }
+    }
+    run_timers();
+    while (!resume_input_.empty()) {
+      std::vector<uint64_t> keys;
+      keys.swap(resume_input_);
+      for (uint64_t key : keys)
+        if (Connection* c = conn_of(key)) process_input(*c);
+    }
+    for (uint64_t key : dead_conns_)
+      conns_.erase(key);
+    dead_conns_.clear();
+  }
+}
+
+void Server::on_signal() {
+  signalfd_siginfo info[16];
+  bool child = false;
+  for (;;) {
+    const ssize_t n = ::read(sigfd_, info, sizeof info);
+    if (n <= 0) break;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof info[0]; ++i) {
+      if (info[i].ssi_signo == SIGCHLD) child = true;
+      if (info[i].ssi_signo == SIGTERM || info[i].ssi_signo == SIGINT) stop_ = true;
+    }
+  }
+  if (!child) return;
+  // Signals coalesce: reap until there is nothing left, commands and adopted orphans alike.
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    on_exit(pid, status);
+  }
+}
+
+void Server::on_accept(int lfd) {
+  for (;;) {
+    const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if ((errno == EMFILE || errno == ENFILE) && reserve_fd_ >= 0) {
+        // Out of fds: accept and drop one connection so the listener does not spin.
+        close_fd(reserve_fd_);
+        const int drop = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (drop >= 0) ::close(drop);
+        reserve_fd_ = ::open("/", O_RDONLY | O_CLOEXEC);
+        continue;
+      }
+      return;  // EAGAIN, or an error for this one connection
+    }
+    auto c = std::make_unique<Connection>();
+    c->key = next_key_++;
+    c->fd = fd;
+    c->token = watch(fd, EPOLLIN | EPOLLRDHUP, Source{Kind::connection, c->key});
+    if (c->token == 0) {
+      ::close(fd);
+      continue;
+    }
+    conns_.emplace(c->key, std::move(c));
+  }
+}
+
+Connection* Server::conn_of(uint64_t key) {
+  const auto it = conns_.find(key);
+  return it == conns_.end() || it->second->dead ? nullptr : it->second.get();
+}
+
+Command* Server::command_of(uint64_t key) {
+  const auto it = commands_.find(key);
+  return it == commands_.end() ? nullptr : it->second.get();
+}
+
+Command* Server::command_by_id(const std::string& id) {
+  const auto it = ids_.find(id);
+  return it == ids_.end() ? nullptr : command_of(it->second);
+}
+
+void Server::close_conn(Connection& c) {
+  if (c.dead) return;
+  c.dead = true;
+  if (Command* cmd = command_of(c.command)) {
+    // The client went away mid-stream: nobody will read the command's output.
+    cmd->conn = 0;
+    if (cmd->running) kill_group(*cmd);
+    if (cmd->paused) pause_output(*cmd, false);
+    schedule(*cmd);
+  }
+  c.command = 0;
+  unwatch(c.token, c.fd);
+  close_fd(c.fd);
+  dead_conns_.push_back(c.key);
+}
+
+void Server::on_readable(Connection& c) {
+  char buf[kReadChunk];
+  for (int round = 0; round < 4; ++round) {
+    const ssize_t n = ::read(c.fd, buf, sizeof buf);
+    if (n > 0) {
+      c.in.append(buf, static_cast<std::size_t>(n));
+      if (c.in.size() > opt_.max_head + opt_.max_body + kReadChunk) {
+        // A client that sends while it is being streamed to (or floods): more than one request.
+        close_conn(c);
+        return;
+      }
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n == 0 && !c.command && !c.closing) {
+      // The client finished sending (a half-close): answer what it sent, then close. A stream
+      // started by it has nobody to go to and ends like a client gone.
+      process_input(c);
+      if (c.dead) return;
+      if (!c.command) {
+        c.closing = true;
+        if (c.pending() == 0) {
+          close_conn(c);
+        } else {
+          c.want_out = true;
+          rewatch(c.token, c.fd, EPOLLOUT);  // no EPOLLIN: it would report the EOF forever
+        }
+        return;
+      }
+    }
+    close_conn(c);  // EOF or a reset: the client is gone (a streamed command is killed)
+    return;
+  }
+  if (!c.command) process_input(c);
+}
+
+void Server::on_writable(Connection& c) {
+  while (c.pending() > 0) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending(), MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_off += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    close_conn(c);
+    return;
+  }
+  if (c.pending() == 0) {
+    c.out.clear();
+    c.out_off = 0;
+    if (c.closing) {
+      close_conn(c);
+      return;
+    }
+    if (c.want_out) {
+      c.want_out = false;
+      rewatch(c.token, c.fd, EPOLLIN | EPOLLRDHUP);
+    }
+  } else if (c.out_off > 1024 * 1024) {
+    c.out.erase(0, c.out_off);
+    c.out_off = 0;
+  }
+  if (c.pending() < kResumeBelow)
+    if (Command* cmd = command_of(c.command); cmd && cmd->paused) pause_output(*cmd, false);
+}
+
+void Server::send(Connection& c, std::string_view data) {
+  if (c.dead || data.empty()) return;
+  c.out.append(data);
+  if (!c.want_out) {
+    on_writable(c);
+    if (c.dead || c.pending() == 0) return;
+    c.want_out = true;
+    rewatch(c.token, c.fd, EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+  }
+  if (c.pending() > kPauseAbove)
+    if (Command* cmd = command_of(c.command); cmd && !cmd->paused) pause_output(*cmd, true);
+}
+
+void Server::reply(Connection& c, int status, std::string_view type, std::string_view body,
+                   const std::vector<std::string>& extra) {
+  const bool keep = c.req.keep_alive && !c.closing;
+  send(c, http::response(status, type, body, keep, extra));
+  if (!keep) {
+    c.closing = true;
+    if (!c.dead && c.pending() == 0) close_conn(c);
+  }
+}
+
+void Server::reply_error(Connection& c, int status, std::string_view code,
+                         std::string_view message) {
+  reply(c, status, "application/json; charset=utf-8", error_body(code, message));
+}
+
+void Server::fail_head(Connection& c, int status, std::string_view message) {
+  // The stream is out of step (an unread body, a broken head): answer and close.
+  c.closing = true;
+  c.req.keep_alive = false;
+  send(c, http::response(status, "application/json; charset=utf-8",
+                         error_body("INVALID_REQUEST", message), false));
+  if (!c.dead && c.pending() == 0) close_conn(c);
+}
+
+void Server::process_input(Connection& c) {
+  while (!c.dead && !c.closing && c.command == 0) {
+    if (!c.have_head) {
+      const std::size_t end = c.in.find("\r\n\r\n");
+      if (end == std::string::npos || end + 4 > opt_.max_head) {
+        if (end != std::string::npos || c.in.size() > opt_.max_head) {
+          fail_head(c, 431,
+                    "the request head is larger than " + std::to_string(opt_.max_head) + " bytes");
+        }
+        return;
+      }
+      c.req = http::Request{};
+      if (const auto err = http::parse_head(std::string_view(c.in).substr(0, end + 4), c.req)) {
+        fail_head(c, err->status, err->message);
+        return;
+      }
+      if (c.req.content_length > opt_.max_body) {
+        fail_head(c, 413,
+                  "the request body is larger than " + std::to_string(opt_.max_body) + " bytes");
+        return;
+      }
+      c.in.erase(0, end + 4);
+      c.have_head = true;
+      c.sent_continue = false;
+    }
+    if (c.in.size() < c.req.content_length) {
+      if (c.req.expect_continue && !c.sent_continue) {
+        c.sent_continue = true;
+        send(c, "HTTP/1.1 100 Continue\r\n\r\n");
+      }
+      return;
+    }
+    c.req.body = c.in.substr(0, c.req.content_length);
+    c.in.erase(0, c.req.content_length);
+    c.have_head = false;
+    handle(c);
+  }
+}
+
+void Server::handle(Connection& c) {
+  const http::Request& r = c.req;
+  const bool is_ping = r.path == "/ping";
+  if (!opt_.token.empty() && !(is_ping && r.method == "GET")) {
+    const std::string* token = r.header("x-execd-access-token");
+    if (!token || !equal_constant_time(*token, opt_.token)) {
+      reply(c, 401, "application/json; charset=utf-8",
+            "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
+      return;
+    }
+  }
+  auto method_not_allowed = [&] {
+    reply_error(c, 405, "NOT_SUPPORTED", "method " + r.method + " is not allowed on " + r.path);
+  };
+  if (is_ping) {
+    if (r.method == "GET" || r.method == "HEAD") {
+      reply(c, 200, "", "");
+    } else {
+      method_not_allowed();
+    }
+    return;
+  }
+  if (r.path == "/command") {
+    if (r.method == "POST") {
+      post_command(c);
+    } else if (r.method == "DELETE") {
+      delete_command(c);
+    } else {
+      method_not_allowed();
+    }
+    return;
+  }
+  constexpr std::string_view kStatus = "/command/status/";
+  constexpr std::string_view kLogs = "/logs";
+  const std::string_view path = r.path;
+  if (path.starts_with(kStatus) && path.size() > kStatus.size() &&
+      path.find('/', kStatus.size()) == std::string_view::npos) {
+    if (r.method != "GET") return method_not_allowed();
+    command_status(c, std::string(path.substr(kStatus.size())));
+    return;
+  }
+  if (path.starts_with("/command/") && path.ends_with(kLogs) &&
+      path.size() > std::string_view("/command/").size() + kLogs.size()) {
+    const std::string_view id = path.substr(9, path.size() - 9 - kLogs.size());
+    if (id.find('/') == std::string_view::npos) {
+      if (r.method != "GET") return method_not_allowed();
+      command_logs(c, std::string(id));
+      return;
+    }
+  }
+  reply_error(c, 404, "NOT_FOUND", "no route " + r.method + " " + r.path);
+}
+
+std::optional<CommandRequest> Server::read_command(const std::string& body, std::string& why) {
+  json::Value v;
+  if (!json::parse(body, v, why)) {
+    why = "invalid request body: " + why;
+    return std::nullopt;
+  }
+  if (v.kind != json::Value::Kind::object) {
+    why = "invalid request body: the body must be a JSON object";
+    return std::nullopt;
+  }
+  using K = json::Value::Kind;
+  auto present = [&](const char* name) {
+    const json::Value* f = v.find(name);
+    return f && f->kind != K::null ? f : nullptr;
+  };
+  auto id_number = [&](const json::Value& f, const char* name) -> std::optional<uint32_t> {
+    if (f.kind != K::number || !f.integer_ok || f.integer < 0 || f.integer > UINT32_MAX) {
+      why = std::string("invalid request body: ") + name + " must be a non-negative integer";
+      return std::nullopt;
+    }
+    return static_cast<uint32_t>(f.integer);
+  };
+  CommandRequest out;
+  const json::Value* command = present("command");
+  if (!command || command->kind != K::string || command->text.empty()) {
+    why = "invalid request body: command is required (a non-empty string)";
+    return std::nullopt;
+  }
+  out.command = command->text;
+  if (out.command.find('\0') != std::string::npos) {
+    why = "invalid request body: command contains a NUL character";
+    return std::nullopt;
+  }
+  if (const json::Value* cwd = present("cwd")) {
+    if (cwd->kind != K::string) {
+      why = "invalid request body: cwd must be a string";
+      return std::nullopt;
+    }
+    if (!cwd->text.empty()) out.cwd = cwd->text;
+  }
+  if (const json::Value* bg = present("background")) {
+    if (bg->kind != K::boolean) {
+      why = "invalid request body: background must be a boolean";
+      return std::nullopt;
+    }
+    out.background = bg->boolean;
+  }
+  if (const json::Value* t = present("timeout")) {
+    if (t->kind != K::number || !t->integer_ok || t->integer < 0) {
+      why = "invalid request body: timeout must be a non-negative integer (milliseconds)";
+      return std::nullopt;
+    }
+    out.timeout_ms = t->integer;
+  }
+  if (const json::Value* envs = present("envs")) {
+    if (envs->kind != K::object) {
+      why = "invalid request body: envs must be an object of strings";
+      return std::nullopt;
+    }
+    for (const auto& [k, val] : envs->members) {
+      if (val.kind != K::string) {
+        why = "invalid request body: envs." + k + " must be a string";
+        return std::nullopt;
+      }
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          val.text.find('\0') != std::string::npos) {
+        why = "invalid request body: bad environment variable name or value: " + k;
+        return std::nullopt;
+      }
+      out.envs.emplace_back(k, val.text);
+    }
+  }
+  std::optional<uint32_t> uid, gid;
+  if (const json::Value* f = present("uid")) {
+    if (!(uid = id_number(*f, "uid"))) return std::nullopt;
+  }
+  if (const json::Value* f = present("gid")) {
+    if (!(gid = id_number(*f, "gid"))) return std::nullopt;
+  }
+  const json::Value* user = present("user");
+  if (user && uid) {
+    why = "invalid request body: give user or uid, not both";
+    return std::nullopt;
+  }
+  if (gid && !uid && !user) {
+    why = "invalid request body: gid requires uid";
+    return std::nullopt;
+  }
+  if (user) {
+    std::string name;
+    if (user->kind == K::string) {
+      name = user->text;
+    } else if (user->kind == K::number && user->integer_ok && user->integer >= 0 &&
+               user->integer <= UINT32_MAX) {
+      name = std::to_string(user->integer);
+    } else {
+      why = "invalid request body: user must be a user name or a uid";
+      return std::nullopt;
+    }
+    std::string error;
+    out.identity = resolve_user(opt_.etc_dir, name, error);
+    if (!out.identity) {
+      why = "invalid request body: " + error;
+      return std::nullopt;
+    }
+    if (gid) {
+      out.identity->gid = *gid;
+      out.identity->groups.insert(out.identity->groups.begin(), *gid);
+    }
+  } else if (uid) {
+    out.identity = resolve_uid(opt_.etc_dir, *uid, gid);
+  }
+  if (out.cwd) {
+    struct stat st {};
+    if (::stat(out.cwd->c_str(), &st) != 0) {
+      why = "invalid request body: cwd " + *out.cwd + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      why = "invalid request body: cwd " + *out.cwd + " is not a directory";
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+void Server::post_command(Connection& c) {
+  std::string why;
+  const auto req = read_command(c.req.body, why);
+  if (!req) {
+    reply_error(c, 400, "INVALID_REQUEST_BODY", why);
+    return;
+  }
+  auto owned = std::make_unique<Command>();
+  Command& cmd = *owned;
+  cmd.key = next_key_++;
+  cmd.id = new_id();
+  cmd.content = req->command.substr(0, kMaxContent);
+  cmd.background = req->background;
+  cmd.started_ns = real_ns();
+  cmd.started_ms = mono_ms();
+  cmd.last_event_ms = cmd.started_ms;
+  commands_.emplace(cmd.key, std::move(owned));
+  ids_.emplace(cmd.id, cmd.key);
+
+  // The response is committed from here on: every outcome is an event.
+  send(c, http::stream_head());
+  send(c, http::chunk(text_event("init", cmd.id)));
+  send(c, http::chunk(text_event("ping", "pong")));
+  if (c.dead) {  // gone before the command started: do not start it
+    cmd.error = "the client disconnected";
+    cmd.finished_ns = real_ns();
+    retire(cmd);
+    return;
+  }
+  cmd.conn = c.key;
+  c.command = cmd.key;
+
+  std::optional<std::string> failed;
+  if (::access(opt_.shell.c_str(), X_OK) != 0) {
+    failed = opt_.shell + ": " + std::strerror(errno) +
+             ": a shell is needed to run a command, and this sandbox's image has none";
+  } else {
+    failed = spawn(cmd, *req);
+  }
+  if (failed) {
+    fail_start(cmd, *failed);
+    return;
+  }
+  if (cmd.background) {
+    emit(cmd, complete_event(mono_ms() - cmd.started_ms));
+    send(c, http::kLastChunk);
+    cmd.conn = 0;
+    c.command = 0;
+    if (!c.req.keep_alive) {
+      c.closing = true;
+      if (c.pending() == 0) close_conn(c);
+    }
+  }
+  schedule(cmd);
+}
+
+void Server::fail_start(Command& cmd, const std::string& why) {
+  close_fd(cmd.log_fd);
+  cmd.error = why;
+  cmd.exit_code = -1;
+  cmd.finished_ns = real_ns();
+  Connection* c = conn_of(cmd.conn);
+  if (c) {
+    emit(cmd, error_event(why, why));
+    send(*c, http::kLastChunk);
+    c->command = 0;
+    if (!c->req.keep_alive) {
+      c->closing = true;
+      if (c->pending() == 0) close_conn(*c);
+    }
+  }
+  cmd.conn = 0;
+  retire(cmd);
+}
+
+// What the child reports through its close-on-exec pipe when it fails before execve.
+struct ChildFailure {
+  int stage;  // 0 setgroups, 1 setgid, 2 setuid, 3 chdir, 4 execve
+  int error;
+};
+
+std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req) {
+  // Everything the child needs is built here, before fork: the child only makes system calls.
+  std::vector<std::string> env = base_env_;
+  auto set_env = [&](const std::string& name, const std::string& value) {
+    const std::string prefix = name + "=";
+    for (auto& e : env) {
+      if (e.starts_with(prefix)) {
+        e = prefix + value;
+        return;
+      }
+    }
+    env.push_back(prefix + value);
+  };
+  if (req.identity) set_env("HOME", req.identity->home);
+  for (const auto& [k, v] : req.envs)
+    set_env(k, v);
+  std::vector<char*> envp;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string arg0 = "sh", arg1 = "-c", arg2 = req.command;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  const char* cwd = req.cwd ? req.cwd->c_str() : nullptr;
+  const char* shell = opt_.shell.c_str();
+  bool switch_user = false;
+  std::vector<gid_t> groups;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (req.identity) {
+    uid = req.identity->uid;
+    gid = req.identity->gid;
+    groups = req.identity->groups;
+    // Not root and asked to stay who we are: nothing to change (setgroups would fail).
+    switch_user = !(::geteuid() != 0 && uid == ::geteuid() && gid == ::getegid());
+  }
+
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
+  if (cmd.background) {
+    cmd.log_path = opt_.state_dir + "/" + cmd.id + ".log";
+    cmd.log_fd =
+        ::open(cmd.log_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+    if (cmd.log_fd < 0)
+      return "cannot create the log file " + cmd.log_path + ": " + std::strerror(errno);
+  }
+  if (::pipe2(out, O_CLOEXEC) != 0 || (!cmd.background && ::pipe2(err, O_CLOEXEC) != 0) ||
+      ::pipe2(report, O_CLOEXEC) != 0) {
+    const std::string why = std::string("pipe: ") + std::strerror(errno);
+    for (int* p : {out, err, report}) {
+      close_fd(p[0]);
+      close_fd(p[1]);
+    }
+    return why;
+  }
+  const int child_out = out[1];
+  const int child_err = cmd.background ? out[1] : err[1];
+
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::setpgid(0, 0);
+    int in[2];
+    if (::pipe(in) == 0) {  // stdin: at end of file at once (no /dev/null needed)
+      ::dup2(in[0], 0);
+      ::close(in[0]);
+      ::close(in[1]);
+    }
+    ::dup2(child_out, 1);
+    ::dup2(child_err, 2);
+    ChildFailure f{-1, 0};
+    if (switch_user) {
+      if (::setgroups(groups.size(), groups.data()) != 0) {
+        f = {0, errno};
+      } else if (::setgid(gid) != 0) {
+        f = {1, errno};
+      } else if (::setuid(uid) != 0) {
+        f = {2, errno};
+      }
+    }
+    if (f.stage < 0 && cwd && ::chdir(cwd) != 0) f = {3, errno};
+    if (f.stage < 0) {
+      ::execve(shell, argv, envp.data());
+      f = {4, errno};
+    }
+    [[maybe_unused]] const ssize_t n = ::write(report[1], &f, sizeof f);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  close_fd(out[1]);
+  close_fd(err[1]);
+  close_fd(report[1]);
+  if (pid < 0) {
+    close_fd(out[0]);
+    close_fd(err[0]);
+    close_fd(report[0]);
+    return std::string("fork: ") + std::strerror(fork_errno);
+  }
+  ::setpgid(pid, pid);  // also here, so a kill right after this cannot miss the group
+  // Wait for execve (or the child's failure): the pipe closes on exec. Microseconds, and it gives
+  // start failures as an error event rather than a shell's exit code.
+  ChildFailure f{-1, 0};
+  ssize_t got = 0;
+  do {
+    got = ::read(report[0], &f, sizeof f);
+  } while (got < 0 && errno == EINTR);
+  close_fd(report[0]);
+  cmd.pid = pid;
+  cmd.running = true;
+  pids_.emplace(pid, cmd.key);
+  cmd.fds[0] = out[0];
+  cmd.fds[1] = err[0];
+  if (got == static_cast<ssize_t>(sizeof f)) {
+    close_fd(cmd.fds[0]);
+    close_fd(cmd.fds[1]);
+    cmd.running = false;  // the child exits 127; on_exit finds no running command for it
+    static const char* const kStage[] = {"setgroups", "setgid", "setuid", "chdir", "exec"};
+    std::string what = kStage[std::clamp(f.stage, 0, 4)];
+    if (f.stage == 3) what += " " + *req.cwd;
+    if (f.stage == 4) what += " " + opt_.shell;
+    return what + ": " + std::strerror(f.error);
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (cmd.fds[s] < 0) continue;
+    set_nonblocking(cmd.fds[s]);
+    cmd.tokens[s] = watch(cmd.fds[s], EPOLLIN, Source{Kind::pipe, cmd.key, s});
+  }
+  if (req.timeout_ms > 0) cmd.deadline_ms = cmd.started_ms + req.timeout_ms;
+  return std::nullopt;
+}
+
+void Server::emit(Command& cmd, std::string_view event) {
+  Connection* c = conn_of(cmd.conn);
+  if (!c) return;
+  send(*c, http::chunk(event));
+  cmd.last_event_ms = mono_ms();
+}
+
+void Server::pause_output(Command& cmd, bool pause) {
+  cmd.paused = pause;
+  for (int s = 0; s < 2; ++s)
+    if (cmd.tokens[s])
+      rewatch(cmd.tokens[s], cmd.fds[s], pause ? 0u : static_cast<uint32_t>(EPOLLIN));
+}
+
+void Server::on_pipe(Command& cmd, int stream, bool final_drain) {
+  char buf[kReadChunk];
+  // A final drain reads what the exited process left in the pipe, but not forever: an orphan that
+  // keeps writing to the inherited pipe is cut off after a bounded amount.
+  std::size_t budget = final_drain ? 16 * kReadChunk : kReadChunk;
+  while (cmd.fds[stream] >= 0 && budget > 0) {
+    const ssize_t n = ::read(cmd.fds[stream], buf, std::min(sizeof buf, budget));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {  // EOF (every writer gone) or an error
+      unwatch(cmd.tokens[stream], cmd.fds[stream]);
+      close_fd(cmd.fds[stream]);
+      break;
+    }
+    budget -= static_cast<std::size_t>(n);
+    const std::string_view data(buf, static_cast<std::size_t>(n));
+    if (cmd.background) {
+      if (cmd.log_fd >= 0 && cmd.log_size < opt_.log_cap) {
+        const std::size_t keep = std::min<std::size_t>(data.size(), opt_.log_cap - cmd.log_size);
+        const ssize_t w = ::write(cmd.log_fd, data.data(), keep);
+        if (w > 0) cmd.log_size += static_cast<uint64_t>(w);
+      }
+    } else {
+      const char* type = stream == 0 ? "stdout" : "stderr";
+      cmd.lines[stream].feed(data,
+                             [&](std::string_view line) { emit(cmd, text_event(type, line)); });
+    }
+    if (!final_drain) return;  // level-triggered: the loop comes back while there is more
+  }
+}
+
+void Server::kill_group(Command& cmd) {
+  if (!cmd.running || cmd.pid <= 0) return;
+  ::kill(-cmd.pid, SIGKILL);
+  cmd.killed = true;
+}
+
+void Server::on_exit(pid_t pid, int status) {
+  const auto it = pids_.find(pid);
+  if (it == pids_.end()) return;  // an adopted orphan: reaping it was the point
+  const uint64_t key = it->second;
+  pids_.erase(it);
+  Command* cmd = command_of(key);
+  if (cmd && cmd->running) finish(*cmd, status);
+}
+
+void Server::finish(Command& cmd, int status) {
+  cmd.running = false;  // first: a client found gone while draining must not kill a reaped pid
+  // What the process wrote before it exited is in the pipes now: send it before the last event.
+  for (int s = 0; s < 2; ++s) {
+    on_pipe(cmd, s, true);
+    unwatch(cmd.tokens[s], cmd.fds[s]);
+    close_fd(cmd.fds[s]);
+    if (!cmd.background) {
+      const char* type = s == 0 ? "stdout" : "stderr";
+      cmd.lines[s].flush([&](std::string_view line) { emit(cmd, text_event(type, line)); });
+    }
+  }
+  close_fd(cmd.log_fd);
+  cmd.finished_ns = real_ns();
+  const int64_t elapsed = mono_ms() - cmd.started_ms;
+  std::string event;
+  if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    cmd.exit_code = code;
+    if (code == 0) {
+      event = complete_event(elapsed);
+    } else {
+      cmd.error = "exit status " + std::to_string(code);
+      event = error_event(std::to_string(code), *cmd.error);
+    }
+  } else {
+    cmd.exit_code = -1;
+    cmd.error = signal_text(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    event = error_event("-1", *cmd.error);
+  }
+  if (Connection* c = conn_of(cmd.conn)) {
+    emit(cmd, event);
+    send(*c, http::kLastChunk);
+    c->command = 0;
+    if (!c->req.keep_alive) {
+      c->closing = true;
+      if (c->pending() == 0) close_conn(*c);
+    } else {
+      resume_input_.push_back(c->key);  // a request it pipelined behind this one
+    }
+  }
+  cmd.conn = 0;
+  retire(cmd);
+}
+
+void Server::retire(Command& cmd) {
+  if (cmd.timer_at) timers_.erase({cmd.timer_at, cmd.key});
+  cmd.timer_at = 0;
+  finished_.push_back(cmd.key);
+  while (finished_.size() > opt_.max_finished) {
+    const uint64_t old = finished_.front();
+    finished_.pop_front();
+    if (Command* gone = command_of(old)) {
+      if (!gone->log_path.empty()) ::unlink(gone->log_path.c_str());
+      ids_.erase(gone->id);
+      commands_.erase(old);
+    }
+  }
+}
+
+void Server::schedule(Command& cmd) {
+  int64_t wake = INT64_MAX;
+  if (cmd.running && cmd.deadline_ms && !cmd.killed) wake = cmd.deadline_ms;
+  if (cmd.conn) wake = std::min(wake, cmd.last_event_ms + opt_.ping_ms);
+  if (cmd.timer_at == wake) return;
+  if (cmd.timer_at) timers_.erase({cmd.timer_at, cmd.key});
+  cmd.timer_at = wake == INT64_MAX ? 0 : wake;
+  if (cmd.timer_at) timers_.emplace(cmd.timer_at, cmd.key);
+}
+
+void Server::run_timers() {
+  const int64_t now = mono_ms();
+  while (!timers_.empty() && timers_.begin()->first <= now) {
+    const uint64_t key = timers_.begin()->second;
+    timers_.erase(timers_.begin());
+    Command* cmd = command_of(key);
+    if (!cmd) continue;
+    cmd->timer_at = 0;
+    if (cmd->running && cmd->deadline_ms && !cmd->killed && now >= cmd->deadline_ms)
+      kill_group(*cmd);  // its exit (SIGKILL) ends the stream with evalue -1
+    if (cmd->conn && now - cmd->last_event_ms >= opt_.ping_ms)
+      emit(*cmd, text_event("ping", "pong"));
+    if (cmd->running) schedule(*cmd);
+  }
+}
+
+int Server::next_timeout() const {
+  if (!resume_input_.empty()) return 0;
+  if (timers_.empty()) return -1;
+  const int64_t wait = timers_.begin()->first - mono_ms();
+  return static_cast<int>(std::clamp<int64_t>(wait, 0, INT_MAX));
+}
+
+void Server::delete_command(Connection& c) {
+  const std::string* id = c.req.query_value("id");
+  if (!id || id->empty()) {
+    reply_error(c, 400, "MISSING_QUERY", "missing query parameter 'id'");
+    return;
+  }
+  Command* cmd = command_by_id(*id);
+  if (!cmd || !cmd->running) {
+    reply_error(c, 500, "RUNTIME_ERROR", "command not found or not running: " + *id);
+    return;
+  }
+  kill_group(*cmd);
+  schedule(*cmd);
+  reply(c, 200, "", "");
+}
+
+void Server::command_status(Connection& c, const std::string& id) {
+  const Command* cmd = command_by_id(id);
+  if (!cmd) {
+    reply_error(c, 404, "INVALID_REQUEST_BODY", "command not found: " + id);
+    return;
+  }
+  std::string b = "{\"id\":";
+  json::append_string(b, cmd->id);
+  b += ",\"content\":";
+  json::append_string(b, cmd->content);
+  b += cmd->running ? ",\"running\":true" : ",\"running\":false";
+  if (cmd->exit_code) b += ",\"exit_code\":" + std::to_string(*cmd->exit_code);
+  if (cmd->error) {
+    b += ",\"error\":";
+    json::append_string(b, *cmd->error);
+  }
+  b += ",\"started_at\":\"" + rfc3339(cmd->started_ns) + "\"";
+  if (cmd->finished_ns) b += ",\"finished_at\":\"" + rfc3339(cmd->finished_ns) + "\"";
+  b += "}";
+  reply(c, 200, "application/json; charset=utf-8", b);
+}
+
+void Server::command_logs(Connection& c, const std::string& id) {
+  const Command* cmd = command_by_id(id);
+  if (!cmd) {
+    reply_error(c, 404, "INVALID_REQUEST_BODY", "command not found: " + id);
+    return;
+  }
+  if (!cmd->background) {
+    reply_error(c, 400, "INVALID_REQUEST_BODY", "command " + id + " is not a background command");
+    return;
+  }
+  uint64_t cursor = 0;
+  if (const std::string* text = c.req.query_value("cursor"); text && !text->empty()) {
+    if (text->find_first_not_of("0123456789") != std::string::npos || text->size() > 18) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY", "invalid cursor: " + *text);
+      return;
+    }
+    cursor = std::stoull(*text);
+  }
+  std::string body;
+  if (cursor < cmd->log_size && !cmd->log_path.empty()) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<uint64_t>(cmd->log_size - cursor, kMaxLogRead));
+    const int fd = ::open(cmd->log_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      body.resize(want);
+      std::size_t got = 0;
+      while (got < want) {
+        const ssize_t n =
+            ::pread(fd, body.data() + got, want - got, static_cast<off_t>(cursor + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<std::size_t>(n);
+      }
+      ::close(fd);
+      body.resize(got);
+    }
+  }
+  reply(c, 200, "text/plain; charset=utf-8", body,
+        {"Execd-Commands-Tail-Cursor: " + std::to_string(cursor + body.size())});
+}
+
+void Server::shutdown() {
+  if (shut_) return;
+  shut_ = true;
+  // Kill what still runs and wait for those children (SIGKILL: they end at once).
+  for (auto& [key, cmd] : commands_) {
+    if (!cmd->running) continue;
+    ::kill(-cmd->pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(cmd->pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    for (int s = 0; s < 2; ++s)
+      close_fd(cmd->fds[s]);
+    close_fd(cmd->log_fd);
+    cmd->running = false;
+  }
+  for (auto& [key, c] : conns_)
+    close_fd(c->fd);
+  for (auto& l : listeners_) {
+    close_fd(l.fd);
+    struct stat st {};
+    // Remove our socket, not one another process put at the same path since.
+    if (!l.unix_path.empty() && ::lstat(l.unix_path.c_str(), &st) == 0 && st.st_dev == l.dev &&
+        st.st_ino == l.ino)
+      ::unlink(l.unix_path.c_str());
+  }
+  for (auto& [key, cmd] : commands_)
+    if (!cmd->log_path.empty()) ::unlink(cmd->log_path.c_str());
+  if (made_state_dir_) ::rmdir(opt_.state_dir.c_str());
+  close_fd(sigfd_);
+  close_fd(epfd_);
+  close_fd(reserve_fd_);
+}
+
+}  // namespace
+
+int run(const Options& options) {
+  if (options.ping_ms <= 0) {
+    std::fprintf(stderr, "sbx-agent: the ping interval must be positive\n");
+    return 1;
+  }
+  Server server(options);
+  if (!server.start()) return 1;
+  server.loop();
+  return 0;
+}
+
+}  // namespace sbx::agent

@@ -1,0 +1,781 @@
+// sbx-agent as a host process: the real binary on a unix socket in a temporary directory, spoken
+// to over real HTTP/1.1. Every command it runs stays inside that directory (or reads only).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+
+namespace fs = std::filesystem;
+namespace json = sbx::agent::json;
+
+namespace {
+
+// A directory of this test, removed with its contents at the end (it made all of them).
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "sbx-agent-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(templ.data()) != nullptr);
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void nap_ms(long ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1000000};
+  ::nanosleep(&ts, nullptr);
+}
+
+// The agent as a child process of the test, stopped with SIGTERM at the end.
+struct Agent {
+  pid_t pid = -1;
+  std::string socket;
+  int exit_status = -1;
+
+  Agent(const TempDir& dir, std::vector<std::string> extra = {},
+        std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin"}) {
+    socket = dir.path + "/agent.sock";
+    std::vector<std::string> args{SBX_AGENT_BIN, "--listen", "unix:" + socket};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid = spawn(args, env);
+    // Ready when the socket accepts (there is no event to wait on from outside the process).
+    for (int i = 0; i < 10000; ++i) {
+      const int fd = try_connect(socket);
+      if (fd >= 0) {
+        ::close(fd);
+        return;
+      }
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        FAIL("sbx-agent exited at start, status " << status);
+      }
+      nap_ms(1);
+    }
+    FAIL("sbx-agent did not listen on " << socket);
+  }
+  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit).
+  ~Agent() {
+    const int status = stop();
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    std::vector<char*> argv, envp;
+    for (auto& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    for (auto& e : env)
+      envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    return pid;
+  }
+
+  static int try_connect(const std::string& path) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    ::close(fd);
+    return -1;
+  }
+
+  int stop() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, &exit_status, 0);
+      pid = -1;
+    }
+    return exit_status;
+  }
+};
+
+struct Response {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+};
+
+// A blocking HTTP/1.1 client over one unix socket connection (keep-alive).
+class Client {
+ public:
+  explicit Client(const std::string& socket) {
+    fd_ = Agent::try_connect(socket);
+    REQUIRE(fd_ >= 0);
+    timeval tv{60, 0};  // a guard against a hung test, not a timed assertion
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~Client() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  void send_raw(const std::string& data) {
+    std::size_t off = 0;
+    while (off < data.size()) {
+      const ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      REQUIRE(n > 0);
+      off += static_cast<std::size_t>(n);
+    }
+  }
+
+  void send_request(const std::string& method, const std::string& target,
+                    const std::string& body = "", const std::vector<std::string>& headers = {}) {
+    std::string r = method + " " + target + " HTTP/1.1\r\nHost: agent\r\n";
+    for (const auto& h : headers)
+      r += h + "\r\n";
+    if (!body.empty() || method == "POST")
+      r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\n";
+    r += "\r\n" + body;
+    send_raw(r);
+  }
+
+  // The status line and headers of the next response.
+  Response read_head() {
+    Response r;
+    std::size_t end;
+    while ((end = buf_.find("\r\n\r\n")) == std::string::npos)
+      REQUIRE(read_more());
+    const std::string head = buf_.substr(0, end + 2);
+    buf_.erase(0, end + 4);
+    r.status = std::stoi(head.substr(9, 3));
+    std::size_t pos = head.find("\r\n") + 2;
+    while (pos < head.size()) {
+      const std::size_t e = head.find("\r\n", pos);
+      const std::string line = head.substr(pos, e - pos);
+      const std::size_t colon = line.find(':');
+      std::string name = line.substr(0, colon);
+      for (char& c : name)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      std::string value = line.substr(colon + 1);
+      while (!value.empty() && value[0] == ' ')
+        value.erase(0, 1);
+      r.headers[name] = value;
+      pos = e + 2;
+    }
+    decoded_.clear();
+    chunks_done_ = false;
+    return r;
+  }
+
+  Response request(const std::string& method, const std::string& target,
+                   const std::string& body = "", const std::vector<std::string>& headers = {}) {
+    send_request(method, target, body, headers);
+    return read_response();
+  }
+
+  Response read_response() {
+    Response r = read_head();
+    if (r.headers.count("transfer-encoding")) {
+      while (!chunks_done_)
+        next_chunk();
+      r.body = decoded_;
+      decoded_.clear();
+    } else {
+      const std::size_t n = std::stoul(r.headers["content-length"]);
+      while (buf_.size() < n)
+        REQUIRE(read_more());
+      r.body = buf_.substr(0, n);
+      buf_.erase(0, n);
+    }
+    return r;
+  }
+
+  // The next event of an event stream whose head was read; nullopt at the end of the stream.
+  std::optional<json::Value> next_event() {
+    std::size_t end;
+    while ((end = decoded_.find("\n\n")) == std::string::npos) {
+      if (chunks_done_) {
+        REQUIRE(decoded_.empty());
+        return std::nullopt;
+      }
+      next_chunk();
+    }
+    const std::string text = decoded_.substr(0, end);
+    decoded_.erase(0, end + 2);
+    json::Value v;
+    std::string error;
+    REQUIRE_MESSAGE(json::parse(text, v, error), error << ": " << text);
+    return v;
+  }
+
+  // Whether the peer closed the connection (reads until EOF).
+  bool at_eof() {
+    char c;
+    const ssize_t n = ::recv(fd_, &c, 1, 0);
+    return n == 0 && buf_.empty();
+  }
+
+  int fd() const { return fd_; }
+
+ private:
+  bool read_more() {
+    char tmp[65536];
+    const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<std::size_t>(n));
+    return true;
+  }
+  void next_chunk() {
+    std::size_t eol;
+    while ((eol = buf_.find("\r\n")) == std::string::npos)
+      REQUIRE(read_more());
+    const std::size_t size = std::stoul(buf_.substr(0, eol), nullptr, 16);
+    while (buf_.size() < eol + 2 + size + 2)
+      REQUIRE(read_more());
+    REQUIRE(buf_.substr(eol + 2 + size, 2) == "\r\n");
+    decoded_ += buf_.substr(eol + 2, size);
+    buf_.erase(0, eol + 2 + size + 2);
+    if (size == 0) chunks_done_ = true;
+  }
+
+  int fd_ = -1;
+  std::string buf_;
+  std::string decoded_;
+  bool chunks_done_ = false;
+};
+
+std::string type_of(const json::Value& e) {
+  const json::Value* t = e.find("type");
+  return t ? t->text : "";
+}
+
+std::string text_of(const json::Value& e) {
+  const json::Value* t = e.find("text");
+  return t ? t->text : "";
+}
+
+std::string evalue_of(const json::Value& e) {
+  const json::Value* err = e.find("error");
+  const json::Value* v = err ? err->find("evalue") : nullptr;
+  return v ? v->text : "";
+}
+
+std::string command_body(const std::string& command, const std::string& more = "") {
+  return "{\"command\":" + json::quote(command) + more + "}";
+}
+
+// Starts a command on `client` and reads the head, init and first ping; returns the command id.
+std::string start(Client& client, const std::string& body) {
+  client.send_request("POST", "/command", body);
+  const Response head = client.read_head();
+  REQUIRE(head.status == 200);
+  CHECK(head.headers.at("content-type") == "text/event-stream");
+  const auto init = client.next_event();
+  REQUIRE(init);
+  REQUIRE(type_of(*init) == "init");
+  REQUIRE(text_of(*init).size() == 32);
+  const auto ping = client.next_event();
+  REQUIRE(ping);
+  CHECK(type_of(*ping) == "ping");
+  return text_of(*init);
+}
+
+// The rest of a stream's events.
+std::vector<json::Value> rest(Client& client) {
+  std::vector<json::Value> out;
+  while (auto e = client.next_event())
+    out.push_back(std::move(*e));
+  return out;
+}
+
+std::vector<std::string> texts(const std::vector<json::Value>& events, const std::string& type) {
+  std::vector<std::string> out;
+  for (const auto& e : events)
+    if (type_of(e) == type) out.push_back(text_of(e));
+  return out;
+}
+
+json::Value parse(const std::string& text) {
+  json::Value v;
+  std::string error;
+  REQUIRE_MESSAGE(json::parse(text, v, error), error << ": " << text);
+  return v;
+}
+
+int pidfd_open(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// Waits (on the pidfd, an event) until the process exited, then checks no live process is left.
+void expect_dies(int pidfd, pid_t pid) {
+  REQUIRE(pidfd >= 0);
+  pollfd p{pidfd, POLLIN, 0};
+  CHECK(::poll(&p, 1, 60000) == 1);
+  ::close(pidfd);
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return;  // reaped
+  char state = '?';
+  const int read = std::fscanf(f, "%*d %*s %c", &state);
+  std::fclose(f);
+  if (read != 1) return;  // reaped between the open and the read
+  CHECK(state == 'Z');    // exited, not yet reaped
+}
+
+int count_fds(pid_t pid) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// Children of `pid` (any state, zombies included).
+int count_children(pid_t pid) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    FILE* f = std::fopen((e.path() / "stat").c_str(), "r");
+    if (!f) continue;
+    char buf[1024];
+    const std::size_t len = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[len] = '\0';
+    const char* close_paren = std::strrchr(buf, ')');
+    int ppid = 0;
+    char state = 0;
+    if (close_paren && std::sscanf(close_paren + 2, "%c %d", &state, &ppid) == 2 && ppid == pid)
+      ++n;
+  }
+  return n;
+}
+
+// Polls the agent (there is no event for a background command's progress) until `pred` holds.
+template <typename Pred>
+void wait_until(Pred pred) {
+  for (int i = 0; i < 30000; ++i) {
+    if (pred()) return;
+    nap_ms(1);
+  }
+  FAIL("condition never held");
+}
+
+}  // namespace
+
+TEST_CASE("GET /ping answers 200 with an empty body; unknown routes are 404") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const Response r = client.request("GET", "/ping");
+  CHECK(r.status == 200);
+  CHECK(r.body.empty());
+  CHECK(client.request("GET", "/nope").status == 404);
+  CHECK(client.request("PUT", "/command").status == 405);
+  struct stat st {};
+  REQUIRE(::stat(agent.socket.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(agent.stop() == 0);
+  CHECK(::access(agent.socket.c_str(), F_OK) != 0);  // removed at exit
+}
+
+TEST_CASE("a foreground command's events: init, output, then error with the exit code") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string id = start(client, command_body("echo out; echo err >&2; exit 3"));
+  const auto events = rest(client);
+  REQUIRE(!events.empty());
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"out"});
+  CHECK(texts(events, "stderr") == std::vector<std::string>{"err"});
+  const json::Value& last = events.back();
+  CHECK(type_of(last) == "error");
+  CHECK(evalue_of(last) == "3");
+  CHECK(last.find("error")->find("traceback")->items.at(0).text == "exit status 3");
+  CHECK(last.find("timestamp")->integer_ok);
+
+  const json::Value status = parse(client.request("GET", "/command/status/" + id).body);
+  CHECK(status.find("running")->boolean == false);
+  CHECK(status.find("exit_code")->integer == 3);
+  CHECK(status.find("content")->text == "echo out; echo err >&2; exit 3");
+  CHECK(status.find("finished_at") != nullptr);
+
+  // Success: execution_complete with the time taken; the connection is kept alive.
+  start(client, command_body("echo a; echo b"));
+  const auto ok = rest(client);
+  CHECK(texts(ok, "stdout") == std::vector<std::string>{"a", "b"});
+  CHECK(type_of(ok.back()) == "execution_complete");
+  CHECK(ok.back().find("execution_time")->integer_ok);
+}
+
+TEST_CASE("output is split into whole lines; a partial last line and a 100 KiB line arrive whole") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  start(client,
+        command_body("printf 'a\\nb\\r\\nc\\rd\\n\\n'; head -c 102400 /dev/zero | tr '\\0' x;"
+                     " echo; printf partial"));
+  const auto events = rest(client);
+  const std::vector<std::string> expected{"a",      "b", "c", "d", "\n", std::string(102400, 'x'),
+                                          "partial"};
+  CHECK(texts(events, "stdout") == expected);
+  CHECK(type_of(events.back()) == "execution_complete");
+
+  // Output that is not UTF-8 still gives valid JSON (U+FFFD).
+  start(client, command_body("printf 'bad\\377byte\\n'"));
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"bad\xEF\xBF\xBD"
+                                                                  "byte"});
+}
+
+TEST_CASE("env and cwd: the request's envs over the agent's, in the requested directory") {
+  TempDir dir;
+  fs::create_directory(dir.path + "/work");
+  Agent agent(dir, {}, {"PATH=/usr/bin:/bin", "KEPT=from-agent", "SBX_AGENT_TOKEN="});
+  Client client(agent.socket);
+  start(client, command_body("echo \"$FOO\"; pwd; echo \"$PATH\"; echo \"$KEPT\"",
+                             ",\"cwd\":" + json::quote(dir.path + "/work") +
+                                 ",\"envs\":{\"FOO\":\"bar baz\",\"KEPT\":\"over\"}"));
+  const auto events = rest(client);
+  CHECK(texts(events, "stdout") ==
+        std::vector<std::string>{"bar baz", fs::canonical(dir.path + "/work").string(),
+                                 "/usr/bin:/bin", "over"});
+
+  const Response bad = client.request(
+      "POST", "/command", command_body("true", ",\"cwd\":" + json::quote(dir.path + "/missing")));
+  CHECK(bad.status == 400);
+  CHECK(parse(bad.body).find("code")->text == "INVALID_REQUEST_BODY");
+  CHECK(client.request("POST", "/command", "{not json").status == 400);
+  CHECK(client.request("POST", "/command", "{\"command\":\"\"}").status == 400);
+  CHECK(client.request("POST", "/command", command_body("true", ",\"timeout\":-1")).status == 400);
+}
+
+TEST_CASE("without PATH in its environment the agent gives commands a default one") {
+  TempDir dir;
+  Agent agent(dir, {}, {});
+  Client client(agent.socket);
+  start(client, command_body("echo \"$PATH\""));
+  CHECK(texts(rest(client), "stdout") ==
+        std::vector<std::string>{"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"});
+}
+
+TEST_CASE("a timeout kills the whole process group, background children included") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  start(client,
+        command_body("sleep 30 & echo $!; sleep 30 & echo $!; echo $$; wait", ",\"timeout\":500"));
+  std::vector<std::pair<int, pid_t>> watched;
+  std::vector<json::Value> events;
+  while (auto e = client.next_event()) {
+    if (type_of(*e) == "stdout") {
+      const pid_t pid = std::stoi(text_of(*e));
+      watched.emplace_back(pidfd_open(pid), pid);
+    }
+    events.push_back(std::move(*e));
+  }
+  REQUIRE(watched.size() == 3);
+  CHECK(type_of(events.back()) == "error");
+  CHECK(evalue_of(events.back()) == "-1");
+  CHECK(events.back().find("error")->find("traceback")->items.at(0).text == "signal: killed");
+  for (auto [fd, pid] : watched)
+    expect_dies(fd, pid);
+}
+
+TEST_CASE("a client that disconnects mid-stream gets its command killed") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  start(client, command_body("sleep 30 & echo $!; wait"));
+  const auto e = client.next_event();
+  REQUIRE(e);
+  REQUIRE(type_of(*e) == "stdout");
+  const pid_t pid = std::stoi(text_of(*e));
+  const int pidfd = pidfd_open(pid);
+  client.close();
+  expect_dies(pidfd, pid);
+}
+
+TEST_CASE("DELETE /command?id= kills a running command; its stream ends with error -1") {
+  TempDir dir;
+  Agent agent(dir);
+  Client streaming(agent.socket);
+  Client control(agent.socket);
+  const std::string id = start(streaming, command_body("sleep 30 & echo $!; wait"));
+  const auto e = streaming.next_event();
+  REQUIRE(e);
+  const pid_t pid = std::stoi(text_of(*e));
+  const int pidfd = pidfd_open(pid);
+  const Response del = control.request("DELETE", "/command?id=" + id);
+  CHECK(del.status == 200);
+  CHECK(del.body.empty());
+  const auto events = rest(streaming);
+  REQUIRE(!events.empty());
+  CHECK(type_of(events.back()) == "error");
+  CHECK(evalue_of(events.back()) == "-1");
+  expect_dies(pidfd, pid);
+  CHECK(control.request("DELETE", "/command?id=" + id).status == 500);  // no longer running
+  CHECK(control.request("DELETE", "/command?id=unknown").status == 500);
+  CHECK(control.request("DELETE", "/command").status == 400);
+}
+
+TEST_CASE("background commands: init and execution_complete at once, then status and logs") {
+  TempDir dir;
+  const std::string fifo = dir.path + "/go";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string id = start(
+      client, command_body("echo bg; cat " + fifo + "; echo done >&2", ",\"background\":true"));
+  const auto events = rest(client);
+  REQUIRE(events.size() == 1);
+  CHECK(type_of(events[0]) == "execution_complete");
+
+  auto logs = [&](const std::string& cursor) {
+    return client.request("GET", "/command/" + id + "/logs?cursor=" + cursor);
+  };
+  wait_until([&] { return logs("0").body == "bg\n"; });
+  json::Value status = parse(client.request("GET", "/command/status/" + id).body);
+  CHECK(status.find("running")->boolean == true);
+  CHECK(status.find("exit_code") == nullptr);
+
+  {
+    const int fd = ::open(fifo.c_str(), O_WRONLY);  // waits for `cat` to open it
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "x\n", 2) == 2);
+    ::close(fd);
+  }
+  wait_until([&] {
+    return !parse(client.request("GET", "/command/status/" + id).body).find("running")->boolean;
+  });
+  status = parse(client.request("GET", "/command/status/" + id).body);
+  CHECK(status.find("exit_code")->integer == 0);
+  const Response tail = logs("3");
+  CHECK(tail.status == 200);
+  CHECK(tail.body == "x\ndone\n");
+  CHECK(tail.headers.at("execd-commands-tail-cursor") == "10");
+  CHECK(tail.headers.at("content-type") == "text/plain; charset=utf-8");
+  const Response end = logs("10");
+  CHECK(end.body.empty());
+  CHECK(end.headers.at("execd-commands-tail-cursor") == "10");
+  CHECK(logs("x").status == 400);
+
+  const Response unknown = client.request("GET", "/command/status/nope");
+  CHECK(unknown.status == 404);
+  CHECK(parse(unknown.body).find("message")->text == "command not found: nope");
+  const std::string fg = start(client, command_body("true"));
+  rest(client);
+  CHECK(client.request("GET", "/command/" + fg + "/logs").status == 400);
+}
+
+TEST_CASE("with a token, every request but GET /ping needs X-EXECD-ACCESS-TOKEN") {
+  TempDir dir;
+  const std::string token_file = dir.path + "/token";
+  {
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    std::fputs("s3cret\n", f);
+    std::fclose(f);
+  }
+  Agent agent(dir, {"--token-file", token_file}, {"PATH=/usr/bin:/bin", "SBX_AGENT_TOKEN=other"});
+  Client client(agent.socket);
+  CHECK(client.request("GET", "/ping").status == 200);
+  const Response missing = client.request("GET", "/command/status/x");
+  CHECK(missing.status == 401);
+  CHECK(parse(missing.body).find("error")->text ==
+        "Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN");
+  CHECK(client.request("GET", "/command/status/x", "", {"X-EXECD-ACCESS-TOKEN: s3cre"}).status ==
+        401);
+  CHECK(client.request("POST", "/command", command_body("true")).status == 401);
+  client.send_request("POST", "/command", command_body("echo \"${SBX_AGENT_TOKEN:-unset}\""),
+                      {"X-EXECD-ACCESS-TOKEN: s3cret"});
+  CHECK(client.read_head().status == 200);
+  const auto events = rest(client);
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"unset"});  // not passed on
+}
+
+TEST_CASE("200 commands in a row leave no zombie and no fd behind") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  start(client, command_body("true"));
+  rest(client);
+  const int fds_before = count_fds(agent.pid);
+  for (int i = 0; i < 200; ++i) {
+    start(client, command_body("echo " + std::to_string(i) + (i % 2 ? "; exit 1" : "")));
+    const auto events = rest(client);
+    REQUIRE(texts(events, "stdout") == std::vector<std::string>{std::to_string(i)});
+    REQUIRE(type_of(events.back()) == (i % 2 ? "error" : "execution_complete"));
+  }
+  CHECK(count_fds(agent.pid) == fds_before);
+  CHECK(count_children(agent.pid) == 0);
+}
+
+TEST_CASE("pings every --ping-ms of silence while a command runs") {
+  TempDir dir;
+  const std::string fifo = dir.path + "/go";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Agent agent(dir, {"--ping-ms", "20"});
+  Client client(agent.socket);
+  start(client, command_body("cat " + fifo));
+  const auto e = client.next_event();  // nothing else can come before the fifo is written
+  REQUIRE(e);
+  CHECK(type_of(*e) == "ping");
+  const int fd = ::open(fifo.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, "hi\n", 3) == 3);
+  ::close(fd);
+  const auto events = rest(client);
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"hi"});
+  CHECK(type_of(events.back()) == "execution_complete");
+}
+
+TEST_CASE("without a shell a command fails with an error event that says so") {
+  TempDir dir;
+  Agent agent(dir, {"--shell", dir.path + "/no-sh"});
+  Client client(agent.socket);
+  start(client, command_body("true"));
+  const auto events = rest(client);
+  REQUIRE(events.size() == 1);
+  CHECK(type_of(events[0]) == "error");
+  CHECK(evalue_of(events[0]).find("a shell is needed") != std::string::npos);
+}
+
+TEST_CASE("users by name or uid, from the root's /etc/passwd and /etc/group") {
+  if (::geteuid() != 0) return;  // switching users needs root
+  TempDir dir;
+  fs::create_directory(dir.path + "/etc");
+  {
+    FILE* f = std::fopen((dir.path + "/etc/passwd").c_str(), "w");
+    std::fputs("root:x:0:0:root:/root:/bin/sh\ntester:x:4242:4343::/home/tester:/bin/sh\n", f);
+    std::fclose(f);
+    f = std::fopen((dir.path + "/etc/group").c_str(), "w");
+    std::fputs("root:x:0:\nmain:x:4343:\nextra:x:5555:someone,tester\n", f);
+    std::fclose(f);
+  }
+  Agent agent(dir, {"--etc-dir", dir.path + "/etc"});
+  Client client(agent.socket);
+  const std::string probe = "id -u; id -g; id -G; echo \"$HOME\"";
+  start(client, command_body(probe, ",\"user\":\"tester\",\"cwd\":\"/\""));
+  const std::vector<std::string> expected{"4242", "4343", "4343 5555", "/home/tester"};
+  CHECK(texts(rest(client), "stdout") == expected);
+  start(client, command_body(probe, ",\"uid\":4242,\"cwd\":\"/\""));
+  CHECK(texts(rest(client), "stdout") == expected);
+  start(client, command_body("id -u; id -g", ",\"uid\":777,\"gid\":778,\"cwd\":\"/\""));
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"777", "778"});
+  CHECK(client.request("POST", "/command", command_body("true", ",\"user\":\"nobody-here\""))
+            .status == 400);
+  CHECK(client.request("POST", "/command", command_body("true", ",\"gid\":5")).status == 400);
+  // A directory the user may not enter: the chdir fails in the child, reported as an event.
+  start(client, command_body("true", ",\"user\":\"tester\",\"cwd\":" + json::quote(dir.path)));
+  const auto events = rest(client);
+  CHECK(type_of(events.back()) == "error");
+  CHECK(evalue_of(events.back()).find("chdir") != std::string::npos);
+}
+
+TEST_CASE("HTTP limits: head, body, chunked bodies, Expect: 100-continue, HTTP/1.0") {
+  TempDir dir;
+  Agent agent(dir);
+  {
+    Client client(agent.socket);
+    client.send_raw("GET /ping HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+    CHECK(client.read_response().status == 431);
+  }
+  {
+    Client client(agent.socket);
+    client.send_raw("POST /command HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n");
+    CHECK(client.read_response().status == 413);
+  }
+  {
+    Client client(agent.socket);
+    client.send_raw("POST /command HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    CHECK(client.read_response().status == 411);
+  }
+  {
+    Client client(agent.socket);
+    const std::string body = command_body("echo hi");
+    client.send_raw("POST /command HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n");
+    CHECK(client.read_head().status == 100);
+    client.send_raw(body);
+    CHECK(client.read_head().status == 200);
+    CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"hi"});
+  }
+  {
+    Client client(agent.socket);
+    client.send_raw("GET /ping HTTP/1.0\r\n\r\n");
+    CHECK(client.read_response().status == 200);
+    CHECK(client.at_eof());
+  }
+  {
+    // A client that half-closes after its request still gets the answer, then the close.
+    Client client(agent.socket);
+    client.send_raw("GET /ping HTTP/1.1\r\n\r\n");
+    ::shutdown(client.fd(), SHUT_WR);
+    CHECK(client.read_response().status == 200);
+    CHECK(client.at_eof());
+  }
+  {
+    // Two requests in one write: the second is answered after the first's stream.
+    Client client(agent.socket);
+    const std::string body = command_body("echo one");
+    client.send_raw("POST /command HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\n\r\n" + body + "GET /ping HTTP/1.1\r\n\r\n");
+    CHECK(client.read_head().status == 200);
+    CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"one"});
+    CHECK(client.read_response().status == 200);
+  }
+}
+
+TEST_CASE("the agent refuses to replace a file that is not a socket") {
+  TempDir dir;
+  const std::string path = dir.path + "/agent.sock";
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("keep me", f);
+    std::fclose(f);
+  }
+  const pid_t pid = Agent::spawn({SBX_AGENT_BIN, "--listen", "unix:" + path}, {});
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+}
+
+#if SBX_AGENT_STATIC
+TEST_CASE("sbx-agent is one static executable") {
+  FILE* p = ::popen("file -L " SBX_AGENT_BIN, "r");
+  REQUIRE(p);
+  char buf[1024] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+  ::pclose(p);
+  const std::string out(buf, n);
+  CHECK_MESSAGE(out.find("statically linked") != std::string::npos, out);
+}
+#endif
