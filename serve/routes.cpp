@@ -88,39 +88,54 @@ bool is_placeholder(std::string_view segment) {
   return segment.size() > 2 && segment.front() == '{';
 }
 
-// Whether `parts` fit `route`'s template; its placeholders' values are appended to `params`.
-bool path_matches(const Route& route, const std::vector<std::string_view>& parts,
-                  std::vector<std::string>& params) {
-  const auto pattern = segments(route.path);
-  if (pattern.size() != parts.size()) return false;
-  std::vector<std::string> values;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].empty()) return false;
-    if (is_placeholder(pattern[i])) {
-      values.emplace_back(parts[i]);
-    } else if (pattern[i] != parts[i]) {
+// Walks `route`'s template against `parts` without allocating (this runs for every route on
+// every request): `on_placeholder` gets each part a {...} segment takes. False when they differ.
+template <class OnPlaceholder>
+bool walk_template(const Route& route, const std::vector<std::string_view>& parts,
+                   OnPlaceholder&& on_placeholder) {
+  std::string_view pattern = route.path;  // "/a/{id}/b"
+  std::size_t i = 0;
+  while (!pattern.empty()) {
+    pattern.remove_prefix(1);  // its '/'
+    const auto slash = pattern.find('/');
+    const std::string_view segment = pattern.substr(0, slash);
+    pattern = slash == std::string_view::npos ? std::string_view() : pattern.substr(slash);
+    if (i == parts.size() || parts[i].empty()) return false;
+    if (is_placeholder(segment)) {
+      on_placeholder(parts[i]);
+    } else if (segment != parts[i]) {
       return false;
     }
+    ++i;
   }
-  params = std::move(values);
-  return true;
+  return i == parts.size();
 }
 
-// The route of `method` among those of `api` (the server's own go with the lifecycle API's, at
-// the root), or the first of the path with another method.
+bool path_matches(const Route& route, const std::vector<std::string_view>& parts) {
+  return walk_template(route, parts, [](std::string_view) {});
+}
+
+// The parts `route`'s {...} segments take, in order (`parts` fit its template).
+std::vector<std::string> params_of(const Route& route, const std::vector<std::string_view>& parts) {
+  std::vector<std::string> params;
+  walk_template(route, parts, [&](std::string_view part) { params.emplace_back(part); });
+  return params;
+}
+
+// The route of `method` among the execd routes (`execd`) or the others (the server's own go with
+// the lifecycle API's, at the root), or the first of the path with another method.
 std::optional<RouteMatch> match_in(bool execd, std::string_view method,
                                    const std::vector<std::string_view>& parts) {
-  std::optional<RouteMatch> other_method;
+  const Route* other_method = nullptr;
   for (const Route& route : kRoutes) {
-    if ((route.api == Api::execd) != execd) continue;
-    std::vector<std::string> params;
-    if (!path_matches(route, parts, params)) continue;
+    if ((route.api == Api::execd) != execd || !path_matches(route, parts)) continue;
     if (http::to_string(route.method) == method) {
-      return RouteMatch{&route, false, {}, std::move(params)};
+      return RouteMatch{&route, false, {}, params_of(route, parts)};
     }
-    if (!other_method) other_method = RouteMatch{&route, true, {}, std::move(params)};
+    if (!other_method) other_method = &route;
   }
-  return other_method;
+  if (!other_method) return std::nullopt;
+  return RouteMatch{other_method, true, {}, params_of(*other_method, parts)};
 }
 
 }  // namespace
