@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "files.hpp"
 #include "http.hpp"
 #include "json.hpp"
 #include "users.hpp"
@@ -52,6 +53,8 @@ constexpr std::size_t kPauseAbove = 4 * 1024 * 1024;  // unsent bytes that pause
 constexpr std::size_t kResumeBelow = 1024 * 1024;     // ... and resume it
 constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // one GET /command/{id}/logs answer
 constexpr std::size_t kMaxContent = 64 * 1024;        // the command text kept for status
+constexpr std::size_t kPiece = 128 * 1024;            // one read of a download from disk
+constexpr int kPiecesPerWake = 8;  // a download's pieces per writable event (the others' turn)
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -252,8 +255,18 @@ struct Connection {
   bool dead = false;
   uint64_t command = 0;  // the command whose events it streams, 0 when none
   http::Request req;
+  // POST /files/upload: the body goes to `upload` as it arrives; `body_left` bytes are still due.
+  std::unique_ptr<files::Upload> upload;
+  uint64_t body_left = 0;
+  // GET /files/download: the file being sent, a piece at a time once `out` is written.
+  std::optional<files::Download> download;
 
   std::size_t pending() const { return out.size() - out_off; }
+  // A response still going out that is not in `out` whole: no next request is read before it.
+  bool busy() const { return command != 0 || download.has_value(); }
+  ~Connection() {
+    if (download && download->fd >= 0) ::close(download->fd);
+  }
 };
 
 struct Command {
@@ -329,6 +342,15 @@ class Server {
   void fail_head(Connection& c, int status, std::string_view message);
   void close_conn(Connection& c);
   Connection* conn_of(uint64_t key);
+  bool authorized(const http::Request& r) const;
+
+  // Files.
+  files::Context file_context() const { return {opt_.etc_dir, opt_.workdir}; }
+  void begin_upload(Connection& c);
+  void feed_upload(Connection& c);
+  void get_download(Connection& c);
+  bool next_piece(Connection& c);
+  void get_info(Connection& c);
 
   // Commands.
   void post_command(Connection& c);
@@ -671,6 +693,9 @@ void Server::close_conn(Connection& c) {
     schedule(*cmd);
   }
   c.command = 0;
+  c.upload.reset();  // a body that did not arrive whole: its temp files go now
+  if (c.download) close_fd(c.download->fd);
+  c.download.reset();
   unwatch(c.token, c.fd);
   close_fd(c.fd);
   dead_conns_.push_back(c.key);
@@ -698,7 +723,7 @@ void Server::on_readable(Connection& c) {
       if (c.dead) return;
       if (!c.command) {
         c.closing = true;
-        if (c.pending() == 0) {
+        if (c.pending() == 0 && !c.download) {
           close_conn(c);
         } else {
           c.want_out = true;
@@ -710,35 +735,48 @@ void Server::on_readable(Connection& c) {
     close_conn(c);  // EOF or a reset: the client is gone (a streamed command is killed)
     return;
   }
-  if (!c.command) process_input(c);
+  if (!c.busy()) process_input(c);
 }
 
 void Server::on_writable(Connection& c) {
-  while (c.pending() > 0) {
-    const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending(), MSG_NOSIGNAL);
-    if (n > 0) {
-      c.out_off += static_cast<std::size_t>(n);
-      continue;
+  for (int piece = 0;; ++piece) {
+    while (c.pending() > 0) {
+      const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending(), MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_off += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      close_conn(c);
+      return;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    close_conn(c);
-    return;
+    // A download's next piece once the last is written: at most one piece in memory, and a few
+    // pieces per event so that other connections get their turn.
+    if (c.pending() > 0 || !c.download || piece == kPiecesPerWake) break;
+    c.out.clear();
+    c.out_off = 0;
+    if (!next_piece(c)) return;
   }
   if (c.pending() == 0) {
     c.out.clear();
     c.out_off = 0;
-    if (c.closing) {
+    if (c.closing && !c.download) {
       close_conn(c);
       return;
     }
-    if (c.want_out) {
+    if (c.want_out && !c.download) {
       c.want_out = false;
       rewatch(c.token, c.fd, EPOLLIN | EPOLLRDHUP);
     }
   } else if (c.out_off > 1024 * 1024) {
     c.out.erase(0, c.out_off);
     c.out_off = 0;
+  }
+  if (c.download && !c.want_out) {
+    c.want_out = true;
+    rewatch(c.token, c.fd,
+            c.closing ? static_cast<uint32_t>(EPOLLOUT) : EPOLLIN | EPOLLRDHUP | EPOLLOUT);
   }
   if (c.pending() < kResumeBelow)
     if (Command* cmd = command_of(c.command); cmd && cmd->paused) pause_output(*cmd, false);
@@ -782,7 +820,12 @@ void Server::fail_head(Connection& c, int status, std::string_view message) {
 }
 
 void Server::process_input(Connection& c) {
-  while (!c.dead && !c.closing && c.command == 0) {
+  while (!c.dead && !c.closing && !c.busy()) {
+    if (c.upload) {
+      feed_upload(c);
+      if (c.upload) return;  // more of its body is due
+      continue;
+    }
     if (!c.have_head) {
       const std::size_t end = c.in.find("\r\n\r\n");
       if (end == std::string::npos || end + 4 > opt_.max_head) {
@@ -796,6 +839,14 @@ void Server::process_input(Connection& c) {
       if (const auto err = http::parse_head(std::string_view(c.in).substr(0, end + 4), c.req)) {
         fail_head(c, err->status, err->message);
         return;
+      }
+      if (c.req.method == "POST" && c.req.path == "/files/upload") {
+        // Streamed to disk as it arrives: the body limit does not apply.
+        c.in.erase(0, end + 4);
+        c.have_head = true;
+        c.sent_continue = false;
+        begin_upload(c);
+        continue;
       }
       if (c.req.content_length > opt_.max_body) {
         fail_head(c, 413,
@@ -823,13 +874,10 @@ void Server::process_input(Connection& c) {
 void Server::handle(Connection& c) {
   const http::Request& r = c.req;
   const bool is_ping = r.path == "/ping";
-  if (!opt_.token.empty() && !(is_ping && r.method == "GET")) {
-    const std::string* token = r.header("x-execd-access-token");
-    if (!token || !equal_constant_time(*token, opt_.token)) {
-      reply(c, 401, "application/json; charset=utf-8",
-            "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
-      return;
-    }
+  if (!authorized(r)) {
+    reply(c, 401, "application/json; charset=utf-8",
+          "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
+    return;
   }
   auto method_not_allowed = [&] {
     reply_error(c, 405, "NOT_SUPPORTED", "method " + r.method + " is not allowed on " + r.path);
@@ -852,6 +900,15 @@ void Server::handle(Connection& c) {
     }
     return;
   }
+  if (r.path == "/files/download" || r.path == "/files/info" || r.path == "/files/upload") {
+    if (r.method != "GET" || r.path == "/files/upload") return method_not_allowed();
+    if (r.path == "/files/download") {
+      get_download(c);
+    } else {
+      get_info(c);
+    }
+    return;
+  }
   constexpr std::string_view kStatus = "/command/status/";
   constexpr std::string_view kLogs = "/logs";
   const std::string_view path = r.path;
@@ -871,6 +928,133 @@ void Server::handle(Connection& c) {
     }
   }
   reply_error(c, 404, "NOT_FOUND", "no route " + r.method + " " + r.path);
+}
+
+bool Server::authorized(const http::Request& r) const {
+  if (opt_.token.empty() || (r.path == "/ping" && r.method == "GET")) return true;
+  const std::string* token = r.header("x-execd-access-token");
+  return token && equal_constant_time(*token, opt_.token);
+}
+
+void Server::begin_upload(Connection& c) {
+  // Decided from the head alone, before a byte is written: a refusal closes the connection, since
+  // the body it leaves unread would be taken for the next request.
+  auto refuse = [&](int status, std::string_view body) {
+    c.req.keep_alive = c.req.keep_alive && c.req.content_length == 0;
+    reply(c, status, "application/json; charset=utf-8", body);
+    c.have_head = false;
+  };
+  if (!authorized(c.req)) {
+    refuse(401, "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
+    return;
+  }
+  const std::string* type = c.req.header("content-type");
+  const auto boundary = files::multipart_boundary(type ? *type : "");
+  if (!boundary) {
+    refuse(400, error_body("INVALID_FILE", "the body must be multipart/form-data with a boundary"));
+    return;
+  }
+  c.upload = std::make_unique<files::Upload>(*boundary, file_context());
+  c.body_left = c.req.content_length;
+  if (c.req.expect_continue && c.body_left > c.in.size()) {
+    c.sent_continue = true;
+    send(c, "HTTP/1.1 100 Continue\r\n\r\n");
+  }
+}
+
+void Server::feed_upload(Connection& c) {
+  // Written to disk as it arrives (blocking writes of at most what one readable event read).
+  const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(c.in.size(), c.body_left));
+  if (take > 0) {
+    c.upload->feed(std::string_view(c.in).substr(0, take));
+    c.in.erase(0, take);
+    c.body_left -= take;
+  }
+  if (c.body_left > 0) return;
+  const auto failure = c.upload->finish();
+  c.upload.reset();
+  c.have_head = false;
+  if (failure) {
+    reply_error(c, failure->status, failure->code, failure->message);
+  } else {
+    reply(c, 200, "", "");
+  }
+}
+
+void Server::get_download(Connection& c) {
+  const std::string* path = c.req.query_value("path");
+  if (!path || path->empty()) {
+    reply_error(c, 400, "MISSING_QUERY", "missing query parameter 'path'");
+    return;
+  }
+  files::Failure failure;
+  auto d = files::open_download(file_context(), *path, c.req.header("range"),
+                                c.req.keep_alive && !c.closing, failure);
+  if (!d) {
+    reply(c, failure.status, "application/json; charset=utf-8",
+          error_body(failure.code, failure.message), failure.headers);
+    return;
+  }
+  std::string head = std::move(d->head);
+  if (d->length == 0) {  // an empty file (or range): the head is the whole answer
+    ::close(d->fd);
+    send(c, head);
+    if (!c.req.keep_alive) {
+      c.closing = true;
+      if (!c.dead && c.pending() == 0) close_conn(c);
+    }
+    return;
+  }
+  c.download = std::move(*d);
+  send(c, head);
+  if (!c.dead && !c.want_out) on_writable(c);  // the head went at once: start the pieces
+}
+
+bool Server::next_piece(Connection& c) {
+  files::Download& d = *c.download;
+  const std::size_t want = static_cast<std::size_t>(std::min<uint64_t>(d.length, kPiece));
+  c.out.resize(want);
+  ssize_t n = -1;
+  do {
+    n = ::pread(d.fd, c.out.data(), want, static_cast<off_t>(d.offset));
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    // The file shrank under us: the promised Content-Length cannot be kept, so the connection is
+    // cut (the client sees a short body, not a wrong one).
+    c.out.clear();
+    close_conn(c);
+    return false;
+  }
+  c.out.resize(static_cast<std::size_t>(n));
+  d.offset += static_cast<uint64_t>(n);
+  d.length -= static_cast<uint64_t>(n);
+  if (d.length == 0) {  // the last piece is in `out`: the next request may be read
+    close_fd(d.fd);
+    c.download.reset();
+    if (!c.req.keep_alive) {
+      c.closing = true;
+    } else {
+      resume_input_.push_back(c.key);
+    }
+  }
+  return true;
+}
+
+void Server::get_info(Connection& c) {
+  std::vector<std::string> paths;
+  for (const auto& [k, v] : c.req.query)
+    if (k == "path") paths.push_back(v);
+  if (paths.empty()) {
+    reply_error(c, 400, "MISSING_QUERY", "missing query parameter 'path'");
+    return;
+  }
+  files::Failure failure;
+  const auto body = files::info(file_context(), paths, failure);
+  if (!body) {
+    reply_error(c, failure.status, failure.code, failure.message);
+    return;
+  }
+  reply(c, 200, "application/json; charset=utf-8", *body);
 }
 
 std::optional<CommandRequest> Server::read_command(const std::string& body, std::string& why) {

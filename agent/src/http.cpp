@@ -169,6 +169,8 @@ const char* reason(int status) {
       return "Continue";
     case 200:
       return "OK";
+    case 206:
+      return "Partial Content";
     case 400:
       return "Bad Request";
     case 401:
@@ -181,6 +183,8 @@ const char* reason(int status) {
       return "Length Required";
     case 413:
       return "Content Too Large";
+    case 416:
+      return "Range Not Satisfiable";
     case 417:
       return "Expectation Failed";
     case 431:
@@ -196,21 +200,27 @@ const char* reason(int status) {
   }
 }
 
-std::string response(int status, std::string_view content_type, std::string_view body,
-                     bool keep_alive, const std::vector<std::string>& extra) {
+std::string head(int status, std::string_view content_type, std::size_t content_length,
+                 bool keep_alive, const std::vector<std::string>& extra) {
   std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason(status) + "\r\n";
   if (!content_type.empty()) {
     out += "Content-Type: ";
     out += content_type;
     out += "\r\n";
   }
-  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  out += "Content-Length: " + std::to_string(content_length) + "\r\n";
   for (const auto& line : extra) {
     out += line;
     out += "\r\n";
   }
   if (!keep_alive) out += "Connection: close\r\n";
   out += "\r\n";
+  return out;
+}
+
+std::string response(int status, std::string_view content_type, std::string_view body,
+                     bool keep_alive, const std::vector<std::string>& extra) {
+  std::string out = head(status, content_type, body.size(), keep_alive, extra);
   out += body;
   return out;
 }

@@ -51,6 +51,11 @@ const char* reason(int status);
 std::string response(int status, std::string_view content_type, std::string_view body,
                      bool keep_alive, const std::vector<std::string>& extra = {});
 
+/// The head of a response whose body of `content_length` bytes follows separately (a download).
+/// Pure.
+std::string head(int status, std::string_view content_type, std::size_t content_length,
+                 bool keep_alive, const std::vector<std::string>& extra = {});
+
 /// The head of the event-stream response (chunked, as execd sends it). Pure.
 std::string stream_head();
 

@@ -16,6 +16,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: sbx-agent --listen unix:PATH|tcp:HOST:PORT [--listen ...] [--token-file PATH]\n"
     "                 [--state-dir DIR] [--etc-dir DIR] [--shell PATH] [--ping-ms MS]\n"
+    "                 [--workdir DIR]\n"
     "Serves the execd API of the OpenSandbox protocol (agent/README.md). The token is read from\n"
     "--token-file, else from the environment variable SBX_AGENT_TOKEN; without one, no check.\n";
 
@@ -78,6 +79,8 @@ int main(int argc, char** argv) {
       options.state_dir = value("--state-dir");
     } else if (arg == "--etc-dir") {
       options.etc_dir = value("--etc-dir");
+    } else if (arg == "--workdir") {
+      options.workdir = value("--workdir");
     } else if (arg == "--shell") {
       options.shell = value("--shell");
     } else if (arg == "--ping-ms") {

@@ -140,4 +140,21 @@ Identity resolve_uid(const std::string& etc_dir, uid_t uid, std::optional<gid_t>
   return id;
 }
 
+std::optional<gid_t> resolve_group(const std::string& etc_dir, const std::string& group,
+                                   std::string& error) {
+  if (const auto gid = number(group)) return *gid;
+  if (group.empty() || group.find(':') != std::string::npos) {
+    error = "invalid group: " + group;
+    return std::nullopt;
+  }
+  for (const std::string& line : read_lines(etc_dir + "/group")) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto f = split(line, ':');
+    if (f.size() < 3 || f[0] != group) continue;
+    if (const auto g = number(f[2])) return *g;
+  }
+  error = "unknown group " + group + " (not in " + etc_dir + "/group)";
+  return std::nullopt;
+}
+
 }  // namespace sbx::agent

@@ -30,4 +30,10 @@ std::optional<Identity> resolve_user(const std::string& etc_dir, const std::stri
 /// groups when it has one; `gid` replaces the primary group. Never fails. Reentrant.
 Identity resolve_uid(const std::string& etc_dir, uid_t uid, std::optional<gid_t> gid);
 
+/// Resolves `group` (a name, or a decimal gid) against `etc_dir`/group: a gid is taken as given
+/// (with or without an entry); a name without an entry is an error (nullopt, `error` says why).
+/// Reads the file on each call; reentrant, owns nothing.
+std::optional<gid_t> resolve_group(const std::string& etc_dir, const std::string& group,
+                                   std::string& error);
+
 }  // namespace sbx::agent

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -766,6 +767,462 @@ TEST_CASE("the agent refuses to replace a file that is not a socket") {
   struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
   CHECK(S_ISREG(st.st_mode));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+namespace {
+
+constexpr const char* kBoundary = "sbx-test-boundary-7f3a";
+
+// A multipart body of (metadata JSON, file content) pairs.
+std::string multipart(const std::vector<std::pair<std::string, std::string>>& pairs,
+                      bool close = true) {
+  std::string b;
+  for (const auto& [meta, content] : pairs) {
+    b += std::string("--") + kBoundary +
+         "\r\nContent-Disposition: form-data; name=\"metadata\"\r\n"
+         "Content-Type: application/json\r\n\r\n" +
+         meta + "\r\n";
+    b += std::string("--") + kBoundary +
+         "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"blob\"\r\n"
+         "Content-Type: application/octet-stream\r\n\r\n" +
+         content + "\r\n";
+  }
+  if (close) b += std::string("--") + kBoundary + "--\r\n";
+  return b;
+}
+
+std::string upload_head(std::size_t length, const std::vector<std::string>& extra = {}) {
+  std::string h =
+      "POST /files/upload HTTP/1.1\r\nHost: agent\r\n"
+      "Content-Type: multipart/form-data; boundary=" +
+      std::string(kBoundary) + "\r\nContent-Length: " + std::to_string(length) + "\r\n";
+  for (const auto& e : extra)
+    h += e + "\r\n";
+  return h + "\r\n";
+}
+
+Response upload(Client& client, const std::string& body) {
+  client.send_raw(upload_head(body.size()) + body);
+  return client.read_response();
+}
+
+std::string meta(const std::string& path, const std::string& more = "") {
+  return "{\"path\":" + json::quote(path) + more + "}";
+}
+
+std::string read_file(const std::string& path) {
+  std::string out;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return "<missing>";
+  char buf[65536];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
+    out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f);
+  std::fwrite(content.data(), 1, content.size(), f);
+  std::fclose(f);
+}
+
+// Temp files of uploads left anywhere under `dir`.
+int upload_temps(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename().string().starts_with(".sbx-upload-")) ++n;
+  return n;
+}
+
+mode_t mode_of(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  return st.st_ino;
+}
+
+// Bytes that do not repeat (so a misplaced piece shows), from a fixed seed.
+std::string pseudo_random(std::size_t size) {
+  std::string out(size, '\0');
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (std::size_t i = 0; i < size; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(out.data() + i, &x, std::min<std::size_t>(8, size - i));
+  }
+  return out;
+}
+
+// The agent's peak resident memory (VmHWM), in KiB.
+long peak_rss_kib(pid_t pid) {
+  const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+  const std::size_t at = status.find("VmHWM:");
+  REQUIRE(at != std::string::npos);
+  return std::strtol(status.c_str() + at + 6, nullptr, 10);
+}
+
+// Waits (inotify, an event) for an entry of `dir` named with `prefix` to see `mask` happen.
+struct DirWatch {
+  int fd = -1;
+  explicit DirWatch(const std::string& dir, uint32_t mask) {
+    fd = ::inotify_init1(IN_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::inotify_add_watch(fd, dir.c_str(), mask) >= 0);
+  }
+  ~DirWatch() { ::close(fd); }
+  std::string wait(const std::string& prefix) {
+    alignas(inotify_event) char buf[4096];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      REQUIRE(::poll(&p, 1, 60000) == 1);  // a guard against a hung test, not a timed assertion
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      REQUIRE(n > 0);
+      for (ssize_t off = 0; off < n;) {
+        const auto* e = reinterpret_cast<const inotify_event*>(buf + off);
+        const std::string name = e->len ? e->name : "";
+        if (name.starts_with(prefix)) return name;
+        off += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      }
+    }
+  }
+};
+
+std::string code_of(const Response& r) {
+  const json::Value v = parse(r.body);
+  const json::Value* code = v.find("code");
+  return code ? code->text : "";
+}
+
+}  // namespace
+
+TEST_CASE("upload: several pairs with modes, parents made, a relative path under --workdir") {
+  TempDir dir;
+  Agent agent(dir, {"--workdir", dir.path + "/wd"});
+  fs::create_directory(dir.path + "/wd");
+  Client client(agent.socket);
+  const std::string a = dir.path + "/up/a/b/c.txt";
+  const std::string x = dir.path + "/up/x.sh";
+  const Response r = upload(client, multipart({{meta(a, ",\"mode\":600"), "first\r\n--not-it"},
+                                               {meta(x, ",\"mode\":755"), "#!/bin/sh\n"},
+                                               {meta("rel/y.bin"), std::string("\0\r\n\0", 4)},
+                                               {meta(dir.path + "/up/empty"), ""}}));
+  CHECK(r.status == 200);
+  CHECK(r.body.empty());
+  CHECK(read_file(a) == "first\r\n--not-it");
+  CHECK(mode_of(a) == 0600);
+  CHECK(read_file(x) == "#!/bin/sh\n");
+  CHECK(mode_of(x) == 0755);
+  CHECK(read_file(dir.path + "/wd/rel/y.bin") == std::string("\0\r\n\0", 4));
+  CHECK(mode_of(dir.path + "/wd/rel/y.bin") == 0644);
+  CHECK(read_file(dir.path + "/up/empty").empty());
+  CHECK(upload_temps(dir.path) == 0);
+
+  // Expect: 100-continue is answered before the body is sent.
+  const std::string body = multipart({{meta(a, ",\"mode\":640"), "second"}});
+  client.send_raw(upload_head(body.size(), {"Expect: 100-continue"}));
+  CHECK(client.read_head().status == 100);
+  client.send_raw(body);
+  CHECK(client.read_response().status == 200);
+  CHECK(read_file(a) == "second");
+  CHECK(mode_of(a) == 0640);
+}
+
+TEST_CASE("upload errors answer as serve does and change nothing") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string kept = dir.path + "/kept";
+  write_file(kept, "old");
+  auto expect = [&](const std::string& body, int status, const std::string& code) {
+    const Response r = upload(client, body);
+    CHECK(r.status == status);
+    CHECK(code_of(r) == code);
+  };
+  // The first pair is good, the second is not: neither is written.
+  expect(multipart({{meta(kept), "new"}, {"{not json", "x"}}), 400, "INVALID_FILE_METADATA");
+  expect(multipart({{meta(kept), "new"}, {"{\"mode\":644}", "x"}}), 400, "INVALID_FILE_METADATA");
+  expect(multipart({{meta(kept, ",\"mode\":999"), "x"}}), 400, "INVALID_FILE_METADATA");
+  expect(multipart({{meta(kept, ",\"owner\":\"no-such-user-here\""), "x"}}), 400,
+         "INVALID_FILE_METADATA");
+  expect(multipart({{meta(kept), "new"}}, false), 400, "INVALID_FILE_CONTENT");
+  expect(multipart({{meta(dir.path), "x"}}), 400, "INVALID_FILE");  // a directory
+  expect(multipart({{meta(kept + "/below"), "x"}}), 400, "INVALID_FILE");
+  expect(std::string("--") + kBoundary + "--\r\n", 400, "INVALID_FILE");  // no file
+  // A file part before any metadata; a metadata part without its file.
+  expect(std::string("--") + kBoundary +
+             "\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--" + kBoundary +
+             "--\r\n",
+         400, "INVALID_FILE_METADATA");
+  expect(std::string("--") + kBoundary + "\r\nContent-Disposition: form-data; name=\"metadata\"" +
+             "\r\n\r\n" + meta(kept) + "\r\n--" + kBoundary + "--\r\n",
+         400, "INVALID_FILE");
+  CHECK(read_file(kept) == "old");
+  CHECK(upload_temps(dir.path) == 0);
+  CHECK(!fs::exists(dir.path + "/below"));
+  // The connection stayed usable after each of them.
+  CHECK(client.request("GET", "/ping").status == 200);
+  // Not multipart: refused from the head, and the connection closed (its body was not read).
+  client.send_raw(
+      "POST /files/upload HTTP/1.1\r\nContent-Type: text/plain\r\n"
+      "Content-Length: 3\r\n\r\nabc");
+  const Response plain = client.read_response();
+  CHECK(plain.status == 400);
+  CHECK(code_of(plain) == "INVALID_FILE");
+  CHECK(client.at_eof());
+  // The body limit of other routes does not apply, and GET is 405.
+  Client other(agent.socket);
+  CHECK(other.request("GET", "/files/upload").status == 405);
+}
+
+TEST_CASE("upload replaces the destination atomically: a reader never sees a partial file") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string dest = dir.path + "/data.txt";
+  const std::string old_content(300000, 'o');
+  write_file(dest, old_content);
+  const ino_t old_inode = inode_of(dest);
+  const int old_fd = ::open(dest.c_str(), O_RDONLY);  // a reader of the old file
+  REQUIRE(old_fd >= 0);
+
+  const std::string content = pseudo_random(3 * 1024 * 1024);
+  const std::string body = multipart({{meta(dest, ",\"mode\":644"), content}});
+  DirWatch created(dir.path, IN_CREATE);
+  Client client(agent.socket);
+  client.send_raw(upload_head(body.size()) + body.substr(0, body.size() / 2));
+  const std::string temp = dir.path + "/" + created.wait(".sbx-upload-");
+  // Half the body is in: the destination is the old file, whole; the new one is a 0600 temp file.
+  CHECK(mode_of(temp) == 0600);
+  CHECK(inode_of(dest) == old_inode);
+  CHECK(read_file(dest) == old_content);
+  client.send_raw(body.substr(body.size() / 2));
+  CHECK(client.read_response().status == 200);
+  CHECK(inode_of(dest) != old_inode);
+  CHECK(read_file(dest) == content);
+  CHECK(mode_of(dest) == 0644);
+  CHECK(!fs::exists(temp));
+  std::string seen(old_content.size() + 1, '\0');
+  CHECK(::pread(old_fd, seen.data(), seen.size(), 0) == static_cast<ssize_t>(old_content.size()));
+  seen.resize(old_content.size());
+  CHECK(seen == old_content);
+  ::close(old_fd);
+}
+
+TEST_CASE("a truncated upload (the client gone) leaves no temp file, no file, no new directory") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string body = multipart({{meta(dir.path + "/made/sub/f"), std::string(200000, 'z')}});
+  {
+    DirWatch deleted(dir.path, IN_DELETE | IN_ONLYDIR);
+    Client client(agent.socket);
+    client.send_raw(upload_head(body.size()) + body.substr(0, body.size() - 100));
+    client.close();
+    deleted.wait("made");  // the last thing removed: the directories it made
+  }
+  CHECK(!fs::exists(dir.path + "/made"));
+  CHECK(upload_temps(dir.path) == 0);
+
+  // Whole pairs in, the closing boundary not: the written pair goes too.
+  const std::string dest = dir.path + "/g";
+  const std::string two = multipart({{meta(dest), "complete"}}, false);
+  {
+    DirWatch deleted(dir.path, IN_DELETE);
+    Client client(agent.socket);
+    client.send_raw(upload_head(two.size() + 50) + two);
+    client.close();
+    deleted.wait(".sbx-upload-");
+  }
+  CHECK(!fs::exists(dest));
+  CHECK(upload_temps(dir.path) == 0);
+}
+
+TEST_CASE("64 MiB up and down, byte-exact, with the agent's memory bounded") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string dest = dir.path + "/big.bin";
+  const std::string content = pseudo_random(64 * 1024 * 1024);
+  CHECK(upload(client, multipart({{meta(dest), content}})).status == 200);
+  CHECK(fs::file_size(dest) == content.size());
+  CHECK(read_file(dest) == content);
+  const long after_upload = peak_rss_kib(agent.pid);
+  const Response r = client.request("GET", "/files/download?path=" + dest);
+  CHECK(r.status == 200);
+  CHECK(r.headers.at("content-length") == std::to_string(content.size()));
+  CHECK(r.body.size() == content.size());
+  CHECK(r.body == content);
+  const long after_download = peak_rss_kib(agent.pid);
+  MESSAGE("agent peak RSS: " << after_upload << " KiB after the upload, " << after_download
+                             << " KiB after the download");
+#if SBX_AGENT_STATIC  // the sanitizers' runtimes keep memory of their own
+  CHECK(after_upload < 16 * 1024);
+  CHECK(after_download < 16 * 1024);
+#endif
+  CHECK(client.request("GET", "/ping").status == 200);  // kept alive after the stream
+}
+
+TEST_CASE("download: whole, Range, 416, 404, 400, not a regular file") {
+  TempDir dir;
+  Agent agent(dir, {"--workdir", dir.path});
+  Client client(agent.socket);
+  const std::string hello = dir.path + "/hello.txt";
+  write_file(hello, "hello file\n");
+  const Response whole = client.request("GET", "/files/download?path=" + hello);
+  CHECK(whole.status == 200);
+  CHECK(whole.body == "hello file\n");
+  CHECK(whole.headers.at("content-type") == "application/octet-stream");
+  CHECK(whole.headers.at("accept-ranges") == "bytes");
+  CHECK(whole.headers.at("content-disposition") == "attachment; filename=\"hello.txt\"");
+  CHECK(whole.headers.at("last-modified").ends_with(" GMT"));
+  CHECK(client.request("GET", "/files/download?path=hello.txt").body == "hello file\n");
+
+  const Response part =
+      client.request("GET", "/files/download?path=" + hello, "", {"Range: bytes=6-"});
+  CHECK(part.status == 206);
+  CHECK(part.body == "file\n");
+  CHECK(part.headers.at("content-range") == "bytes 6-10/11");
+  CHECK(client.request("GET", "/files/download?path=" + hello, "", {"Range: bytes=-3"}).body ==
+        "le\n");
+  CHECK(client.request("GET", "/files/download?path=" + hello, "", {"Range: bytes=1-2"}).body ==
+        "el");
+  // Not one byte range: ignored, the whole file.
+  CHECK(
+      client.request("GET", "/files/download?path=" + hello, "", {"Range: bytes=0-1,3-4"}).status ==
+      200);
+  const Response beyond =
+      client.request("GET", "/files/download?path=" + hello, "", {"Range: bytes=11-"});
+  CHECK(beyond.status == 416);
+  CHECK(beyond.headers.at("content-range") == "bytes */11");
+  CHECK(code_of(beyond) == "INVALID_FILE");
+
+  const std::string nope = dir.path + "/nope.txt";
+  const Response missing = client.request("GET", "/files/download?path=" + nope);
+  CHECK(missing.status == 404);
+  CHECK(missing.headers.at("content-type") == "application/json; charset=utf-8");
+  CHECK(missing.body == "{\"code\":\"FILE_NOT_FOUND\",\"message\":\"file not found. open " + nope +
+                            ": no such file or directory\"}");
+  const Response no_path = client.request("GET", "/files/download");
+  CHECK(no_path.status == 400);
+  CHECK(code_of(no_path) == "MISSING_QUERY");
+  const Response directory = client.request("GET", "/files/download?path=" + dir.path);
+  CHECK(directory.status == 400);
+  CHECK(parse(directory.body).find("message")->text ==
+        dir.path + " is not a regular file (a directory)");
+  fs::create_symlink(hello, dir.path + "/link");
+  const Response link = client.request("GET", "/files/download?path=" + dir.path + "/link");
+  CHECK(link.status == 400);
+  CHECK(parse(link.body).find("message")->text.ends_with("(a symbolic link)"));
+
+  const std::string empty = dir.path + "/empty";
+  write_file(empty, "");
+  const Response nothing = client.request("GET", "/files/download?path=" + empty);
+  CHECK(nothing.status == 200);
+  CHECK(nothing.body.empty());
+
+  // Pipelined behind a download: answered after it, in order.
+  client.send_raw("GET /files/download?path=" + hello +
+                  " HTTP/1.1\r\n\r\nGET /ping HTTP/1.1\r\n\r\n");
+  CHECK(client.read_response().body == "hello file\n");
+  CHECK(client.read_response().status == 200);
+  // HTTP/1.0: the download, then the close.
+  Client once(agent.socket);
+  once.send_raw("GET /files/download?path=" + hello + " HTTP/1.0\r\n\r\n");
+  CHECK(once.read_response().body == "hello file\n");
+  CHECK(once.at_eof());
+}
+
+TEST_CASE("GET /files/info: a file, a directory, several paths, a missing one") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string file = dir.path + "/hello.txt";
+  write_file(file, "hello file\n");
+  ::chmod(file.c_str(), 0644);
+  ::chmod(dir.path.c_str(), 0750);
+  const Response r = client.request("GET", "/files/info?path=" + file + "&path=" + dir.path);
+  CHECK(r.status == 200);
+  CHECK(r.headers.at("content-type") == "application/json; charset=utf-8");
+  const json::Value v = parse(r.body);
+  const json::Value* f = v.find(file);
+  REQUIRE(f);
+  CHECK(f->find("path")->text == file);
+  CHECK(f->find("type")->text == "file");
+  CHECK(f->find("size")->integer == 11);
+  CHECK(f->find("mode")->integer == 644);
+  CHECK(f->find("owner")->text == std::to_string(::geteuid()));
+  CHECK(f->find("group")->text == std::to_string(::getegid()));
+  CHECK(f->find("modified_at")->text.size() == 30);  // 2026-11-30T23:18:17.296973512Z
+  CHECK(f->find("created_at")->text.ends_with("Z"));
+  const json::Value* d = v.find(dir.path);
+  REQUIRE(d);
+  CHECK(d->find("type")->text == "directory");
+  CHECK(d->find("mode")->integer == 750);
+
+  const Response missing = client.request("GET", "/files/info?path=" + dir.path + "/nope");
+  CHECK(missing.status == 404);
+  CHECK(parse(missing.body).find("message")->text ==
+        "file not found. stat " + dir.path + "/nope: no such file or directory");
+  CHECK(client.request("GET", "/files/info").status == 400);
+}
+
+TEST_CASE("with a token, an upload without it is refused before anything is written") {
+  TempDir dir;
+  Agent agent(dir, {}, {"PATH=/usr/bin:/bin", "SBX_AGENT_TOKEN=s3cret"});
+  const std::string dest = dir.path + "/f";
+  const std::string body = multipart({{meta(dest), "x"}});
+  {
+    Client client(agent.socket);
+    CHECK(upload(client, body).status == 401);
+  }
+  CHECK(!fs::exists(dest));
+  Client client(agent.socket);
+  client.send_raw(upload_head(body.size(), {"X-EXECD-ACCESS-TOKEN: s3cret"}) + body);
+  CHECK(client.read_response().status == 200);
+  CHECK(read_file(dest) == "x");
+  CHECK(client.request("GET", "/files/info?path=" + dest).status == 401);
+}
+
+TEST_CASE("upload owner and group by name or id, from the root's /etc (as root)") {
+  if (::geteuid() != 0) return;  // chown needs root
+  TempDir dir;
+  fs::create_directory(dir.path + "/etc");
+  write_file(dir.path + "/etc/passwd",
+             "root:x:0:0:root:/root:/bin/sh\n"
+             "tester:x:4242:4343::/home/tester:/bin/sh\n");
+  write_file(dir.path + "/etc/group", "root:x:0:\nmain:x:4343:\nextra:x:5555:tester\n");
+  Agent agent(dir, {"--etc-dir", dir.path + "/etc"});
+  Client client(agent.socket);
+  const std::string a = dir.path + "/a", b = dir.path + "/b", c = dir.path + "/c";
+  CHECK(upload(client,
+               multipart({{meta(a, ",\"owner\":\"tester\",\"group\":\"extra\",\"mode\":4750"), "a"},
+                          {meta(b, ",\"owner\":\"777\",\"group\":\"778\""), "b"},
+                          {meta(c, ",\"owner\":\"tester\""), "c"}}))
+            .status == 200);
+  struct stat st {};
+  REQUIRE(::stat(a.c_str(), &st) == 0);
+  CHECK(st.st_uid == 4242);
+  CHECK(st.st_gid == 5555);
+  CHECK((st.st_mode & 07777) == 04750);  // set after the chown, which would clear it
+  REQUIRE(::stat(b.c_str(), &st) == 0);
+  CHECK(st.st_uid == 777);
+  CHECK(st.st_gid == 778);
+  REQUIRE(::stat(c.c_str(), &st) == 0);
+  CHECK(st.st_uid == 4242);
+  CHECK(st.st_gid == 0);  // the group is left as it was made
+  const Response bad = upload(client, multipart({{meta(a, ",\"group\":\"nope\""), "x"}}));
+  CHECK(bad.status == 400);
+  CHECK(code_of(bad) == "INVALID_FILE_METADATA");
 }
 
 #if SBX_AGENT_STATIC
