@@ -112,6 +112,22 @@ std::string complete_event(int64_t execution_ms) {
          stamp() + "}\n\n";
 }
 
+// sbx's byte-exact command stream (agent/README.md, "Frames"), asked for with `Accept:
+// application/vnd.sbx.frames`: a kind byte, the payload's length (4 bytes, big-endian), the
+// payload.
+constexpr std::string_view kFramesType = "application/vnd.sbx.frames";
+
+std::string frame(char kind, std::string_view payload) {
+  std::string f;
+  f.reserve(5 + payload.size());
+  f += kind;
+  const auto n = static_cast<uint32_t>(payload.size());
+  for (int shift = 24; shift >= 0; shift -= 8)
+    f += static_cast<char>((n >> shift) & 0xff);
+  f += payload;
+  return f;
+}
+
 std::string error_body(std::string_view code, std::string_view message) {
   std::string b = "{\"code\":";
   json::append_string(b, code);
@@ -288,6 +304,8 @@ struct Command {
   int fds[2] = {-1, -1};
   uint64_t tokens[2] = {0, 0};
   LineSplitter lines[2];
+  bool frames = false;     // output as sbx frames (raw bytes), not execd's line events
+  bool timed_out = false;  // killed because its timeout passed
   bool paused = false;
   uint64_t conn = 0;  // the streaming connection, 0 when none
   int log_fd = -1;
@@ -362,6 +380,7 @@ class Server {
   Command* command_of(uint64_t key);
   Command* command_by_id(const std::string& id);
   void emit(Command& cmd, std::string_view event);
+  void emit_output(Command& cmd, int stream, std::string_view data);
   void on_pipe(Command& cmd, int stream, bool final_drain);
   void kill_group(Command& cmd);
   void on_exit(pid_t pid, int status);
@@ -1196,6 +1215,8 @@ void Server::post_command(Connection& c) {
   cmd.id = new_id();
   cmd.content = req->command.substr(0, kMaxContent);
   cmd.background = req->background;
+  const std::string* accept = c.req.header("accept");
+  cmd.frames = !cmd.background && accept && accept->find(kFramesType) != std::string::npos;
   cmd.started_ns = real_ns();
   cmd.started_ms = mono_ms();
   cmd.last_event_ms = cmd.started_ms;
@@ -1203,9 +1224,14 @@ void Server::post_command(Connection& c) {
   ids_.emplace(cmd.id, cmd.key);
 
   // The response is committed from here on: every outcome is an event.
-  send(c, http::stream_head());
-  send(c, http::chunk(text_event("init", cmd.id)));
-  send(c, http::chunk(text_event("ping", "pong")));
+  if (cmd.frames) {
+    send(c, http::stream_head(kFramesType));
+    send(c, http::chunk(frame('i', cmd.id)));
+  } else {
+    send(c, http::stream_head());
+    send(c, http::chunk(text_event("init", cmd.id)));
+    send(c, http::chunk(text_event("ping", "pong")));
+  }
   if (c.dead) {  // gone before the command started: do not start it
     cmd.error = "the client disconnected";
     cmd.finished_ns = real_ns();
@@ -1246,7 +1272,9 @@ void Server::fail_start(Command& cmd, const std::string& why) {
   cmd.finished_ns = real_ns();
   Connection* c = conn_of(cmd.conn);
   if (c) {
-    emit(cmd, error_event(why, why));
+    std::string end = "{\"error\":";
+    json::append_string(end, why);
+    emit(cmd, cmd.frames ? frame('x', end + "}") : error_event(why, why));
     send(*c, http::kLastChunk);
     c->command = 0;
     if (!c->req.keep_alive) {
@@ -1433,12 +1461,19 @@ void Server::on_pipe(Command& cmd, int stream, bool final_drain) {
         if (w > 0) cmd.log_size += static_cast<uint64_t>(w);
       }
     } else {
-      const char* type = stream == 0 ? "stdout" : "stderr";
-      cmd.lines[stream].feed(data,
-                             [&](std::string_view line) { emit(cmd, text_event(type, line)); });
+      emit_output(cmd, stream, data);
     }
     if (!final_drain) return;  // level-triggered: the loop comes back while there is more
   }
+}
+
+void Server::emit_output(Command& cmd, int stream, std::string_view data) {
+  if (cmd.frames) {
+    emit(cmd, frame(stream == 0 ? 'o' : 'e', data));
+    return;
+  }
+  const char* type = stream == 0 ? "stdout" : "stderr";
+  cmd.lines[stream].feed(data, [&](std::string_view line) { emit(cmd, text_event(type, line)); });
 }
 
 void Server::kill_group(Command& cmd) {
@@ -1463,7 +1498,7 @@ void Server::finish(Command& cmd, int status) {
     on_pipe(cmd, s, true);
     unwatch(cmd.tokens[s], cmd.fds[s]);
     close_fd(cmd.fds[s]);
-    if (!cmd.background) {
+    if (!cmd.background && !cmd.frames) {
       const char* type = s == 0 ? "stdout" : "stderr";
       cmd.lines[s].flush([&](std::string_view line) { emit(cmd, text_event(type, line)); });
     }
@@ -1481,10 +1516,16 @@ void Server::finish(Command& cmd, int status) {
       cmd.error = "exit status " + std::to_string(code);
       event = error_event(std::to_string(code), *cmd.error);
     }
+    if (cmd.frames) event = frame('x', "{\"exit_code\":" + std::to_string(code) + "}");
   } else {
     cmd.exit_code = -1;
-    cmd.error = signal_text(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    cmd.error = signal_text(sig);
     event = error_event("-1", *cmd.error);
+    if (cmd.frames) {
+      event = frame('x', "{\"signal\":" + std::to_string(sig) +
+                             (cmd.timed_out ? ",\"timed_out\":true}" : "}"));
+    }
   }
   if (Connection* c = conn_of(cmd.conn)) {
     emit(cmd, event);
@@ -1534,10 +1575,12 @@ void Server::run_timers() {
     Command* cmd = command_of(key);
     if (!cmd) continue;
     cmd->timer_at = 0;
-    if (cmd->running && cmd->deadline_ms && !cmd->killed && now >= cmd->deadline_ms)
+    if (cmd->running && cmd->deadline_ms && !cmd->killed && now >= cmd->deadline_ms) {
       kill_group(*cmd);  // its exit (SIGKILL) ends the stream with evalue -1
+      cmd->timed_out = true;
+    }
     if (cmd->conn && now - cmd->last_event_ms >= opt_.ping_ms)
-      emit(*cmd, text_event("ping", "pong"));
+      emit(*cmd, cmd->frames ? frame('p', "") : text_event("ping", "pong"));
     if (cmd->running) schedule(*cmd);
   }
 }

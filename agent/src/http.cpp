@@ -225,10 +225,12 @@ std::string response(int status, std::string_view content_type, std::string_view
   return out;
 }
 
-std::string stream_head() {
+std::string stream_head(std::string_view content_type) {
   return "HTTP/1.1 200 OK\r\n"
          "Cache-Control: no-cache\r\n"
-         "Content-Type: text/event-stream\r\n"
+         "Content-Type: " +
+         std::string(content_type) +
+         "\r\n"
          "X-Accel-Buffering: no\r\n"
          "Transfer-Encoding: chunked\r\n\r\n";
 }

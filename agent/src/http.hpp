@@ -56,8 +56,8 @@ std::string response(int status, std::string_view content_type, std::string_view
 std::string head(int status, std::string_view content_type, std::size_t content_length,
                  bool keep_alive, const std::vector<std::string>& extra = {});
 
-/// The head of the event-stream response (chunked, as execd sends it). Pure.
-std::string stream_head();
+/// The head of a streamed response (chunked, as execd sends its event stream). Pure.
+std::string stream_head(std::string_view content_type = "text/event-stream");
 
 /// `data` framed as one chunk of a chunked body (nothing for empty data). Pure.
 std::string chunk(std::string_view data);

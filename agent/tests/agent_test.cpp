@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -1225,9 +1226,74 @@ TEST_CASE("upload owner and group by name or id, from the root's /etc (as root)"
   CHECK(code_of(bad) == "INVALID_FILE_METADATA");
 }
 
-#if SBX_AGENT_STATIC
+// sbx frames (Accept: application/vnd.sbx.frames): kind byte, 4-byte big-endian length, payload.
+std::vector<std::pair<char, std::string>> frames_of(const std::string& body) {
+  std::vector<std::pair<char, std::string>> out;
+  std::size_t at = 0;
+  while (at < body.size()) {
+    REQUIRE(body.size() - at >= 5);
+    uint32_t n = 0;
+    for (int i = 1; i <= 4; ++i)
+      n = (n << 8) | static_cast<unsigned char>(body[at + i]);
+    REQUIRE(body.size() - at - 5 >= n);
+    out.emplace_back(body[at], body.substr(at + 5, n));
+    at += 5 + n;
+  }
+  return out;
+}
+
+TEST_CASE("frames: output byte-exact (no line splitting, binary kept), then the end as JSON") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::vector<std::string> accept = {"Accept: application/vnd.sbx.frames"};
+  auto run = [&](const std::string& body) {
+    const Response r = client.request("POST", "/command", body, accept);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    CHECK(r.headers.at("content-type") == "application/vnd.sbx.frames");
+    return frames_of(r.body);
+  };
+  {
+    const auto frames =
+        run(command_body("printf 'a\\r\\nb\\377'; printf 'no newline' >&2; exit 4"));
+    REQUIRE(frames.size() >= 2);
+    CHECK(frames.front().first == 'i');
+    CHECK(frames.front().second.size() == 32);
+    std::string out, err;
+    for (const auto& [kind, payload] : frames) {
+      if (kind == 'o') out += payload;
+      if (kind == 'e') err += payload;
+    }
+    CHECK(out == "a\r\nb\xff");
+    CHECK(err == "no newline");
+    CHECK(frames.back() == std::pair<char, std::string>{'x', "{\"exit_code\":4}"});
+  }
+  {
+    const auto frames = run(command_body("sleep 30", ",\"timeout\":200"));
+    CHECK(frames.back() == std::pair<char, std::string>{'x', "{\"signal\":9,\"timed_out\":true}"});
+  }
+  // A command that cannot start (here: no shell) ends with an error, after the head.
+  TempDir shell_dir;
+  Agent shell_less(shell_dir, {"--shell", "/nonexistent/sh"});
+  Client third(shell_less.socket);
+  const Response failed = third.request("POST", "/command", command_body("true"), accept);
+  const auto end = frames_of(failed.body).back();
+  CHECK(end.first == 'x');
+  CHECK(end.second.find("{\"error\":\"/nonexistent/sh: ") == 0);
+  // Pings while silent: a frame of kind 'p' with no payload.
+  TempDir quick_dir;
+  Agent quick(quick_dir, {"--ping-ms", "50"});
+  Client other(quick.socket);
+  const Response r = other.request("POST", "/command", command_body("sleep 0.3"), accept);
+  const auto frames = frames_of(r.body);
+  CHECK(std::count_if(frames.begin(), frames.end(),
+                      [](const auto& f) { return f.first == 'p' && f.second.empty(); }) >= 2);
+  CHECK(frames.back().second == "{\"exit_code\":0}");
+}
+
+// In every preset: the binary local_docker puts into containers is never the sanitized one.
 TEST_CASE("sbx-agent is one static executable") {
-  FILE* p = ::popen("file -L " SBX_AGENT_BIN, "r");
+  FILE* p = ::popen("file -L " SBX_AGENT_STATIC_BIN, "r");
   REQUIRE(p);
   char buf[1024] = {};
   const std::size_t n = std::fread(buf, 1, sizeof buf - 1, p);
@@ -1235,4 +1301,3 @@ TEST_CASE("sbx-agent is one static executable") {
   const std::string out(buf, n);
   CHECK_MESSAGE(out.find("statically linked") != std::string::npos, out);
 }
-#endif
