@@ -323,6 +323,7 @@ struct Listener {
 // The parsed body of POST /command.
 struct CommandRequest {
   std::string command;
+  std::vector<std::string> argv;  // sbx extension: run this instead of `shell -c command`
   std::optional<std::string> cwd;
   bool background = false;
   int64_t timeout_ms = 0;
@@ -1099,15 +1100,37 @@ std::optional<CommandRequest> Server::read_command(const std::string& body, std:
     return static_cast<uint32_t>(f.integer);
   };
   CommandRequest out;
+  // argv (an sbx extension): the program and its arguments, run without a shell.
+  if (const json::Value* argv = present("argv")) {
+    if (argv->kind != K::array || argv->items.empty()) {
+      why = "invalid request body: argv must be a non-empty array of strings";
+      return std::nullopt;
+    }
+    for (const json::Value& item : argv->items) {
+      if (item.kind != K::string || item.text.find('\0') != std::string::npos) {
+        why = "invalid request body: argv must be strings without NUL characters";
+        return std::nullopt;
+      }
+      out.argv.push_back(item.text);
+    }
+    if (out.argv[0].empty()) {
+      why = "invalid request body: argv[0] is empty";
+      return std::nullopt;
+    }
+  }
   const json::Value* command = present("command");
-  if (!command || command->kind != K::string || command->text.empty()) {
+  if (out.argv.empty() && (!command || command->kind != K::string || command->text.empty())) {
     why = "invalid request body: command is required (a non-empty string)";
     return std::nullopt;
   }
-  out.command = command->text;
-  if (out.command.find('\0') != std::string::npos) {
+  if (command && command->kind == K::string) out.command = command->text;
+  if (out.argv.empty() && out.command.find('\0') != std::string::npos) {
     why = "invalid request body: command contains a NUL character";
     return std::nullopt;
+  }
+  if (out.command.empty()) {  // what status reports as the command's content
+    for (const auto& a : out.argv)
+      out.command += (out.command.empty() ? "" : " ") + a;
   }
   if (const json::Value* cwd = present("cwd")) {
     if (cwd->kind != K::string) {
@@ -1175,11 +1198,26 @@ std::optional<CommandRequest> Server::read_command(const std::string& body, std:
       why = "invalid request body: user must be a user name or a uid";
       return std::nullopt;
     }
+    // USER[:GROUP], as Docker's --user (an sbx extension; execd takes a name or a uid).
+    std::optional<std::string> group;
+    if (const std::size_t colon = name.find(':'); colon != std::string::npos) {
+      group = name.substr(colon + 1);
+      name.resize(colon);
+    }
     std::string error;
     out.identity = resolve_user(opt_.etc_dir, name, error);
     if (!out.identity) {
       why = "invalid request body: " + error;
       return std::nullopt;
+    }
+    if (group) {
+      const std::optional<gid_t> g = resolve_group(opt_.etc_dir, *group, error);
+      if (!g) {
+        why = "invalid request body: " + error;
+        return std::nullopt;
+      }
+      out.identity->gid = *g;
+      out.identity->groups = {*g};
     }
     if (gid) {
       out.identity->gid = *gid;
@@ -1242,7 +1280,7 @@ void Server::post_command(Connection& c) {
   c.command = cmd.key;
 
   std::optional<std::string> failed;
-  if (::access(opt_.shell.c_str(), X_OK) != 0) {
+  if (req->argv.empty() && ::access(opt_.shell.c_str(), X_OK) != 0) {
     failed = opt_.shell + ": " + std::strerror(errno) +
              ": a shell is needed to run a command, and this sandbox's image has none";
   } else {
@@ -1312,10 +1350,42 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
   for (auto& e : env)
     envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string arg0 = "sh", arg1 = "-c", arg2 = req.command;
-  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  std::vector<std::string> args = req.argv;
+  std::string program = opt_.shell;
+  if (args.empty()) {
+    args = {"sh", "-c", req.command};
+  } else if (args[0].find('/') == std::string::npos) {
+    // A bare name is looked up in the command's own PATH, as execvp would (before the fork: the
+    // child only makes system calls). Relative PATH entries are relative to the command's cwd.
+    std::string path;
+    for (const auto& e : env)
+      if (e.starts_with("PATH=")) path = e.substr(5);
+    program.clear();
+    for (std::size_t at = 0; at <= path.size();) {
+      std::size_t end = path.find(':', at);
+      if (end == std::string::npos) end = path.size();
+      std::string dir = path.substr(at, end - at);
+      if (dir.empty()) dir = ".";
+      std::string candidate = dir + "/" + args[0];
+      if (!candidate.starts_with("/") && req.cwd) candidate = *req.cwd + "/" + candidate;
+      struct stat st {};
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          ::access(candidate.c_str(), X_OK) == 0) {
+        program = candidate;
+        break;
+      }
+      at = end + 1;
+    }
+    if (program.empty()) return "exec " + args[0] + ": executable file not found in $PATH";
+  } else {
+    program = args[0];
+  }
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
   const char* cwd = req.cwd ? req.cwd->c_str() : nullptr;
-  const char* shell = opt_.shell.c_str();
+  const char* shell = program.c_str();
   bool switch_user = false;
   std::vector<gid_t> groups;
   uid_t uid = 0;
@@ -1375,7 +1445,7 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     }
     if (f.stage < 0 && cwd && ::chdir(cwd) != 0) f = {3, errno};
     if (f.stage < 0) {
-      ::execve(shell, argv, envp.data());
+      ::execve(shell, argv.data(), envp.data());
       f = {4, errno};
     }
     [[maybe_unused]] const ssize_t n = ::write(report[1], &f, sizeof f);
@@ -1412,7 +1482,7 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     static const char* const kStage[] = {"setgroups", "setgid", "setuid", "chdir", "exec"};
     std::string what = kStage[std::clamp(f.stage, 0, 4)];
     if (f.stage == 3) what += " " + *req.cwd;
-    if (f.stage == 4) what += " " + opt_.shell;
+    if (f.stage == 4) what += " " + program;
     return what + ": " + std::strerror(f.error);
   }
   for (int s = 0; s < 2; ++s) {

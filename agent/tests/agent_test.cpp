@@ -1272,6 +1272,16 @@ TEST_CASE("frames: output byte-exact (no line splitting, binary kept), then the 
     const auto frames = run(command_body("sleep 30", ",\"timeout\":200"));
     CHECK(frames.back() == std::pair<char, std::string>{'x', "{\"signal\":9,\"timed_out\":true}"});
   }
+  {
+    // argv (an sbx extension): no shell; a bare name is looked up in the command's PATH.
+    const auto frames = run("{\"argv\":[\"printf\",\"%s|\",\"a b\",\"$HOME\"]}");
+    REQUIRE(frames.size() == 3);
+    CHECK(frames[1] == std::pair<char, std::string>{'o', "a b|$HOME|"});
+    const auto missing = run("{\"argv\":[\"no-such-program-sbx\"]}");
+    CHECK(missing.back() ==
+          std::pair<char, std::string>{
+              'x', "{\"error\":\"exec no-such-program-sbx: executable file not found in $PATH\"}"});
+  }
   // A command that cannot start (here: no shell) ends with an error, after the head.
   TempDir shell_dir;
   Agent shell_less(shell_dir, {"--shell", "/nonexistent/sh"});

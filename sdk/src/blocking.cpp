@@ -50,7 +50,7 @@ class BlockingAdapter final : public Provider,
   }
 
   void exec(Sandbox& sandbox, ExecRequest request, ExecCompletion done) override {
-    if (async_exec_) {
+    if (async_exec_ && async_exec_->takes_exec(sandbox)) {
       async_exec_->exec_async(sandbox, std::move(request), std::move(done));
       return;
     }

@@ -100,6 +100,13 @@ class BlockingRenew {
 // handed off fails the exec. BlockingProvider::exec stays for the provider's own blocking callers.
 class AsyncExec {
  public:
+  // Whether exec_async() runs this sandbox's commands; false sends them to BlockingProvider::exec
+  // on the pool, as without AsyncExec (e.g. a sandbox reached by a slower path). Called on the
+  // host's calling thread for every exec: it must be quick and must not block.
+  virtual bool takes_exec(Sandbox& sandbox) {
+    (void)sandbox;
+    return true;
+  }
   virtual void exec_async(Sandbox& sandbox, ExecRequest request, ExecCompletion done) = 0;
 
  protected:
