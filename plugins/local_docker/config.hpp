@@ -63,6 +63,9 @@ struct Config {
   std::optional<std::string> api_version;  // pinned "1.NN"; unset = negotiated at first use
   double request_timeout_s = 60;
   PullPolicy image_pull_policy = PullPolicy::if_not_present;
+  // Commands, through sbx-agent as the sandbox's main process (agent.hpp), or through Docker exec.
+  bool agent = true;
+  std::string agent_dir = "/run/sbx/local_docker";
   CreateConfig create;
   ExecConfig exec;
   ReaperConfig reaper;

@@ -1,5 +1,6 @@
 #include "containers.hpp"
 
+#include "agent.hpp"
 #include "exec.hpp"
 
 #include <boost/json/array.hpp>
@@ -146,6 +147,31 @@ json::array env_of(const sdk::KeyValues& env) {
     out.emplace_back(key + "=" + value);
   }
   return out;
+}
+
+// With the agent, it is the main process and does the shell's work below itself: it serves until
+// the expiry (or forever), runs the spec's entrypoint as its child under the TTL, passes signals
+// on to it and ends with it (agent/README.md, "PID 1").
+void set_agent_process(json::object& body, json::object& host, const CreateConfig& create,
+                       const sdk::Spec& spec, std::optional<int64_t> expires_at) {
+  json::array argv{std::string(kAgentBinary), "--listen", "unix:" + std::string(kAgentSocket),
+                   "--state-dir", std::string(kAgentRunDir)};
+  if (spec.ttl) {
+    host["AutoRemove"] = true;
+    argv.emplace_back("--expires-at");
+    argv.emplace_back(std::to_string(expires_at.value_or(0)));
+    if (has_expiry_file(create, spec)) {
+      argv.emplace_back("--expiry-file");
+      argv.emplace_back(std::string(expiry::kPath));
+    }
+  }
+  if (spec.entrypoint) {
+    argv.emplace_back("--");
+    for (const auto& arg : *spec.entrypoint)
+      argv.emplace_back(arg);
+  }
+  body["Entrypoint"] = std::move(argv);
+  body["Cmd"] = json::array{};
 }
 
 // Entrypoint and Cmd: the keep-alive process, the spec's entrypoint, or either under the TTL.
@@ -326,12 +352,14 @@ std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
 
 json::object container_config(const Config& config, const sdk::Spec& spec,
                               const SandboxOptions& options, const ImageRef& image,
-                              std::optional<int64_t> expires_at, bool with_disk_limit) {
+                              std::optional<int64_t> expires_at, bool with_disk_limit,
+                              const AgentLaunch* agent) {
   const CreateConfig& create = config.create;
   json::object body;
   json::object host;
   body["Image"] = image.name;
   body["Labels"] = labels_of(create, spec, expires_at);
+  if (agent) body["Labels"].as_object()[kAgentLabel] = agent->run_dir;
   check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;
@@ -340,11 +368,23 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   body["AttachStderr"] = false;
   body["Tty"] = false;
   body["OpenStdin"] = false;
-  set_process(body, host, create, spec, expires_at);
+  if (agent) {
+    set_agent_process(body, host, create, spec, expires_at);
+  } else {
+    set_process(body, host, create, spec, expires_at);
+  }
   set_resources(host, create, spec.resources, with_disk_limit);
   set_ports(body, host, create, spec.ports);
   set_volumes(host, options);
-  host["Init"] = create.init;
+  // The agent is the init: under Docker's it would not be PID 1 (and `kill -9 -1` inside, which
+  // PID 1 is immune to, would end it).
+  host["Init"] = create.init && !agent;
+  if (agent) {
+    json::array& binds = host["Binds"].is_array() ? host["Binds"].as_array()
+                                                  : host["Binds"].emplace_array();
+    binds.emplace_back(agent->binary + ":" + std::string(kAgentBinary) + ":ro");
+    binds.emplace_back(agent->run_dir + ":" + std::string(kAgentRunDir));
+  }
   host["NetworkMode"] = create.network;
   host["ReadonlyRootfs"] = create.read_only;
   if (!create.cap_drop.empty()) host["CapDrop"] = string_array(create.cap_drop);

@@ -40,9 +40,16 @@ inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
 // `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
 // `expires_at` (from expiry_of) is stamped as the sbx.expires_at label and is the keep-alive's or
 // watchdog's expiry; with an expiry file (has_expiry_file) the label sbx.expiry_file names it.
+// With `agent`, sbx-agent is the main process (agent.hpp): its binary and run directory are
+// bind-mounted, the spec's entrypoint runs as its child.
+struct AgentLaunch {
+  std::string binary;   // the agent's binary on the host
+  std::string run_dir;  // the host directory of the container's /.sbx/run
+};
 boost::json::object container_config(const Config& config, const sdk::Spec& spec,
                                      const SandboxOptions& options, const ImageRef& image,
-                                     std::optional<int64_t> expires_at, bool with_disk_limit);
+                                     std::optional<int64_t> expires_at, bool with_disk_limit,
+                                     const AgentLaunch* agent = nullptr);
 
 // With a TTL: the unix time (seconds) at which the sandbox expires if created now (the TTL rounded
 // up to whole seconds).

@@ -1,5 +1,6 @@
 #include "lifecycle.hpp"
 
+#include "agent.hpp"
 #include "archive.hpp"
 #include "containers.hpp"
 
@@ -175,6 +176,8 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
     found.workdir = workdir;
   }
   found.ports = ports_of(string_at(labels, kPortsLabel));
+  found.agent_run_dir = string_at(labels, kAgentLabel);
+  found.paused = state == "paused";
   if (const std::string expiry = string_at(labels, kExpiresAtLabel); !expiry.empty()) {
     int64_t value = 0;
     const auto [ptr, err] = std::from_chars(expiry.data(), expiry.data() + expiry.size(), value);

@@ -37,6 +37,8 @@ struct FoundSandbox {
   std::vector<uint16_t> ports;
   std::optional<int64_t> expires_at;  // Unix seconds: the expiry file's, else the label's
   bool has_expiry_file = false;       // labelled sbx.expiry_file: renewable
+  std::string agent_run_dir;          // labelled sbx.agent: its agent's socket directory
+  bool paused = false;
 };
 
 // The expiry in the container's expiry file (expiry::kPath) through the archive API (also while

@@ -9,8 +9,11 @@
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <thread>
 
 namespace sbx::local_docker {
@@ -74,12 +77,22 @@ struct ContainerStopped : std::runtime_error {
 // (with a TTL) or to `sbx reap`, and the failure is logged.
 class ContainerGuard {
  public:
-  ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log)
-      : api_(api), name_(std::move(name)), log_(log) {}
+  // `agent_files`: also removes the sandbox's agent run directory (after the container).
+  ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log,
+                 AgentFiles* agent_files = nullptr)
+      : api_(api), name_(std::move(name)), log_(log), agent_files_(agent_files) {}
   ContainerGuard(const ContainerGuard&) = delete;
   ContainerGuard& operator=(const ContainerGuard&) = delete;
   ~ContainerGuard() {
     if (state_ == State::dismissed) return;
+    remove();
+    if (agent_files_) agent_files_->remove_run_dir(name_);
+  }
+  void created() { state_ = State::created; }
+  void dismiss() { state_ = State::dismissed; }
+
+ private:
+  void remove() {
     const auto deadline = Clock::now() + api_.request_timeout();
     // When the create request got no answer (cancelled, timed out, connection lost) the daemon may
     // still be creating the container: look again a few times.
@@ -99,18 +112,29 @@ class ContainerGuard {
     }
     log_.debug("removed container ", name_, " of a failed create");
   }
-  void created() { state_ = State::created; }
-  void dismiss() { state_ = State::dismissed; }
 
- private:
   using Clock = std::chrono::steady_clock;
   static constexpr auto kGuardPause = 400ms;
   enum class State { unknown, created, dismissed };
   DockerApi& api_;
   std::string name_;
   const sdk::Logger& log_;
+  AgentFiles* agent_files_;
   State state_ = State::unknown;
 };
+
+// A Docker exec's parameters as a command for the agent.
+AgentCommand agent_command(const ExecParams& params) {
+  return AgentCommand{.argv = params.argv,
+                      .env = params.env,
+                      .cwd = params.cwd,
+                      .user = params.user,
+                      .timeout = params.timeout};
+}
+
+int64_t unix_now_s() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
 
 // Errors after the container exists become CREATE_FAILED (with the details kept), except those
 // whose status says more: cancellation, a failed readiness check, an unreachable daemon, a bad
@@ -196,6 +220,8 @@ LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
                       .max_connections = static_cast<long>(max_connections(config_))},
            log_),
       exec_slots_(config_.exec.concurrency),
+      agent_files_(config_.agent_dir),
+      agent_client_(config_.agent ? std::make_unique<AgentClient>(log_) : nullptr),
       create_slots_(config_.create.concurrency),
       reaper_(api_, config_.reaper, config_.socket, log_) {}
 
@@ -234,11 +260,19 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   if (spec.ttl) reaper_.ensure(cancel);
 
   const std::string name = config_.create.name_prefix + random_hex(12);
-  ContainerGuard guard(api_, name, log_);
+  std::optional<AgentLaunch> agent;
+  std::string socket;
+  if (agent_client_) {
+    std::call_once(swept_, [&] { sweep_agent_dirs(cancel); });
+    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name)};
+    socket = agent->run_dir + "/agent.sock";
+  }
+  ContainerGuard guard(api_, name, log_, agent ? &agent_files_ : nullptr);
   try {
     std::string container_id;
     try {
-      container_id = create_container_for(name, spec, options, image, expires_at, cancel);
+      container_id = create_container_for(name, spec, options, image, expires_at,
+                                          agent ? &*agent : nullptr, cancel);
       guard.created();
     } catch (const sdk::Error& e) {
       if (e.http_status() != 0) guard.dismiss();  // the daemon answered: nothing was created
@@ -246,13 +280,15 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     }
     // Before the start: no exec needed, parents created by the daemon, in place for the entrypoint.
     if (!files.empty()) upload_files(api_, name, files, cancel);
-    std::string shell = resolve_shell(name, start_and_probe(name, spec, cancel), cancel);
+    std::string shell =
+        resolve_shell(name, socket, start_and_probe(name, socket, spec, cancel), cancel);
     guard.dismiss();
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
-    log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell, ") in ",
-               ms.count(), " ms");
+    log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell,
+               agent ? ", agent" : ", Docker exec", ") in ", ms.count(), " ms");
     return std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
-                                           spec.workdir, spec.ports, expires_at, expiry_file);
+                                           spec.workdir, spec.ports, expires_at, expiry_file,
+                                           socket);
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
@@ -260,11 +296,12 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
 
 std::string LocalDockerProvider::create_container_for(
     const std::string& name, const sdk::Spec& spec, const SandboxOptions& options,
-    const ImageRef& image, std::optional<int64_t> expires_at, const sdk::CancelToken& cancel) {
+    const ImageRef& image, std::optional<int64_t> expires_at, const AgentLaunch* agent,
+    const sdk::CancelToken& cancel) {
   try {
-    return create_container(api_, name,
-                            container_config(config_, spec, options, image, expires_at, true), log_,
-                            cancel);
+    return create_container(
+        api_, name, container_config(config_, spec, options, image, expires_at, true, agent),
+        log_, cancel);
   } catch (const sdk::Error& e) {
     if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
     const std::string disk = std::to_string(*spec.resources.disk_gib);
@@ -276,13 +313,14 @@ std::string LocalDockerProvider::create_container_for(
     }
     log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
               ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
-    return create_container(api_, name,
-                            container_config(config_, spec, options, image, expires_at, false),
-                            log_, cancel);
+    return create_container(
+        api_, name, container_config(config_, spec, options, image, expires_at, false, agent),
+        log_, cancel);
   }
 }
 
 std::optional<bool> LocalDockerProvider::start_and_probe(const std::string& name,
+                                                         const std::string& socket,
                                                          const sdk::Spec& spec,
                                                          const sdk::CancelToken& cancel) {
   std::optional<Clock::time_point> ready_deadline;
@@ -302,14 +340,17 @@ std::optional<bool> LocalDockerProvider::start_and_probe(const std::string& name
         true);
   }
   try {
-    return probe(name, ready_deadline, cancel);
+    if (!socket.empty()) {
+      wait_for_agent(name, socket, watch, ready_deadline.value_or(Clock::now() + timeout), cancel);
+    }
+    return probe(name, socket, ready_deadline, cancel);
   } catch (const ContainerStopped&) {
     throw sdk::Error::create_failed(
         "sandbox " + name + " stopped before it was ready: " + stop_reason(api_, name, watch));
   }
 }
 
-std::optional<bool> LocalDockerProvider::probe(const std::string& name,
+std::optional<bool> LocalDockerProvider::probe(const std::string& name, const std::string& socket,
                                                std::optional<Clock::time_point> ready_deadline,
                                                const sdk::CancelToken& cancel) {
   sdk::ProbeConfig probe = config_.probe;
@@ -335,9 +376,10 @@ std::optional<bool> LocalDockerProvider::probe(const std::string& name,
         CollectingSink sink;
         sdk::ExitStatus status;
         try {
-          status = run_exec(api_, name, params, sink, log_, cancel);
+          status = run_command(name, socket, params, sink, cancel);
         } catch (const sdk::Error& e) {
-          if (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION) {
+          if (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION ||
+              (!socket.empty() && e.status() == SBX_STATUS_UNAVAILABLE)) {
             throw ContainerStopped(e.what());
           }
           throw;
@@ -350,7 +392,7 @@ std::optional<bool> LocalDockerProvider::probe(const std::string& name,
   return has_bash;  // from the attempt that passed
 }
 
-std::string LocalDockerProvider::resolve_shell(const std::string& name,
+std::string LocalDockerProvider::resolve_shell(const std::string& name, const std::string& socket,
                                                std::optional<bool> has_bash,
                                                const sdk::CancelToken& cancel) {
   if (config_.exec.shell) return *config_.exec.shell;
@@ -360,7 +402,7 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name,
     params.argv = {"sh", "-c", "command -v bash"};
     params.timeout = kShellProbeTimeout;
     CollectingSink sink;
-    const sdk::ExitStatus status = run_exec(api_, name, params, sink, log_, cancel);
+    const sdk::ExitStatus status = run_command(name, socket, params, sink, cancel);
     return status.return_code == 0 && !status.error_type ? "bash" : "sh";
   } catch (const sdk::Error& e) {
     if (e.status() == SBX_STATUS_CANCELLED) throw;
@@ -375,7 +417,7 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   const Semaphore::Slot slot(exec_slots_, cancel);
   std::string shell = box.shell();
   if (shell.empty()) {  // a connected sandbox: find out once (two first execs may both look)
-    shell = resolve_shell(box.container(), std::nullopt, cancel);
+    shell = resolve_shell(box.container(), box.agent_socket(), std::nullopt, cancel);
     box.set_shell(shell);
   }
   ExecParams params;
@@ -442,6 +484,100 @@ bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::Canc
   }
 }
 
+bool LocalDockerProvider::takes_exec(sdk::Sandbox& sandbox) {
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  return agent_client_ && !box.agent_socket().empty() && !box.shell().empty();
+}
+
+void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest request,
+                                     sdk::ExecCompletion done) {
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  if (box.paused()) {
+    done.fail(sdk::Error::failed_precondition("sandbox " + box.container() +
+                                              " is paused; resume it first"));
+    return;
+  }
+  AgentCommand command;
+  command.argv = {box.shell(), "-c", std::move(request.command)};
+  command.env = std::move(request.env);
+  command.cwd = std::move(request.cwd);
+  command.user = docker_user(request.user);
+  command.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
+  sdk::OutputSink& out = done.output();
+  const sdk::CancelToken cancel = done.cancel_token();
+  auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
+  const std::optional<int64_t> expires_at = box.expires_at();
+  const std::string name = box.container();
+  agent_client_->start(
+      box.agent_socket(), command, out,
+      [completion, expires_at, name, &out](const sdk::ExitStatus* status,
+                                           const sdk::Error* error) {
+        if (status) return completion->succeed(*status);
+        // The agent went away with the command: the sandbox ended. Past its expiry that is the
+        // TTL's doing, as the Docker exec path reports it.
+        if (error->status() == SBX_STATUS_UNAVAILABLE && expires_at &&
+            unix_now_s() >= *expires_at) {
+          out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
+                                             std::to_string(*expires_at) +
+                                             ") and was removed while the command ran\n");
+          return completion->succeed(sdk::ExitStatus::sandbox_failure());
+        }
+        if (error->status() == SBX_STATUS_UNAVAILABLE) {
+          return completion->fail(sdk::Error::not_found(
+              "sandbox " + name + " no longer answers (" + error->what() + ")"));
+        }
+        completion->fail(*error);
+      },
+      cancel);
+}
+
+sdk::ExitStatus LocalDockerProvider::run_command(const std::string& name, const std::string& socket,
+                                                 const ExecParams& params, sdk::OutputSink& out,
+                                                 const sdk::CancelToken& cancel) {
+  if (socket.empty()) return run_exec(api_, name, params, out, log_, cancel);
+  try {
+    return agent_client_->run(socket, agent_command(params), out, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_UNAVAILABLE) throw;
+    throw sdk::Error::not_found("sandbox " + name + " no longer answers (" + e.what() + ")");
+  }
+}
+
+void LocalDockerProvider::wait_for_agent(const std::string& name, const std::string& socket,
+                                         const ExitWatch& watch, Clock::time_point deadline,
+                                         const sdk::CancelToken& cancel) {
+  // The agent binds its socket within a millisecond or so of the start; no event tells the host.
+  auto pause = 1ms;
+  for (;;) {
+    sdk::throw_if_cancelled(cancel);
+    if (agent_client_->ping(socket, 1s)) return;
+    if (watch.exit_code(0ms)) throw ContainerStopped("its main process exited");
+    if (Clock::now() >= deadline) {
+      throw sdk::Error::create_verification_failed(
+          "sandbox " + name + ": its agent did not answer on " + socket + " in time");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<milliseconds>(pause * 2, 50ms);
+  }
+}
+
+void LocalDockerProvider::sweep_agent_dirs(const sdk::CancelToken& cancel) {
+  // Only directories older than a minute: a younger one may belong to a create in flight in
+  // another process (its container not made yet).
+  const int64_t now = unix_now_s();
+  for (const std::string& name : agent_files_.run_dirs()) {
+    struct stat st {};
+    if (::stat(agent_files_.run_dir(name).c_str(), &st) != 0 || now - st.st_mtime < 60) continue;
+    try {
+      inspect_container(api_, name, cancel);
+    } catch (const sdk::Error& e) {
+      if (e.status() != SBX_STATUS_NOT_FOUND) continue;
+      agent_files_.remove_run_dir(name);
+      log_.debug("removed the agent directory of sandbox ", name, ", whose container is gone");
+    }
+  }
+}
+
 void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = static_cast<DockerSandbox&>(sandbox);
@@ -464,15 +600,27 @@ sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
 }
 
 void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  remove_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  remove_container(api_, box.container(), cancel);
+  // Ours by its name only (a label is not trusted with a path to delete).
+  if (!box.agent_socket().empty()) agent_files_.remove_run_dir(box.container());
 }
 
 void LocalDockerProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  pause_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  box.set_paused(true);  // first: an exec from now on fails rather than wait on a frozen agent
+  try {
+    pause_container(api_, box.container(), cancel);
+  } catch (...) {
+    box.set_paused(false);
+    throw;
+  }
 }
 
 void LocalDockerProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  resume_container(api_, static_cast<DockerSandbox&>(sandbox).container(), cancel);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  resume_container(api_, box.container(), cancel);
+  box.set_paused(false);
 }
 
 std::string LocalDockerProvider::serialize(sdk::Sandbox& sandbox, const sdk::CancelToken&) {
@@ -486,10 +634,23 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
   sdk::Connected connected;
   connected.workdir = found.workdir;
   connected.ports = found.ports;
+  // Its agent, when it has one in this provider's agent_dir (a label names a path to connect to,
+  // never one to trust otherwise); else Docker exec.
+  std::string socket;
+  if (agent_client_ && !found.agent_run_dir.empty() &&
+      found.agent_run_dir == agent_files_.run_dir(found.name)) {
+    socket = found.agent_run_dir + "/agent.sock";
+  }
   // The shell is found at the first exec (the sandbox may be paused now) unless configured.
-  connected.sandbox = std::make_unique<DockerSandbox>(
+  auto box = std::make_unique<DockerSandbox>(
       std::move(found.name), std::move(found.container_id), config_.exec.shell.value_or(""),
-      std::move(found.workdir), std::move(found.ports), found.expires_at, found.has_expiry_file);
+      std::move(found.workdir), std::move(found.ports), found.expires_at, found.has_expiry_file,
+      socket);
+  box->set_paused(found.paused);
+  if (!socket.empty() && !found.paused && box->shell().empty()) {
+    box->set_shell(resolve_shell(box->container(), socket, std::nullopt, cancel));
+  }
+  connected.sandbox = std::move(box);
   return connected;
 }
 
@@ -582,6 +743,7 @@ std::vector<sdk::SandboxInfo> LocalDockerProvider::reap(const sdk::KeyValues& se
     sdk::throw_if_cancelled(cancel);
     try {
       remove_container(api_, info.id, cancel);
+      agent_files_.remove_run_dir(info.id);
       info.status = sdk::SandboxStatus::stopped;
       removed.push_back(std::move(info));
     } catch (const sdk::Error& e) {

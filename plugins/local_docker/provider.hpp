@@ -2,8 +2,11 @@
 // the Engine API over its unix socket (never the docker CLI). Blocking style on the SDK's pool.
 #pragma once
 
+#include "agent.hpp"
 #include "config.hpp"
+#include "containers.hpp"
 #include "docker_api.hpp"
+#include "exec.hpp"
 #include "images.hpp"
 #include "reaper.hpp"
 
@@ -27,14 +30,16 @@ class DockerSandbox final : public sdk::Sandbox {
  public:
   DockerSandbox(std::string name, std::string container_id, std::string shell,
                 std::optional<std::string> workdir, std::vector<uint16_t> ports,
-                std::optional<int64_t> expires_at, bool has_expiry_file)
+                std::optional<int64_t> expires_at, bool has_expiry_file,
+                std::string agent_socket = "")
       : sdk::Sandbox(std::move(name)),
         container_id_(std::move(container_id)),
         shell_(std::move(shell)),
         workdir_(std::move(workdir)),
         ports_(std::move(ports)),
         expires_at_(expires_at.value_or(kNoExpiry)),
-        has_expiry_file_(has_expiry_file) {}
+        has_expiry_file_(has_expiry_file),
+        agent_socket_(std::move(agent_socket)) {}
 
   const std::string& container() const noexcept { return id(); }
   const std::string& container_id() const noexcept { return container_id_; }
@@ -59,6 +64,12 @@ class DockerSandbox final : public sdk::Sandbox {
   void set_expires_at(int64_t value) noexcept { expires_at_.store(value); }
   // Whether the container keeps its expiry in the expiry file (expiry::kPath), i.e. can be renewed.
   bool has_expiry_file() const noexcept { return has_expiry_file_; }
+  // The host path of its agent's socket; empty when its commands go through Docker exec.
+  const std::string& agent_socket() const noexcept { return agent_socket_; }
+  // Paused through this provider (the agent of a paused container cannot answer: an exec must
+  // fail at once). THREADING: thread-safe.
+  bool paused() const noexcept { return paused_.load(); }
+  void set_paused(bool paused) noexcept { paused_.store(paused); }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -69,6 +80,8 @@ class DockerSandbox final : public sdk::Sandbox {
   static constexpr int64_t kNoExpiry = -1;
   std::atomic<int64_t> expires_at_;  // unix seconds of the TTL's end, or kNoExpiry
   bool has_expiry_file_;
+  std::string agent_socket_;
+  std::atomic<bool> paused_{false};
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -104,7 +117,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingListReap,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
-                                  public sdk::BlockingRenew {
+                                  public sdk::BlockingRenew,
+                                  public sdk::AsyncExec {
  public:
   static constexpr const char* kId = "local_docker";
   static constexpr const char* kDescription =
@@ -118,6 +132,11 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                        const sdk::CancelToken& cancel) override;
   sdk::ExitStatus exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request, sdk::OutputSink& out,
                        const sdk::CancelToken& cancel) override;
+  // A sandbox with an agent runs its commands through it, on the agent client's one loop thread
+  // (no thread per running command); the others through exec() on the pool.
+  bool takes_exec(sdk::Sandbox& sandbox) override;
+  void exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest request,
+                  sdk::ExecCompletion done) override;
   void upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request, sdk::ByteSource& source,
               const sdk::CancelToken& cancel) override;
   void download(sdk::Sandbox& sandbox, const std::string& remote_path, sdk::ByteSink& sink,
@@ -158,26 +177,41 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,
-                                   std::optional<int64_t> expires_at,
+                                   std::optional<int64_t> expires_at, const AgentLaunch* agent,
                                    const sdk::CancelToken& cancel);
   // Whether the sandbox's TTL has ended and its container has stopped or is gone (the TTL watchdog
   // or the reaper ended it); waits up to kTtlStopWait for the container to stop.
   bool ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel);
   // Start and readiness probe; return whether the image has bash, when the probe found out.
-  std::optional<bool> start_and_probe(const std::string& name, const sdk::Spec& spec,
-                                      const sdk::CancelToken& cancel);
-  std::optional<bool> probe(const std::string& name,
+  // `socket`: the agent's, or empty (Docker exec).
+  std::optional<bool> start_and_probe(const std::string& name, const std::string& socket,
+                                      const sdk::Spec& spec, const sdk::CancelToken& cancel);
+  std::optional<bool> probe(const std::string& name, const std::string& socket,
                             std::optional<Clock::time_point> ready_deadline,
                             const sdk::CancelToken& cancel);
   // exec.shell, else bash or sh: from the probe, or from an exec of `command -v bash`.
-  std::string resolve_shell(const std::string& name, std::optional<bool> has_bash,
-                            const sdk::CancelToken& cancel);
+  std::string resolve_shell(const std::string& name, const std::string& socket,
+                            std::optional<bool> has_bash, const sdk::CancelToken& cancel);
+  // One command of the provider's own (probe, shell detection): through the agent when `socket`
+  // is set, else Docker exec. Blocks.
+  sdk::ExitStatus run_command(const std::string& name, const std::string& socket,
+                              const ExecParams& params, sdk::OutputSink& out,
+                              const sdk::CancelToken& cancel);
+  // Waits until the agent answers on `socket` (it binds it a moment after the start), or the
+  // container's main process exits (ContainerStopped), or `deadline`.
+  void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,
+                      Clock::time_point deadline, const sdk::CancelToken& cancel);
+  // Removes agent run directories whose container is gone (its TTL, the reaper, docker rm).
+  void sweep_agent_dirs(const sdk::CancelToken& cancel);
   std::chrono::milliseconds start_timeout() const;
 
   Config config_;
   sdk::Logger log_;
   DockerApi api_;
   Semaphore exec_slots_;
+  AgentFiles agent_files_;
+  std::unique_ptr<AgentClient> agent_client_;  // with config.agent
+  std::once_flag swept_;
   Semaphore create_slots_;
   Reaper reaper_;  // ensured by the first create with a TTL
 };

@@ -456,7 +456,9 @@ void set_up(Transfer& t, const ClientOptions& options) {
   set(t.easy, CURLOPT_PREREQFUNCTION, &on_prereq);
   set(t.easy, CURLOPT_PREREQDATA, static_cast<void*>(&t));
   // Proxy policy (ClientOptions::proxy): "" disables every proxy, the environment's included.
-  if (!options.unix_socket.empty() || (options.proxy.empty() && !options.use_env_proxy)) {
+  const std::string& unix_socket =
+      t.request.unix_socket.empty() ? options.unix_socket : t.request.unix_socket;
+  if (!unix_socket.empty() || (options.proxy.empty() && !options.use_env_proxy)) {
     set(t.easy, CURLOPT_PROXY, "");
   } else if (!options.proxy.empty()) {
     set(t.easy, CURLOPT_PROXY, options.proxy.c_str());
@@ -468,8 +470,8 @@ void set_up(Transfer& t, const ClientOptions& options) {
   if (!options.ca_bundle.empty()) set(t.easy, CURLOPT_CAINFO, options.ca_bundle.c_str());
   if (!options.client_cert.empty()) set(t.easy, CURLOPT_SSLCERT, options.client_cert.c_str());
   if (!options.client_key.empty()) set(t.easy, CURLOPT_SSLKEY, options.client_key.c_str());
-  if (!options.unix_socket.empty()) {
-    set(t.easy, CURLOPT_UNIX_SOCKET_PATH, options.unix_socket.c_str());
+  if (!unix_socket.empty()) {
+    set(t.easy, CURLOPT_UNIX_SOCKET_PATH, unix_socket.c_str());
   } else {
     // Notice peers that vanished (a rebooted host) on idle pooled and long-streaming connections.
     set(t.easy, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -631,7 +633,9 @@ struct Client::Loop {
     transfer->idempotent = request.idempotent.value_or(idempotent_method(request.method));
     if (request.timeout.count() > 0) transfer->deadline = deadline_after(request.timeout);
     transfer->url = options.base_url + request.target;
-    transfer->endpoint = options.unix_socket.empty() ? transfer->url : options.unix_socket;
+    const std::string& socket =
+        request.unix_socket.empty() ? options.unix_socket : request.unix_socket;
+    transfer->endpoint = socket.empty() ? transfer->url : socket;
     transfer->request = std::move(request);
     transfer->on_complete = std::move(on_complete);
     transfer->state = state;

@@ -94,6 +94,10 @@ struct ByteRange {
 struct Request {
   std::string method = "GET";
   std::string target;  // path and query appended to base_url, e.g. "/v1.41/containers/json"
+  // When set, this request connects through this unix socket instead of
+  // ClientOptions::unix_socket (one client, one loop thread, for many sockets: a kept-alive
+  // connection is reused only for the same socket).
+  std::string unix_socket;
   Headers headers;
   std::string body;  // request body, unless body_source is set
   // Streamed request body, pulled on the loop thread: fills `buffer` with up to `capacity` bytes

@@ -1,0 +1,385 @@
+#include "agent.hpp"
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <stop_token>
+#include <utility>
+
+__attribute__((visibility("hidden"))) extern const char sbx_local_docker_agent_begin[];
+__attribute__((visibility("hidden"))) extern const char sbx_local_docker_agent_end[];
+__attribute__((visibility("hidden"))) extern const char sbx_local_docker_agent_hash[];
+
+namespace sbx::local_docker {
+namespace {
+
+namespace json = boost::json;
+
+// The agent pings a silent stream every 3 s: this long without a byte means it is frozen (a
+// paused container, a stopped one whose socket still accepts) or gone.
+constexpr std::chrono::milliseconds kIdleTimeout{20'000};
+// Beyond a command's own timeout, which the agent enforces: the bound on a frozen agent.
+constexpr std::chrono::milliseconds kDeadlineSlack{30'000};
+
+sdk::Error io_error(const std::string& what, int error) {
+  return sdk::Error::unavailable("local_docker agent: " + what + ": " + std::strerror(error));
+}
+
+// Makes `dir` and its missing parents (parents 0755, `dir` itself `mode`).
+void make_dirs(const std::string& dir, mode_t mode) {
+  const std::filesystem::path path(dir);
+  std::error_code ec;
+  if (path.has_parent_path() && path.parent_path() != path) {
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) throw sdk::Error::unavailable("local_docker agent: cannot make " +
+                                          path.parent_path().string() + ": " + ec.message());
+  }
+  if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) throw io_error("mkdir " + dir, errno);
+}
+
+std::string json_field(const json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+}  // namespace
+
+std::string_view agent_program() noexcept {
+  return {sbx_local_docker_agent_begin,
+          static_cast<size_t>(sbx_local_docker_agent_end - sbx_local_docker_agent_begin)};
+}
+
+std::string_view agent_hash() noexcept {
+  return sbx_local_docker_agent_hash;
+}
+
+// ---- AgentFiles ---------------------------------------------------------------------------------
+
+std::string AgentFiles::binary() {
+  std::lock_guard lock(mutex_);
+  if (!binary_.empty()) return binary_;
+  make_dirs(dir_, 0700);
+  struct stat st {};
+  if (::lstat(dir_.c_str(), &st) != 0) throw io_error("stat " + dir_, errno);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    throw sdk::Error::unavailable("local_docker agent: " + dir_ +
+                                  " (agent_dir) must be a directory owned by this user");
+  }
+  // Only this user enters it: the sandboxes' sockets are below.
+  if ((st.st_mode & 077) != 0 && ::chmod(dir_.c_str(), 0700) != 0) {
+    throw io_error("chmod 0700 " + dir_, errno);
+  }
+  make_dirs(dir_ + "/sandboxes", 0700);
+
+  const std::string path = dir_ + "/sbx-agent-" + std::string(agent_hash());
+  const std::string_view program = agent_program();
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<size_t>(st.st_size) == program.size()) {
+    binary_ = path;
+    return binary_;
+  }
+  std::random_device random;
+  const std::string temp = path + ".tmp-" + std::to_string(random());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+  if (fd < 0) throw io_error("create " + temp, errno);
+  size_t off = 0;
+  while (off < program.size()) {
+    const ssize_t n = ::write(fd, program.data() + off, program.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw io_error("write " + temp, error);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0755) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0 ||
+      ::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw io_error("install " + path, error);
+  }
+  binary_ = path;
+  return binary_;
+}
+
+std::string AgentFiles::run_dir(const std::string& sandbox) const {
+  return dir_ + "/sandboxes/" + sandbox;
+}
+
+std::string AgentFiles::make_run_dir(const std::string& sandbox) {
+  binary();  // the directories exist
+  const std::string dir = run_dir(sandbox);
+  if (::mkdir(dir.c_str(), 0700) != 0) throw io_error("mkdir " + dir, errno);
+  if (::chmod(dir.c_str(), 01777) != 0) {
+    const int error = errno;
+    ::rmdir(dir.c_str());
+    throw io_error("chmod " + dir, error);
+  }
+  return dir;
+}
+
+void AgentFiles::remove_run_dir(const std::string& sandbox) noexcept {
+  std::error_code ec;
+  std::filesystem::remove_all(run_dir(sandbox), ec);  // removes links, never follows them
+}
+
+std::vector<std::string> AgentFiles::run_dirs() const {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/sandboxes", ec))
+    names.push_back(entry.path().filename().string());
+  return names;
+}
+
+// ---- FrameParser --------------------------------------------------------------------------------
+
+void FrameParser::feed(std::string_view bytes,
+                       const std::function<void(char, std::string_view)>& on_frame) {
+  auto take = [&](std::string_view data) -> size_t {  // whole frames at the start of `data`
+    size_t at = 0;
+    while (data.size() - at >= 5) {
+      uint32_t n = 0;
+      for (size_t i = 1; i <= 4; ++i)
+        n = (n << 8) | static_cast<unsigned char>(data[at + i]);
+      if (data.size() - at - 5 < n) break;
+      on_frame(data[at], data.substr(at + 5, n));
+      at += 5 + n;
+    }
+    return at;
+  };
+  if (pending_.empty()) {
+    const size_t used = take(bytes);
+    pending_.assign(bytes.substr(used));
+    return;
+  }
+  pending_.append(bytes);
+  const size_t used = take(pending_);
+  pending_.erase(0, used);
+}
+
+// ---- AgentClient --------------------------------------------------------------------------------
+
+namespace {
+
+// One command through an agent, from its request to `done`. Kept alive by the request's callbacks
+// and by the cancellation hook (weakly).
+class AgentRun final : public std::enable_shared_from_this<AgentRun> {
+ public:
+  AgentRun(sdk::OutputSink& out, AgentDoneFn done) : out_(out), done_(std::move(done)) {}
+
+  void start(sdk::http::Client& http, sdk::http::Request request,
+             const sdk::CancelToken& cancel) {
+    auto self = shared_from_this();
+    request.on_headers = [self](long status, const sdk::http::Headers&) {
+      self->http_status_ = status;
+    };
+    request.on_body = [self](std::string_view bytes) { self->on_body(bytes); };
+    call_ = http.start(std::move(request), [self](sdk::http::Response* response,
+                                                  const sdk::Error* error) {
+      self->on_complete(response, error);
+    });
+    on_cancel_.emplace(cancel, Canceller{weak_from_this()});
+  }
+
+ private:
+  struct Canceller {
+    std::weak_ptr<AgentRun> run;
+    void operator()() const {
+      if (auto self = run.lock()) {
+        self->cancelled_ = true;
+        self->call_.cancel();
+      }
+    }
+  };
+
+  void on_body(std::string_view bytes) {
+    if (http_status_ != 200) {
+      if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
+      return;
+    }
+    parser_.feed(bytes, [&](char kind, std::string_view payload) {
+      switch (kind) {
+        case 'o':
+          out_.write(sdk::StdStream::out, payload);
+          break;
+        case 'e':
+          out_.write(sdk::StdStream::err, payload);
+          break;
+        case 'x':
+          end_ = std::string(payload);
+          break;
+        default:  // 'i' (the command's id), 'p' (a ping)
+          break;
+      }
+    });
+  }
+
+  void on_complete(sdk::http::Response* response, const sdk::Error* error) {
+    if (error) {
+      if (cancelled_ || error->status() == SBX_STATUS_CANCELLED) {
+        return finish(nullptr, sdk::Error::cancelled());
+      }
+      return finish(nullptr, sdk::Error::unavailable(std::string("the sandbox's agent: ") +
+                                                     error->what()));
+    }
+    if (response->status == 400) {
+      // Refused before it started (a cwd, a user that does not exist): the command could not
+      // run, as Docker's exec reports it.
+      std::string message = error_body_;
+      try {
+        message = json_field(json::parse(error_body_).as_object(), "message");
+      } catch (const std::exception&) {
+      }
+      out_.write(sdk::StdStream::err, "sbx: " + message + "\n");
+      return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
+    }
+    if (response->status != 200) {
+      return finish(nullptr, sdk::Error::unavailable("the sandbox's agent answered HTTP " +
+                                                     std::to_string(response->status) + ": " +
+                                                     error_body_.substr(0, 512)));
+    }
+    if (!end_) {
+      return finish(nullptr, sdk::Error::unavailable(
+                                 "the sandbox's agent ended the command's stream without its "
+                                 "end (the agent was killed or the sandbox stopped)"));
+    }
+    try {
+      const json::object end = json::parse(*end_).as_object();
+      if (const auto* code = end.if_contains("exit_code")) {
+        return finish(sdk::ExitStatus::exited(static_cast<int32_t>(code->to_number<int64_t>())),
+                      std::nullopt);
+      }
+      if (end.contains("timed_out")) return finish(sdk::ExitStatus::timed_out(), std::nullopt);
+      if (const auto* signal = end.if_contains("signal")) {
+        return finish(
+            sdk::ExitStatus::exited(128 + static_cast<int32_t>(signal->to_number<int64_t>())),
+            std::nullopt);
+      }
+      out_.write(sdk::StdStream::err, "sbx: " + json_field(end, "error") + "\n");
+      return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
+    } catch (const std::exception& e) {
+      return finish(nullptr, sdk::Error::internal(std::string("the sandbox's agent sent a bad "
+                                                              "end of command: ") +
+                                                  e.what()));
+    }
+  }
+
+  void finish(std::optional<sdk::ExitStatus> status, std::optional<sdk::Error> error) {
+    if (finished_.exchange(true)) return;
+    AgentDoneFn done = std::move(done_);
+    if (status) {
+      done(&*status, nullptr);
+    } else {
+      done(nullptr, &*error);
+    }
+  }
+  void finish(std::nullptr_t, sdk::Error error) { finish(std::nullopt, std::move(error)); }
+
+  sdk::OutputSink& out_;
+  AgentDoneFn done_;
+  FrameParser parser_;
+  long http_status_ = 0;
+  std::string error_body_;
+  std::optional<std::string> end_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+  sdk::http::Call call_;
+  std::optional<std::stop_callback<Canceller>> on_cancel_;
+};
+
+sdk::http::ClientOptions client_options() {
+  sdk::http::ClientOptions options;
+  options.base_url = "http://sbx-agent";
+  options.connect_timeout = std::chrono::milliseconds(5'000);
+  options.max_connections = 4096;
+  options.max_idle_connections = 256;
+  options.keepalive_expiry = std::chrono::milliseconds(60'000);
+  return options;
+}
+
+}  // namespace
+
+AgentClient::AgentClient(sdk::Logger log) : log_(std::move(log)), http_(client_options()) {}
+
+void AgentClient::start(const std::string& socket, const AgentCommand& command,
+                        sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel) {
+  json::object body;
+  json::array argv;
+  for (const auto& arg : command.argv)
+    argv.emplace_back(arg);
+  body["argv"] = std::move(argv);
+  if (!command.env.empty()) {
+    json::object envs;
+    for (const auto& [key, value] : command.env)
+      envs[key] = value;
+    body["envs"] = std::move(envs);
+  }
+  if (command.cwd) body["cwd"] = *command.cwd;
+  if (command.user) body["user"] = *command.user;
+  if (command.timeout.count() > 0) body["timeout"] = command.timeout.count();
+
+  sdk::http::Request request;
+  request.method = "POST";
+  request.target = "/command";
+  request.unix_socket = socket;
+  request.headers = {{"Accept", "application/vnd.sbx.frames"},
+                     {"Content-Type", "application/json"}};
+  request.body = json::serialize(body);
+  request.idle_timeout = kIdleTimeout;
+  if (command.timeout.count() > 0) request.timeout = command.timeout + kDeadlineSlack;
+  request.idempotent = false;
+  const auto run = std::make_shared<AgentRun>(out, std::move(done));
+  run->start(http_, std::move(request), cancel);
+}
+
+sdk::ExitStatus AgentClient::run(const std::string& socket, const AgentCommand& command,
+                                 sdk::OutputSink& out, const sdk::CancelToken& cancel) {
+  std::mutex mutex;
+  std::condition_variable finished;
+  std::optional<sdk::ExitStatus> status;
+  std::optional<sdk::Error> error;
+  bool done = false;
+  start(
+      socket, command, out,
+      [&](const sdk::ExitStatus* s, const sdk::Error* e) {
+        std::lock_guard lock(mutex);
+        if (s) status = *s;
+        if (e) error = *e;
+        done = true;
+        finished.notify_all();
+      },
+      cancel);
+  std::unique_lock lock(mutex);
+  finished.wait(lock, [&] { return done; });
+  if (error) throw *error;
+  return *status;
+}
+
+bool AgentClient::ping(const std::string& socket, std::chrono::milliseconds timeout) {
+  sdk::http::Request request;
+  request.target = "/ping";
+  request.unix_socket = socket;
+  request.timeout = timeout;
+  try {
+    return http_.send(std::move(request)).status == 200;
+  } catch (const sdk::Error&) {
+    return false;
+  }
+}
+
+}  // namespace sbx::local_docker

@@ -1,0 +1,121 @@
+// sbx-agent in local_docker's sandboxes (agent/README.md; decisions 198-203): how the agent gets
+// into a container, where its socket is, and commands run through it.
+//
+// The agent's binary is embedded in this plugin and written once per agent version to
+// `agent_dir` (mode 0700, so only root enters it), then bind-mounted read-only into every
+// sandbox as the container's main process. Each sandbox gets a directory of its own under
+// `agent_dir`/sandboxes, bind-mounted at /.sbx/run, where the agent makes its unix socket: only
+// root on the host reaches it, and no sandbox sees another's.
+#pragma once
+
+#include <sbx/sdk/http.hpp>
+#include <sbx/sdk/provider.hpp>
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::local_docker {
+
+// The agent's bytes and content hash (16 hex digits), embedded by the build.
+std::string_view agent_program() noexcept;
+std::string_view agent_hash() noexcept;
+
+// Inside the container.
+inline constexpr std::string_view kAgentBinary = "/.sbx/sbx-agent";
+inline constexpr std::string_view kAgentRunDir = "/.sbx/run";
+inline constexpr std::string_view kAgentSocket = "/.sbx/run/agent.sock";
+// Label of a sandbox whose main process is the agent: the host directory of its socket.
+inline constexpr std::string_view kAgentLabel = "sbx.agent";
+
+// The host side: the agent's binary and the sandboxes' socket directories under one directory.
+// THREADING: thread-safe.
+class AgentFiles {
+ public:
+  explicit AgentFiles(std::string dir) : dir_(std::move(dir)) {}
+
+  // The agent's binary on the host, written on first use (atomically: a temp file renamed into
+  // place; mode 0755) into the directory, which is made mode 0700 when missing. An existing
+  // directory must be a directory owned by this process's user that no one else can write.
+  // Throws Error::unavailable naming the path and the reason.
+  std::string binary();
+  // Makes the host directory of a sandbox's /.sbx/run and returns it. Mode 01777: the agent
+  // may run as the image's user, which must be able to make its socket there; sticky, so no
+  // other user of the sandbox can remove or replace it.
+  std::string make_run_dir(const std::string& sandbox);
+  // Removes that directory and what the sandbox left in it (never following a symbolic link).
+  // Nothing when it does not exist.
+  void remove_run_dir(const std::string& sandbox) noexcept;
+  std::string run_dir(const std::string& sandbox) const;
+  // The sandboxes' directories now under agent_dir/sandboxes (names only).
+  std::vector<std::string> run_dirs() const;
+
+ private:
+  std::string dir_;
+  std::mutex mutex_;
+  std::string binary_;  // once written
+};
+
+// One command for the agent.
+struct AgentCommand {
+  std::vector<std::string> argv;  // e.g. {"bash", "-c", command}
+  sdk::KeyValues env;             // over the container's environment; these win
+  std::optional<std::string> cwd;
+  std::optional<std::string> user;  // name or uid, with an optional ":group"
+  std::chrono::milliseconds timeout{0};
+};
+
+// How a command through the agent ended: an exit status, or an error (exactly one is set).
+using AgentDoneFn = std::function<void(const sdk::ExitStatus* status, const sdk::Error* error)>;
+
+// Commands through the agents of many sandboxes, over the SDK's HTTP client: one loop thread for
+// all of them, no thread per running command. THREADING: thread-safe; callbacks run on the
+// client's loop thread.
+class AgentClient {
+ public:
+  explicit AgentClient(sdk::Logger log);
+
+  // Starts `command` through the agent listening on `socket` and returns at once. Output goes to
+  // `out` as it arrives (byte-exact), then `done` runs once:
+  //   - the command ran: its exit code (128+N when killed by signal N);
+  //   - its timeout passed: the agent killed its process group; 125/"timeout";
+  //   - it could not start (no such program, user or directory): 125/"sandbox", the reason on
+  //     `out`'s stderr;
+  //   - cancellation: the connection is closed, which makes the agent kill the command's process
+  //     group; Error::cancelled;
+  //   - the agent cannot be reached or went away: Error::unavailable.
+  // Both callbacks run on the loop thread (`done` may run on the calling thread when the request
+  // cannot even start).
+  void start(const std::string& socket, const AgentCommand& command, sdk::OutputSink& out,
+             AgentDoneFn done, const sdk::CancelToken& cancel);
+
+  // start(), waiting on the calling thread; throws what `done` was given as an error.
+  sdk::ExitStatus run(const std::string& socket, const AgentCommand& command,
+                      sdk::OutputSink& out, const sdk::CancelToken& cancel);
+
+  // GET /ping: true for a 200 within `timeout`.
+  bool ping(const std::string& socket, std::chrono::milliseconds timeout);
+
+ private:
+  sdk::Logger log_;
+  sdk::http::Client http_;  // last: destroyed first, ending every command while the rest lives
+};
+
+// Incremental parser of the agent's frames (agent/README.md, "Frames"): a kind byte, the
+// payload's length (4 bytes, big-endian), the payload. Not thread-safe.
+class FrameParser {
+ public:
+  // Feeds bytes; calls `on_frame(kind, payload)` for every complete frame.
+  void feed(std::string_view bytes, const std::function<void(char, std::string_view)>& on_frame);
+  // Whether a frame was cut short (bytes left over).
+  bool partial() const noexcept { return !pending_.empty(); }
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace sbx::local_docker
