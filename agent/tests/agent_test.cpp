@@ -50,18 +50,36 @@ void nap_ms(long ms) {
   ::nanosleep(&ts, nullptr);
 }
 
-// The agent as a child process of the test, stopped with SIGTERM at the end.
+int pidfd_open(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// The agent as a child process of the test, stopped with SIGTERM at the end unless it exited.
 struct Agent {
   pid_t pid = -1;
   std::string socket;
   int exit_status = -1;
+  int out = -1;  // with `capture`: the read ends of the agent's stdout and stderr
+  int err = -1;
 
   Agent(const TempDir& dir, std::vector<std::string> extra = {},
-        std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin"}) {
+        std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin"},
+        bool capture = false) {
     socket = dir.path + "/agent.sock";
     std::vector<std::string> args{SBX_AGENT_BIN, "--listen", "unix:" + socket};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid = spawn(args, env);
+    int pipes[2][2] = {{-1, -1}, {-1, -1}};
+    if (capture) {
+      REQUIRE(::pipe2(pipes[0], O_CLOEXEC) == 0);
+      REQUIRE(::pipe2(pipes[1], O_CLOEXEC) == 0);
+    }
+    pid = spawn(args, env, pipes[0][1], pipes[1][1]);
+    if (capture) {
+      ::close(pipes[0][1]);
+      ::close(pipes[1][1]);
+      out = pipes[0][0];
+      err = pipes[1][0];
+    }
     // Ready when the socket accepts (there is no event to wait on from outside the process).
     for (int i = 0; i < 10000; ++i) {
       const int fd = try_connect(socket);
@@ -78,14 +96,36 @@ struct Agent {
     }
     FAIL("sbx-agent did not listen on " << socket);
   }
-  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit).
+  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit). An agent that exited
+  // by itself, or was stopped by the test, was checked by the test.
   ~Agent() {
-    const int status = stop();
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    if (pid > 0) {
+      const int status = stop();
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+    if (out >= 0) ::close(out);
+    if (err >= 0) ::close(err);
   }
 
-  static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  // Waits (on a pidfd) at most `timeout_ms` for the agent to exit by itself: its wait status, or
+  // nullopt when it still runs.
+  std::optional<int> wait_exit(int timeout_ms) {
+    REQUIRE(pid > 0);
+    const int fd = pidfd_open(pid);
+    REQUIRE(fd >= 0);
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, timeout_ms);
+    ::close(fd);
+    if (ready != 1) return std::nullopt;
+    REQUIRE(::waitpid(pid, &exit_status, 0) == pid);
+    pid = -1;
+    return exit_status;
+  }
+
+  // `out_fd`/`err_fd`, when not -1, become the child's stdout/stderr.
+  static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                     int out_fd = -1, int err_fd = -1) {
     std::vector<char*> argv, envp;
     for (auto& a : args)
       argv.push_back(const_cast<char*>(a.c_str()));
@@ -95,6 +135,8 @@ struct Agent {
     envp.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      if (out_fd >= 0) ::dup2(out_fd, 1);
+      if (err_fd >= 0) ::dup2(err_fd, 2);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
@@ -324,10 +366,6 @@ json::Value parse(const std::string& text) {
   std::string error;
   REQUIRE_MESSAGE(json::parse(text, v, error), error << ": " << text);
   return v;
-}
-
-int pidfd_open(pid_t pid) {
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
 
 // Waits (on the pidfd, an event) until the process exited, then checks no live process is left.
