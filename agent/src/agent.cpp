@@ -1,7 +1,8 @@
 // The agent's loop. Everything here runs on the one thread that called run(): no locks, no
 // threads. Sources of events, all in one epoll set: the listeners, a signalfd (SIGCHLD, SIGTERM,
-// SIGINT), the client connections, and the read ends of the commands' output pipes. Timers (pings
-// and command timeouts) are an ordered set whose first entry bounds epoll_wait's timeout.
+// SIGINT, and with an entrypoint the signals forwarded to it), the client connections, and the
+// read ends of the commands' output pipes. Timers (pings, command timeouts, the expiry check, the
+// entrypoint's stop grace) are an ordered set whose first entry bounds epoll_wait's timeout.
 #include "agent.hpp"
 
 #include <arpa/inet.h>
@@ -57,6 +58,14 @@ constexpr std::size_t kPiece = 128 * 1024;            // one read of a download 
 constexpr int kPiecesPerWake = 8;  // a download's pieces per writable event (the others' turn)
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+// Keys of the agent's own timers in the timer set: connections and commands take keys counting up
+// from 1, so these two cannot collide with them.
+constexpr uint64_t kExpiryTimer = UINT64_MAX;     // the expiry check
+constexpr uint64_t kGraceTimer = UINT64_MAX - 1;  // SIGKILL to an entrypoint that outlived SIGTERM
+constexpr int64_t kExpiryRetryMs = 1000;  // an unreadable expiry file, once expired: read again
+constexpr int kExpiryRetries = 2;         // ... this many times before the last expiry seen counts
+// What the agent forwards to the entrypoint's process group (what a container's PID 1 is sent).
+constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 int64_t mono_ms() {
   timespec ts{};
@@ -247,6 +256,49 @@ class LineSplitter {
   bool after_cr_ = false;
 };
 
+// The expiry file's content: decimal Unix seconds, possibly followed by white space (a newline).
+// nullopt when it cannot be read or does not hold a positive number (say, a writer between its
+// create and its write).
+std::optional<int64_t> read_expiry_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return std::nullopt;
+  char buf[64];
+  std::size_t got = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf + got, sizeof buf - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+    if (got == sizeof buf) break;
+  }
+  ::close(fd);
+  std::size_t i = 0;
+  int64_t value = 0;
+  for (; i < got && buf[i] >= '0' && buf[i] <= '9'; ++i) {
+    if (value > (INT64_MAX - 9) / 10) return std::nullopt;
+    value = value * 10 + (buf[i] - '0');
+  }
+  if (i == 0 || got == sizeof buf) return std::nullopt;
+  for (; i < got; ++i)
+    if (buf[i] != '\n' && buf[i] != '\r' && buf[i] != ' ' && buf[i] != '\t') return std::nullopt;
+  if (value <= 0) return std::nullopt;
+  return value;
+}
+
+// --user USER[:GROUP]: USER a name or a uid, GROUP a name or a gid. As Docker's --user: with a
+// GROUP, that group alone (no supplementary groups from /etc/group).
+std::optional<Identity> resolve_user_spec(const std::string& etc_dir, const std::string& spec,
+                                          std::string& error) {
+  const std::size_t colon = spec.find(':');
+  auto identity = resolve_user(etc_dir, spec.substr(0, colon), error);
+  if (!identity || colon == std::string::npos) return identity;
+  const auto gid = resolve_group(etc_dir, spec.substr(colon + 1), error);
+  if (!gid) return std::nullopt;
+  identity->gid = *gid;
+  identity->groups = {*gid};
+  return identity;
+}
+
 enum class Kind { listener, signal, connection, pipe };
 
 // What an epoll registration stands for: looked up by the registration's token, so an event for a
@@ -333,13 +385,19 @@ struct CommandRequest {
 
 class Server {
  public:
-  explicit Server(Options options) : opt_(std::move(options)) {}
+  /// `entry_user`: who the entrypoint runs as (resolved from options.user), nullopt: the agent's
+  /// own identity.
+  Server(Options options, std::optional<Identity> entry_user)
+      : opt_(std::move(options)), entry_user_(std::move(entry_user)) {}
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
   ~Server() { shutdown(); }
 
-  bool start();
+  /// 0 when it serves; else the exit code for run() (the reason is on stderr).
+  int start();
   void loop();
+  /// What run() returns once loop() is back: 0, or the entrypoint's exit code.
+  int exit_code() const { return exit_code_; }
 
  private:
   // Registration.
@@ -396,7 +454,22 @@ class Server {
   void on_signal();
   void shutdown();
 
+  // PID-1 duties: the entrypoint and the expiry.
+  int start_entrypoint();
+  void signal_entrypoint(int sig);
+  void check_expiry();
+  void expire();
+
   Options opt_;
+  std::optional<Identity> entry_user_;
+  pid_t entry_pid_ = -1;  // also its process group; -1 without an entrypoint
+  bool entry_running_ = false;
+  int exit_code_ = 0;
+  int64_t expiry_ = 0;  // the last expiry seen (Unix seconds), 0 none yet
+  int expiry_retries_ = 0;
+  bool expired_ = false;
+  rlimit nofile_{};  // RLIMIT_NOFILE as the agent found it, given back to the entrypoint
+  bool nofile_raised_ = false;
   int epfd_ = -1;
   int sigfd_ = -1;
   int reserve_fd_ = -1;  // given up to accept (and drop) a connection when out of fds
@@ -442,7 +515,7 @@ void Server::unwatch(uint64_t& token, int fd) {
   token = 0;
 }
 
-bool Server::start() {
+int Server::start() {
   // The children's environment: the agent's own (in a container, the image's ENV), without the
   // token, with a default PATH when there is none.
   bool have_path = false;
@@ -454,10 +527,10 @@ bool Server::start() {
   }
   if (!have_path) base_env_.emplace_back(kDefaultPath);
 
-  rlimit nofile{};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  if (::getrlimit(RLIMIT_NOFILE, &nofile_) == 0 && nofile_.rlim_cur < nofile_.rlim_max) {
+    rlimit raised = nofile_;
+    raised.rlim_cur = raised.rlim_max;
+    nofile_raised_ = ::setrlimit(RLIMIT_NOFILE, &raised) == 0;
   }
   ::signal(SIGPIPE, SIG_IGN);
   sigset_t mask;
@@ -465,6 +538,9 @@ bool Server::start() {
   sigaddset(&mask, SIGCHLD);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
+  if (!opt_.entrypoint.empty())
+    for (const int sig : kForwarded)
+      sigaddset(&mask, sig);
   ::sigprocmask(SIG_BLOCK, &mask, nullptr);
   // Orphans of the commands (a `cmd &` whose shell exited) become the agent's children and are
   // reaped here, not left as zombies; as PID 1 this is implied.
@@ -474,7 +550,7 @@ bool Server::start() {
   sigfd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (epfd_ < 0 || sigfd_ < 0) {
     std::fprintf(stderr, "sbx-agent: epoll/signalfd: %s\n", std::strerror(errno));
-    return false;
+    return 1;
   }
   watch(sigfd_, EPOLLIN, Source{Kind::signal, 0});
   reserve_fd_ = ::open("/", O_RDONLY | O_CLOEXEC);
@@ -485,23 +561,33 @@ bool Server::start() {
     if (!::mkdtemp(templ.data())) {
       std::fprintf(stderr, "sbx-agent: cannot make a state directory %s: %s\n", templ.c_str(),
                    std::strerror(errno));
-      return false;
+      return 1;
     }
     opt_.state_dir = templ;
     made_state_dir_ = true;
   } else if (::mkdir(opt_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     std::fprintf(stderr, "sbx-agent: cannot make %s: %s\n", opt_.state_dir.c_str(),
                  std::strerror(errno));
-    return false;
+    return 1;
   }
 
   if (opt_.listen.empty()) {
     std::fprintf(stderr, "sbx-agent: nothing to listen on (--listen unix:PATH or tcp:HOST:PORT)\n");
-    return false;
+    return 1;
   }
   for (const auto& spec : opt_.listen)
-    if (!listen_on(spec)) return false;
-  return true;
+    if (!listen_on(spec)) return 1;
+
+  // The entrypoint once the agent serves (a bad --listen does not start it), then the expiry: its
+  // first check is due at once.
+  if (!opt_.entrypoint.empty()) {
+    if (const int code = start_entrypoint(); code != 0) return code;
+  }
+  if (opt_.expires_at > 0 || !opt_.expiry_file.empty()) {
+    expiry_ = opt_.expires_at;
+    timers_.emplace(mono_ms(), kExpiryTimer);
+  }
+  return 0;
 }
 
 bool Server::listen_on(const std::string& spec) {
@@ -601,6 +687,7 @@ void Server::loop() {
     const int n = ::epoll_wait(epfd_, events, 256, next_timeout());
     if (n < 0 && errno != EINTR) {
       std::fprintf(stderr, "sbx-agent: epoll_wait: %s\n", std::strerror(errno));
+      exit_code_ = 1;
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -646,8 +733,15 @@ void Server::on_signal() {
     const ssize_t n = ::read(sigfd_, info, sizeof info);
     if (n <= 0) break;
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof info[0]; ++i) {
-      if (info[i].ssi_signo == SIGCHLD) child = true;
-      if (info[i].ssi_signo == SIGTERM || info[i].ssi_signo == SIGINT) stop_ = true;
+      const int sig = static_cast<int>(info[i].ssi_signo);
+      if (sig == SIGCHLD) {
+        child = true;
+      } else if (!opt_.entrypoint.empty()) {
+        // The entrypoint decides what a stop request means; its exit stops the agent.
+        if (entry_running_) signal_entrypoint(sig);
+      } else if (sig == SIGTERM || sig == SIGINT) {
+        stop_ = true;
+      }
     }
   }
   if (!child) return;
@@ -1553,6 +1647,13 @@ void Server::kill_group(Command& cmd) {
 }
 
 void Server::on_exit(pid_t pid, int status) {
+  if (pid == entry_pid_ && entry_running_) {
+    entry_running_ = false;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
+                                   : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    stop_ = true;  // as a container ends with its main process
+    return;
+  }
   const auto it = pids_.find(pid);
   if (it == pids_.end()) return;  // an adopted orphan: reaping it was the point
   const uint64_t key = it->second;
@@ -1642,6 +1743,14 @@ void Server::run_timers() {
   while (!timers_.empty() && timers_.begin()->first <= now) {
     const uint64_t key = timers_.begin()->second;
     timers_.erase(timers_.begin());
+    if (key == kExpiryTimer) {
+      check_expiry();
+      continue;
+    }
+    if (key == kGraceTimer) {
+      if (entry_running_) signal_entrypoint(SIGKILL);
+      continue;
+    }
     Command* cmd = command_of(key);
     if (!cmd) continue;
     cmd->timer_at = 0;
@@ -1741,9 +1850,198 @@ void Server::command_logs(Connection& c, const std::string& id) {
         {"Execd-Commands-Tail-Cursor: " + std::to_string(cursor + body.size())});
 }
 
+int Server::start_entrypoint() {
+  // As for a command, everything is built before the fork: the child only makes system calls.
+  std::vector<std::string> env = base_env_;
+  if (entry_user_) {
+    std::erase_if(env, [](const std::string& e) { return e.starts_with("HOME="); });
+    env.push_back("HOME=" + entry_user_->home);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = opt_.entrypoint;
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // The places to try: argv[0] itself when it has a '/', else each directory of the PATH the
+  // entrypoint gets (an empty entry is the working directory), as execvp searches.
+  const std::string& name = opt_.entrypoint[0];
+  std::vector<std::string> paths;
+  if (name.empty() || name.find('/') != std::string::npos) {
+    paths.push_back(name);
+  } else {
+    std::string_view path_var;
+    for (const auto& e : env)
+      if (e.starts_with("PATH=")) path_var = std::string_view(e).substr(5);
+    for (;;) {
+      const std::size_t colon = path_var.find(':');
+      const std::string_view dir = path_var.substr(0, colon);
+      paths.push_back(dir.empty() ? name : std::string(dir) + "/" + name);
+      if (colon == std::string_view::npos) break;
+      path_var.remove_prefix(colon + 1);
+    }
+  }
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  if (entry_user_) {
+    uid = entry_user_->uid;
+    gid = entry_user_->gid;
+    groups = entry_user_->groups;
+    switch_user = !(::geteuid() != 0 && uid == ::geteuid() && gid == ::getegid());
+  }
+  const rlimit nofile = nofile_;
+  const bool restore_nofile = nofile_raised_;
+
+  int report[2] = {-1, -1};
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "sbx-agent: cannot run the entrypoint %s: pipe: %s\n", name.c_str(),
+                 std::strerror(errno));
+    return 126;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::setpgid(0, 0);
+    if (restore_nofile) ::setrlimit(RLIMIT_NOFILE, &nofile);
+    int in[2];
+    if (::pipe(in) == 0) {  // stdin at end of file; stdout and stderr are the agent's
+      ::dup2(in[0], 0);
+      ::close(in[0]);
+      ::close(in[1]);
+    }
+    ChildFailure f{-1, 0};
+    if (switch_user) {
+      if (::setgroups(groups.size(), groups.data()) != 0) {
+        f = {0, errno};
+      } else if (::setgid(gid) != 0) {
+        f = {1, errno};
+      } else if (::setuid(uid) != 0) {
+        f = {2, errno};
+      }
+    }
+    if (f.stage < 0) {
+      // execvp's rules: a directory without it or without access is passed over; EACCES is
+      // reported if nothing was found, any other error at once.
+      int error = ENOENT;
+      for (auto& p : paths) {
+        ::execve(p.c_str(), argv.data(), envp.data());
+        if (errno == EACCES) {
+          error = EACCES;
+        } else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE) {
+          error = errno;
+          break;
+        }
+      }
+      f = {4, error};
+    }
+    [[maybe_unused]] const ssize_t n = ::write(report[1], &f, sizeof f);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  close_fd(report[1]);
+  if (pid < 0) {
+    close_fd(report[0]);
+    std::fprintf(stderr, "sbx-agent: cannot run the entrypoint %s: fork: %s\n", name.c_str(),
+                 std::strerror(fork_errno));
+    return 126;
+  }
+  ::setpgid(pid, pid);  // also here, so a signal right after this cannot miss the group
+  ChildFailure f{-1, 0};
+  ssize_t got = 0;
+  do {
+    got = ::read(report[0], &f, sizeof f);
+  } while (got < 0 && errno == EINTR);
+  close_fd(report[0]);
+  if (got == static_cast<ssize_t>(sizeof f)) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    static const char* const kStage[] = {"setgroups", "setgid", "setuid"};
+    const std::string step =
+        f.stage >= 0 && f.stage < 3 ? std::string(kStage[f.stage]) + ": " : std::string();
+    std::fprintf(stderr, "sbx-agent: cannot run the entrypoint %s: %s%s\n", name.c_str(),
+                 step.c_str(), std::strerror(f.error));
+    return f.stage == 4 && (f.error == ENOENT || f.error == ENOTDIR) ? 127 : 126;
+  }
+  entry_pid_ = pid;
+  entry_running_ = true;
+  return 0;
+}
+
+void Server::signal_entrypoint(int sig) {
+  if (entry_pid_ <= 0) return;
+  ::kill(-entry_pid_, sig);
+  // An entrypoint that moved to another process group still gets it.
+  if (entry_running_ && ::getpgid(entry_pid_) != entry_pid_) ::kill(entry_pid_, sig);
+}
+
+void Server::check_expiry() {
+  if (expired_) return;
+  bool file_read = true;
+  if (!opt_.expiry_file.empty()) {
+    if (const auto value = read_expiry_file(opt_.expiry_file)) {
+      expiry_ = *value;
+    } else {
+      file_read = false;
+    }
+  }
+  const int64_t now_ms = real_ns() / 1000000;
+  const int64_t now_s = now_ms / 1000;
+  if (expiry_ > 0 && now_s >= expiry_) {
+    // A renew replaces the file by deleting it first: give the writer a moment before the last
+    // expiry seen counts.
+    if (!file_read && expiry_retries_ < kExpiryRetries) {
+      ++expiry_retries_;
+      timers_.emplace(mono_ms() + kExpiryRetryMs, kExpiryTimer);
+      return;
+    }
+    expire();
+    return;
+  }
+  expiry_retries_ = 0;
+  // Wake at the expiry, and at least every expiry_poll_ms to see a renew (to a later or an earlier
+  // time). At least 1 ms: the clocks' rounding must not make it spin before the second turns.
+  int64_t wait = opt_.expiry_poll_ms;
+  if (expiry_ > 0 && expiry_ - now_s <= wait / 1000 + 1)
+    wait = std::min(wait, (expiry_ - now_s) * 1000 - now_ms % 1000);
+  timers_.emplace(mono_ms() + std::max<int64_t>(wait, 1), kExpiryTimer);
+}
+
+void Server::expire() {
+  expired_ = true;
+  if (!entry_running_) {
+    std::fprintf(stderr, "sbx-agent: the sandbox expired (at %lld): stopping\n",
+                 static_cast<long long>(expiry_));
+    stop_ = true;
+    return;
+  }
+  std::fprintf(stderr, "sbx-agent: the sandbox expired (at %lld): SIGTERM to the entrypoint\n",
+               static_cast<long long>(expiry_));
+  signal_entrypoint(SIGTERM);
+  timers_.emplace(mono_ms() + opt_.stop_grace_ms, kGraceTimer);
+}
+
 void Server::shutdown() {
   if (shut_) return;
   shut_ = true;
+  // What is left of the entrypoint's process group goes with the agent, as a container's
+  // processes go with its main process (the entrypoint itself has exited, unless the agent stops
+  // for another reason).
+  if (entry_pid_ > 0) {
+    signal_entrypoint(SIGKILL);
+    int status = 0;
+    while (entry_running_ && ::waitpid(entry_pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    entry_running_ = false;
+  }
   // Kill what still runs and wait for those children (SIGKILL: they end at once).
   for (auto& [key, cmd] : commands_) {
     if (!cmd->running) continue;
@@ -1777,14 +2075,24 @@ void Server::shutdown() {
 }  // namespace
 
 int run(const Options& options) {
-  if (options.ping_ms <= 0) {
-    std::fprintf(stderr, "sbx-agent: the ping interval must be positive\n");
+  if (options.ping_ms <= 0 || options.expiry_poll_ms <= 0 || options.stop_grace_ms < 0 ||
+      options.expires_at < 0) {
+    std::fprintf(stderr, "sbx-agent: intervals must be positive, the expiry not negative\n");
     return 1;
   }
-  Server server(options);
-  if (!server.start()) return 1;
+  std::optional<Identity> entry_user;
+  if (!options.user.empty()) {
+    std::string error;
+    entry_user = resolve_user_spec(options.etc_dir, options.user, error);
+    if (!entry_user) {
+      std::fprintf(stderr, "sbx-agent: --user %s: %s\n", options.user.c_str(), error.c_str());
+      return 2;
+    }
+  }
+  Server server(options, std::move(entry_user));
+  if (const int code = server.start(); code != 0) return code;
   server.loop();
-  return 0;
+  return server.exit_code();
 }
 
 }  // namespace sbx::agent

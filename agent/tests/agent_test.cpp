@@ -51,18 +51,36 @@ void nap_ms(long ms) {
   ::nanosleep(&ts, nullptr);
 }
 
-// The agent as a child process of the test, stopped with SIGTERM at the end.
+int pidfd_open(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
+// The agent as a child process of the test, stopped with SIGTERM at the end unless it exited.
 struct Agent {
   pid_t pid = -1;
   std::string socket;
   int exit_status = -1;
+  int out = -1;  // with `capture`: the read ends of the agent's stdout and stderr
+  int err = -1;
 
   Agent(const TempDir& dir, std::vector<std::string> extra = {},
-        std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin"}) {
+        std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin"},
+        bool capture = false) {
     socket = dir.path + "/agent.sock";
     std::vector<std::string> args{SBX_AGENT_BIN, "--listen", "unix:" + socket};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid = spawn(args, env);
+    int pipes[2][2] = {{-1, -1}, {-1, -1}};
+    if (capture) {
+      REQUIRE(::pipe2(pipes[0], O_CLOEXEC) == 0);
+      REQUIRE(::pipe2(pipes[1], O_CLOEXEC) == 0);
+    }
+    pid = spawn(args, env, pipes[0][1], pipes[1][1]);
+    if (capture) {
+      ::close(pipes[0][1]);
+      ::close(pipes[1][1]);
+      out = pipes[0][0];
+      err = pipes[1][0];
+    }
     // Ready when the socket accepts (there is no event to wait on from outside the process).
     for (int i = 0; i < 10000; ++i) {
       const int fd = try_connect(socket);
@@ -79,14 +97,36 @@ struct Agent {
     }
     FAIL("sbx-agent did not listen on " << socket);
   }
-  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit).
+  // A clean exit on SIGTERM (under ASan, also: no leak reported at exit). An agent that exited
+  // by itself, or was stopped by the test, was checked by the test.
   ~Agent() {
-    const int status = stop();
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    if (pid > 0) {
+      const int status = stop();
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+    if (out >= 0) ::close(out);
+    if (err >= 0) ::close(err);
   }
 
-  static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  // Waits (on a pidfd) at most `timeout_ms` for the agent to exit by itself: its wait status, or
+  // nullopt when it still runs.
+  std::optional<int> wait_exit(int timeout_ms) {
+    REQUIRE(pid > 0);
+    const int fd = pidfd_open(pid);
+    REQUIRE(fd >= 0);
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, timeout_ms);
+    ::close(fd);
+    if (ready != 1) return std::nullopt;
+    REQUIRE(::waitpid(pid, &exit_status, 0) == pid);
+    pid = -1;
+    return exit_status;
+  }
+
+  // `out_fd`/`err_fd`, when not -1, become the child's stdout/stderr.
+  static pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                     int out_fd = -1, int err_fd = -1) {
     std::vector<char*> argv, envp;
     for (auto& a : args)
       argv.push_back(const_cast<char*>(a.c_str()));
@@ -96,6 +136,8 @@ struct Agent {
     envp.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      if (out_fd >= 0) ::dup2(out_fd, 1);
+      if (err_fd >= 0) ::dup2(err_fd, 2);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
@@ -325,10 +367,6 @@ json::Value parse(const std::string& text) {
   std::string error;
   REQUIRE_MESSAGE(json::parse(text, v, error), error << ": " << text);
   return v;
-}
-
-int pidfd_open(pid_t pid) {
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
 
 // Waits (on the pidfd, an event) until the process exited, then checks no live process is left.
@@ -1299,6 +1337,328 @@ TEST_CASE("frames: output byte-exact (no line splitting, binary kept), then the 
   CHECK(std::count_if(frames.begin(), frames.end(),
                       [](const auto& f) { return f.first == 'p' && f.second.empty(); }) >= 2);
   CHECK(frames.back().second == "{\"exit_code\":0}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// PID-1 duties: the entrypoint, forwarded signals, the expiry
+
+namespace {
+
+int64_t real_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t mono_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+// Sleeps until the real-time clock reads `ms` (Unix ms): the expiry is wall-clock time, and a
+// test that something still runs at a given time has no event to wait on.
+void sleep_until_real(int64_t ms) {
+  for (int64_t left = ms - real_ms(); left > 0; left = ms - real_ms())
+    nap_ms(static_cast<long>(left));
+}
+
+// The exit code of a wait status, or 1000 + the signal that killed the process.
+int code_of_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? 1000 + WTERMSIG(status) : -1;
+}
+
+// The next line on `fd` (without its newline), waited for with poll; nullopt at EOF or after 30 s.
+// `pending` keeps what was read beyond it.
+std::optional<std::string> read_line(int fd, std::string& pending) {
+  const int64_t deadline = mono_ms() + 30000;
+  for (;;) {
+    if (const std::size_t nl = pending.find('\n'); nl != std::string::npos) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      return line;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int64_t left = deadline - mono_ms();
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) != 1) return std::nullopt;
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) return std::nullopt;
+    pending.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+// An agent run to its exit, with its stdout and stderr (which its entrypoint inherits) captured.
+struct Finished {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+Finished run_agent(const TempDir& dir, const std::vector<std::string>& extra,
+                   const std::vector<std::string>& env = {"PATH=/usr/local/bin:/usr/bin:/bin"}) {
+  std::vector<std::string> args{SBX_AGENT_BIN, "--listen", "unix:" + dir.path + "/agent.sock"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  int out[2], err[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+  const pid_t pid = Agent::spawn(args, env, out[1], err[1]);
+  ::close(out[1]);
+  ::close(err[1]);
+  Finished f;
+  pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  std::string* text[2] = {&f.out, &f.err};
+  const int64_t deadline = mono_ms() + 60000;  // a guard against a hung test
+  while ((p[0].fd >= 0 || p[1].fd >= 0) && mono_ms() < deadline) {
+    if (::poll(p, 2, 1000) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (p[i].fd < 0 || !p[i].revents) continue;
+      char buf[4096];
+      const ssize_t n = ::read(p[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        text[i]->append(buf, static_cast<std::size_t>(n));
+      } else {
+        ::close(p[i].fd);
+        p[i].fd = -1;
+      }
+    }
+  }
+  for (auto& q : p)
+    if (q.fd >= 0) ::close(q.fd);
+  REQUIRE(::waitpid(pid, &f.status, 0) == pid);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("bad PID-1 arguments exit 2") {
+  TempDir dir;
+  const std::vector<std::vector<std::string>> bad{
+      {"--expires-at", "abc"},   {"--expires-at", "0"},
+      {"--expires-at", "-5"},    {"--expires-at", ""},
+      {"--expires-at", "12x"},   {"--stop-grace-ms", "x"},
+      {"--expiry-poll-ms", "0"}, {"--"},
+      {"--user", "root"},        {"--user", "", "--", "true"}};
+  for (const auto& args : bad) {
+    const Finished f = run_agent(dir, args);
+    CHECK_MESSAGE(code_of_status(f.status) == 2, args.front() << " " << args.back());
+    CHECK(f.err.starts_with("sbx-agent: "));
+  }
+  const Finished unknown = run_agent(dir, {"--user", "no-such-user-here", "--", "true"});
+  CHECK(code_of_status(unknown.status) == 2);
+  CHECK(unknown.err.find("sbx-agent: --user no-such-user-here: unknown user") != std::string::npos);
+}
+
+TEST_CASE("the entrypoint's exit code is the agent's; killed by a signal, 128 + the signal") {
+  TempDir dir;
+  const Finished f = run_agent(dir, {"--", "/bin/sh", "-c", "echo out; echo err >&2; exit 7"});
+  CHECK(code_of_status(f.status) == 7);
+  CHECK(f.out == "out\n");  // the agent's stdout and stderr, inherited
+  CHECK(f.err == "err\n");
+  CHECK(::access((dir.path + "/agent.sock").c_str(), F_OK) != 0);
+  // PATH is searched for a name without '/'.
+  CHECK(code_of_status(run_agent(dir, {"--", "sh", "-c", "kill -KILL $$"}).status) == 128 + 9);
+  CHECK(code_of_status(run_agent(dir, {"--", "sh", "-c", "kill -USR1 $$"}).status) ==
+        128 + SIGUSR1);
+  CHECK(code_of_status(run_agent(dir, {"--", "true"}).status) == 0);
+}
+
+TEST_CASE("an entrypoint that cannot run: 127 when not found, 126 when not executable") {
+  TempDir dir;
+  const std::string missing = dir.path + "/no-such-program";
+  Finished f = run_agent(dir, {"--", missing, "arg"});
+  CHECK(code_of_status(f.status) == 127);
+  CHECK(f.err ==
+        "sbx-agent: cannot run the entrypoint " + missing + ": No such file or directory\n");
+  CHECK(::access((dir.path + "/agent.sock").c_str(), F_OK) != 0);
+  f = run_agent(dir, {"--", "no-such-program-in-path"});
+  CHECK(code_of_status(f.status) == 127);
+  CHECK(f.err.find("cannot run the entrypoint no-such-program-in-path") != std::string::npos);
+  const std::string plain = dir.path + "/plain";
+  write_file(plain, "#!/bin/sh\necho should not run\n");
+  ::chmod(plain.c_str(), 0644);
+  f = run_agent(dir, {"--", plain});
+  CHECK(code_of_status(f.status) == 126);
+  CHECK(f.err == "sbx-agent: cannot run the entrypoint " + plain + ": Permission denied\n");
+}
+
+TEST_CASE("SIGTERM, SIGINT and SIGHUP to the agent are forwarded to the entrypoint") {
+  for (const auto& [sig, name] : std::vector<std::pair<int, std::string>>{
+           {SIGTERM, "TERM"}, {SIGINT, "INT"}, {SIGHUP, "HUP"}}) {
+    CAPTURE(name);
+    TempDir dir;
+    Agent agent(
+        dir,
+        {"--", "sh", "-c", "trap 'exit 3' " + name + "; echo ready; while :; do sleep 0.05; done"},
+        {"PATH=/usr/local/bin:/usr/bin:/bin"}, true);
+    std::string pending;
+    REQUIRE(read_line(agent.out, pending) == "ready");  // the trap is set
+    ::kill(agent.pid, sig);
+    const auto status = agent.wait_exit(30000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 3);
+    CHECK(::access(agent.socket.c_str(), F_OK) != 0);
+  }
+}
+
+TEST_CASE("while the entrypoint runs: commands work, it has its own group, orphans are reaped") {
+  TempDir dir;
+  Agent agent(dir,
+              {"--", "sh", "-c",
+               "echo $$; echo \"${SBX_AGENT_TOKEN:-unset}\"; (sleep 0.2 & echo $!); "
+               "exec sleep 30"},
+              {"PATH=/usr/local/bin:/usr/bin:/bin", "SBX_AGENT_TOKEN=tok"}, true);
+  std::string pending;
+  const auto entry = read_line(agent.out, pending);
+  REQUIRE(entry);
+  CHECK(read_line(agent.out, pending) == "unset");  // the token is not passed on
+  const auto orphan = read_line(agent.out, pending);
+  REQUIRE(orphan);
+  const pid_t entry_pid = std::stoi(*entry);
+  CHECK(::getpgid(entry_pid) == entry_pid);
+  CHECK(::getpgid(entry_pid) != ::getpgid(agent.pid));
+
+  Client client(agent.socket);
+  client.send_request("POST", "/command", command_body("echo hi"), {"X-EXECD-ACCESS-TOKEN: tok"});
+  REQUIRE(client.read_head().status == 200);
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"hi"});
+
+  // The subshell's `sleep 0.2` became the agent's child when the subshell exited; once it exits
+  // the agent reaps it: only the entrypoint is left.
+  const pid_t orphan_pid = std::stoi(*orphan);
+  const int pidfd = pidfd_open(orphan_pid);
+  if (pidfd >= 0) expect_dies(pidfd, orphan_pid);
+  wait_until([&] { return count_children(agent.pid) == 1; });
+
+  ::kill(agent.pid, SIGTERM);  // forwarded: `sleep 30` dies of it
+  const auto status = agent.wait_exit(30000);
+  REQUIRE(status);
+  CHECK(code_of_status(*status) == 128 + SIGTERM);
+}
+
+TEST_CASE("--user: the entrypoint runs as that user; commands do not (as root)") {
+  if (::geteuid() != 0) return;  // switching users needs root
+  TempDir dir;
+  fs::create_directory(dir.path + "/etc");
+  write_file(dir.path + "/etc/passwd",
+             "root:x:0:0:root:/root:/bin/sh\ntester:x:4242:4343::/home/tester:/bin/sh\n");
+  write_file(dir.path + "/etc/group", "root:x:0:\nmain:x:4343:\nextra:x:5555:tester\n");
+  const std::string etc = dir.path + "/etc";
+  const std::string probe = "id -u; id -g; id -G; echo \"$HOME\"";
+  Finished f = run_agent(dir, {"--etc-dir", etc, "--user", "tester", "--", "sh", "-c", probe});
+  CHECK(code_of_status(f.status) == 0);
+  CHECK(f.out == "4242\n4343\n4343 5555\n/home/tester\n");
+  // With a group, as Docker's --user: that group alone.
+  f = run_agent(dir, {"--etc-dir", etc, "--user", "4242:extra", "--", "sh", "-c", probe});
+  CHECK(f.out == "4242\n5555\n5555\n/home/tester\n");
+  f = run_agent(dir, {"--etc-dir", etc, "--user", "777:778", "--", "sh", "-c", probe});
+  CHECK(f.out == "777\n778\n778\n/\n");
+  f = run_agent(dir, {"--etc-dir", etc, "--user", "tester:nope", "--", "true"});
+  CHECK(code_of_status(f.status) == 2);
+  CHECK(f.err.find("unknown group nope") != std::string::npos);
+
+  Agent agent(dir, {"--etc-dir", etc, "--user", "tester", "--", "sleep", "30"});
+  Client client(agent.socket);
+  start(client, command_body("id -u"));
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"0"});
+  CHECK(code_of_status(agent.stop()) == 128 + SIGTERM);
+}
+
+TEST_CASE("at the expiry an agent without an entrypoint stops: exit 0, socket removed") {
+  TempDir dir;
+  const int64_t expires = ::time(nullptr) + 2;
+  Agent agent(dir, {"--expires-at", std::to_string(expires)});
+  CHECK(Client(agent.socket).request("GET", "/ping").status == 200);
+  const auto status = agent.wait_exit(10000);
+  REQUIRE(status);
+  CHECK(code_of_status(*status) == 0);
+  CHECK(real_ms() >= expires * 1000);
+  CHECK(real_ms() < (expires + 2) * 1000);
+  CHECK(::access(agent.socket.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("the expiry file overrides --expires-at and is re-read: a renew later or earlier") {
+  TempDir dir;
+  const std::string file = dir.path + "/expiry";
+  {
+    const int64_t now = ::time(nullptr);
+    write_file(file, std::to_string(now + 3) + "\n");
+    Agent agent(dir, {"--expires-at", std::to_string(now + 1), "--expiry-file", file});
+    // Past --expires-at, it still serves.
+    sleep_until_real((now + 1) * 1000 + 500);
+    CHECK(!agent.wait_exit(0));
+    CHECK(Client(agent.socket).request("GET", "/ping").status == 200);
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 0);
+    CHECK(real_ms() >= (now + 3) * 1000);
+    CHECK(real_ms() < (now + 5) * 1000);
+  }
+  {
+    // A renew to an earlier time: seen at the next poll (20 s by default; 200 ms here).
+    const int64_t now = ::time(nullptr);
+    write_file(file, std::to_string(now + 100));
+    Agent agent(dir, {"--expiry-file", file, "--expiry-poll-ms", "200"});
+    CHECK(Client(agent.socket).request("GET", "/ping").status == 200);
+    CHECK(!agent.wait_exit(300));
+    ::unlink(file.c_str());  // as a renew writes it: the old file removed first
+    write_file(file, std::to_string(::time(nullptr) + 1) + "\n");
+    const int64_t written = mono_ms();
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 0);
+    CHECK(mono_ms() - written < 2500);
+  }
+}
+
+TEST_CASE("an expiry file missing at the expiry is read again twice, a second apart") {
+  TempDir dir;
+  const std::string file = dir.path + "/expiry";
+  {
+    // Never there: the last expiry seen counts after the two retries.
+    const int64_t expires = ::time(nullptr) + 1;
+    Agent agent(dir, {"--expires-at", std::to_string(expires), "--expiry-file", file});
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 0);
+    CHECK(real_ms() >= (expires + 2) * 1000);
+    CHECK(real_ms() < (expires + 4) * 1000);
+  }
+  {
+    // Written during the retries (a renew between its delete and its write): honoured.
+    const int64_t expires = ::time(nullptr) + 1;
+    Agent agent(dir, {"--expires-at", std::to_string(expires), "--expiry-file", file});
+    sleep_until_real(expires * 1000 + 300);
+    write_file(file, std::to_string(expires + 3));
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 0);
+    CHECK(real_ms() >= (expires + 3) * 1000);
+  }
+}
+
+TEST_CASE("at the expiry the entrypoint gets SIGTERM, then SIGKILL after --stop-grace-ms") {
+  TempDir dir;
+  // +2: at least a second away, so the agent cannot be gone before the test has connected.
+  {
+    const int64_t expires = ::time(nullptr) + 2;
+    Agent agent(dir, {"--expires-at", std::to_string(expires), "--", "sleep", "30"});
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 128 + SIGTERM);
+    CHECK(real_ms() >= expires * 1000);
+  }
+  {
+    const int64_t expires = ::time(nullptr) + 2;
+    Agent agent(dir, {"--expires-at", std::to_string(expires), "--stop-grace-ms", "300", "--", "sh",
+                      "-c", "trap '' TERM; while :; do sleep 0.05; done"});
+    const auto status = agent.wait_exit(10000);
+    REQUIRE(status);
+    CHECK(code_of_status(*status) == 128 + SIGKILL);
+    CHECK(real_ms() >= expires * 1000 + 300);
+    CHECK(real_ms() < (expires + 3) * 1000);
+  }
 }
 
 // In every preset: the binary local_docker puts into containers is never the sanitized one.
