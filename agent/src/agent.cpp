@@ -6,6 +6,7 @@
 #include "agent.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -135,6 +137,16 @@ std::string frame(char kind, std::string_view payload) {
     f += static_cast<char>((n >> shift) & 0xff);
   f += payload;
   return f;
+}
+
+// The environment variable that tags every process of a command (inherited by its children).
+constexpr std::string_view kExecIdVar = "SBX_EXEC_ID";
+
+// strerror's text as Go (and so execd) writes it: "argument list too long".
+std::string errno_text(int error) {
+  std::string text = std::strerror(error);
+  if (!text.empty()) text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
+  return text;
 }
 
 std::string error_body(std::string_view code, std::string_view message) {
@@ -356,7 +368,9 @@ struct Command {
   int fds[2] = {-1, -1};
   uint64_t tokens[2] = {0, 0};
   LineSplitter lines[2];
-  bool frames = false;     // output as sbx frames (raw bytes), not execd's line events
+  bool frames = false;  // output as sbx frames (raw bytes), not execd's line events
+  uid_t uid = 0;        // who it runs as
+  gid_t gid = 0;
   bool timed_out = false;  // killed because its timeout passed
   bool paused = false;
   uint64_t conn = 0;  // the streaming connection, 0 when none
@@ -442,6 +456,7 @@ class Server {
   void emit_output(Command& cmd, int stream, std::string_view data);
   void on_pipe(Command& cmd, int stream, bool final_drain);
   void kill_group(Command& cmd);
+  void kill_tagged(const std::string& id) const;
   void on_exit(pid_t pid, int status);
   void finish(Command& cmd, int status);
   void fail_start(Command& cmd, const std::string& why);
@@ -1438,6 +1453,7 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     env.push_back(prefix + value);
   };
   if (req.identity) set_env("HOME", req.identity->home);
+  set_env(std::string(kExecIdVar), cmd.id);  // the tag kill_tagged() finds
   for (const auto& [k, v] : req.envs)
     set_env(k, v);
   std::vector<char*> envp;
@@ -1491,6 +1507,8 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     // Not root and asked to stay who we are: nothing to change (setgroups would fail).
     switch_user = !(::geteuid() != 0 && uid == ::geteuid() && gid == ::getegid());
   }
+  cmd.uid = req.identity ? uid : ::geteuid();
+  cmd.gid = req.identity ? gid : ::getegid();
 
   int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
   if (cmd.background) {
@@ -1577,7 +1595,7 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     std::string what = kStage[std::clamp(f.stage, 0, 4)];
     if (f.stage == 3) what += " " + *req.cwd;
     if (f.stage == 4) what += " " + program;
-    return what + ": " + std::strerror(f.error);
+    return what + ": " + errno_text(f.error);
   }
   for (int s = 0; s < 2; ++s) {
     if (cmd.fds[s] < 0) continue;
@@ -1644,6 +1662,64 @@ void Server::kill_group(Command& cmd) {
   if (!cmd.running || cmd.pid <= 0) return;
   ::kill(-cmd.pid, SIGKILL);
   cmd.killed = true;
+  if (cmd.uid == ::geteuid()) {
+    kill_tagged(cmd.id);
+    return;
+  }
+  // Another user's processes: their environment is readable to that user (without
+  // CAP_SYS_PTRACE, which containers lack, not even to root). A child of that user scans; the
+  // loop waits for it (a /proc scan, milliseconds) so the command's end is sent after it.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgid(cmd.gid) == 0 && ::setuid(cmd.uid) == 0) kill_tagged(cmd.id);
+    ::_exit(0);
+  }
+  if (pid > 0) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+// Processes that left the command's group (setsid, a daemon's double fork) still carry its tag in
+// their environment: find them in /proc and kill them too. A pass finds the ones that forked
+// during the last; a few passes end it (a fork bomb outruns any scan, the group kill aside).
+void Server::kill_tagged(const std::string& id) const {
+  const std::string tag = std::string(kExecIdVar) + "=" + id;
+  std::string env;
+  for (int pass = 0; pass < 4; ++pass) {
+    DIR* proc = ::opendir("/proc");
+    if (!proc) return;
+    int killed = 0;
+    while (const dirent* entry = ::readdir(proc)) {
+      char* end = nullptr;
+      const long pid = std::strtol(entry->d_name, &end, 10);
+      if (pid <= 1 || *end != '\0' || pid == ::getpid()) continue;
+      const std::string path = std::string("/proc/") + entry->d_name + "/environ";
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      env.clear();
+      char buf[16384];
+      for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        env.append(buf, static_cast<std::size_t>(n));
+      }
+      ::close(fd);
+      for (std::size_t at = 0; at < env.size();) {
+        const std::size_t nul = std::min(env.find('\0', at), env.size());
+        if (std::string_view(env).substr(at, nul - at) == tag) {
+          ::kill(static_cast<pid_t>(pid), SIGKILL);
+          ++killed;
+          break;
+        }
+        at = nul + 1;
+      }
+    }
+    ::closedir(proc);
+    if (killed == 0) return;
+  }
 }
 
 void Server::on_exit(pid_t pid, int status) {

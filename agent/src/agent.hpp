@@ -19,8 +19,10 @@ struct Options {
   std::string shell = "/bin/sh";    ///< the shell a command runs under (`shell -c COMMAND`)
   std::string workdir = "/";        ///< what relative paths of the file routes are relative to
   int64_t ping_ms = 3000;           ///< a ping event after this long without an event
-  std::size_t max_head = 16 * 1024;        ///< request head limit (431 above)
-  std::size_t max_body = 1024 * 1024;      ///< request body limit (413 above; not for uploads)
+  std::size_t max_head = 16 * 1024;  ///< request head limit (431 above)
+  /// Request body limit (413 above; not for uploads): room for a command with the most
+  /// arguments and environment the kernel takes (2 MiB with the default stack), JSON-escaped.
+  std::size_t max_body = 8 * 1024 * 1024;
   std::size_t log_cap = 16 * 1024 * 1024;  ///< bytes kept of a background command's output
   std::size_t max_finished = 1024;         ///< finished commands remembered for status/logs
 

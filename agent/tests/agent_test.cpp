@@ -523,12 +523,13 @@ TEST_CASE("without PATH in its environment the agent gives commands a default on
         std::vector<std::string>{"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"});
 }
 
-TEST_CASE("a timeout kills the whole process group, background children included") {
+TEST_CASE("a timeout kills the whole process group, and what left it (the SBX_EXEC_ID tag)") {
   TempDir dir;
   Agent agent(dir);
   Client client(agent.socket);
-  start(client,
-        command_body("sleep 30 & echo $!; sleep 30 & echo $!; echo $$; wait", ",\"timeout\":500"));
+  // The second child runs in a session of its own, out of the group: its tag finds it.
+  start(client, command_body("sleep 30 & echo $!; setsid sleep 30 & echo $!; echo $$; wait",
+                             ",\"timeout\":500"));
   std::vector<std::pair<int, pid_t>> watched;
   std::vector<json::Value> events;
   while (auto e = client.next_event()) {
@@ -746,7 +747,7 @@ TEST_CASE("HTTP limits: head, body, chunked bodies, Expect: 100-continue, HTTP/1
   }
   {
     Client client(agent.socket);
-    client.send_raw("POST /command HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n");
+    client.send_raw("POST /command HTTP/1.1\r\nContent-Length: 9000000\r\n\r\n");
     CHECK(client.read_response().status == 413);
   }
   {

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -44,8 +44,9 @@ void make_dirs(const std::string& dir, mode_t mode) {
   std::error_code ec;
   if (path.has_parent_path() && path.parent_path() != path) {
     std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec) throw sdk::Error::unavailable("local_docker agent: cannot make " +
-                                          path.parent_path().string() + ": " + ec.message());
+    if (ec)
+      throw sdk::Error::unavailable("local_docker agent: cannot make " +
+                                    path.parent_path().string() + ": " + ec.message());
   }
   if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) throw io_error("mkdir " + dir, errno);
 }
@@ -182,17 +183,16 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
  public:
   AgentRun(sdk::OutputSink& out, AgentDoneFn done) : out_(out), done_(std::move(done)) {}
 
-  void start(sdk::http::Client& http, sdk::http::Request request,
-             const sdk::CancelToken& cancel) {
+  void start(sdk::http::Client& http, sdk::http::Request request, const sdk::CancelToken& cancel) {
     auto self = shared_from_this();
     request.on_headers = [self](long status, const sdk::http::Headers&) {
       self->http_status_ = status;
     };
     request.on_body = [self](std::string_view bytes) { self->on_body(bytes); };
-    call_ = http.start(std::move(request), [self](sdk::http::Response* response,
-                                                  const sdk::Error* error) {
-      self->on_complete(response, error);
-    });
+    call_ = http.start(std::move(request),
+                       [self](sdk::http::Response* response, const sdk::Error* error) {
+                         self->on_complete(response, error);
+                       });
     on_cancel_.emplace(cancel, Canceller{weak_from_this()});
   }
 
@@ -234,8 +234,10 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
       if (cancelled_ || error->status() == SBX_STATUS_CANCELLED) {
         return finish(nullptr, sdk::Error::cancelled());
       }
-      return finish(nullptr, sdk::Error::unavailable(std::string("the sandbox's agent: ") +
-                                                     error->what()));
+      // Details kept: whether anything was sent (may_have_run) tells "gone" from "went away".
+      return finish(nullptr, sdk::Error(SBX_STATUS_UNAVAILABLE,
+                                        std::string("the sandbox's agent: ") + error->what(),
+                                        error->details()));
     }
     if (response->status == 400) {
       // Refused before it started (a cwd, a user that does not exist): the command could not
@@ -245,7 +247,7 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
         message = json_field(json::parse(error_body_).as_object(), "message");
       } catch (const std::exception&) {
       }
-      out_.write(sdk::StdStream::err, "sbx: " + message + "\n");
+      out_.write(sdk::StdStream::err, "sbx: the command could not start: " + message + "\n");
       return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
     }
     if (response->status != 200) {
@@ -270,7 +272,8 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
             sdk::ExitStatus::exited(128 + static_cast<int32_t>(signal->to_number<int64_t>())),
             std::nullopt);
       }
-      out_.write(sdk::StdStream::err, "sbx: " + json_field(end, "error") + "\n");
+      out_.write(sdk::StdStream::err,
+                 "sbx: the command could not start: " + json_field(end, "error") + "\n");
       return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
     } catch (const std::exception& e) {
       return finish(nullptr, sdk::Error::internal(std::string("the sandbox's agent sent a bad "

@@ -94,8 +94,8 @@ class AgentClient {
              AgentDoneFn done, const sdk::CancelToken& cancel);
 
   // start(), waiting on the calling thread; throws what `done` was given as an error.
-  sdk::ExitStatus run(const std::string& socket, const AgentCommand& command,
-                      sdk::OutputSink& out, const sdk::CancelToken& cancel);
+  sdk::ExitStatus run(const std::string& socket, const AgentCommand& command, sdk::OutputSink& out,
+                      const sdk::CancelToken& cancel);
 
   // GET /ping: true for a 200 within `timeout`.
   bool ping(const std::string& socket, std::chrono::milliseconds timeout);

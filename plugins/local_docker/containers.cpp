@@ -380,8 +380,8 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   // PID 1 is immune to, would end it).
   host["Init"] = create.init && !agent;
   if (agent) {
-    json::array& binds = host["Binds"].is_array() ? host["Binds"].as_array()
-                                                  : host["Binds"].emplace_array();
+    json::array& binds =
+        host["Binds"].is_array() ? host["Binds"].as_array() : host["Binds"].emplace_array();
     binds.emplace_back(agent->binary + ":" + std::string(kAgentBinary) + ":ro");
     binds.emplace_back(agent->run_dir + ":" + std::string(kAgentRunDir));
   }

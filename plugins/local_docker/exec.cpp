@@ -130,30 +130,6 @@ class ExecOutput {
   bool holding_ = false;
 };
 
-// For a command that cannot be started because one of its strings is longer than execve takes:
-// the message for the caller's stderr, or nothing.
-std::optional<std::string> oversized_argument(const ExecParams& params) {
-  const size_t limit = max_arg_strlen() - 1;  // without the NUL
-  auto refuse = [&](const std::string& what, size_t size) {
-    return "sbx: the command could not start: " + what + " is " + std::to_string(size) +
-           " bytes; Linux refuses a single argument or environment string longer than " +
-           std::to_string(limit) + " bytes (MAX_ARG_STRLEN, E2BIG). Pass large input as a file " +
-           "(upload it) instead.\n";
-  };
-  for (size_t i = 0; i < params.argv.size(); ++i) {
-    if (params.argv[i].size() > limit) {
-      return refuse(i == 2 ? std::string("the command string") : "argument " + std::to_string(i),
-                    params.argv[i].size());
-    }
-  }
-  for (const auto& [key, value] : params.env) {
-    if (key.size() + 1 + value.size() > limit) {
-      return refuse("the environment variable " + key, key.size() + 1 + value.size());
-    }
-  }
-  return std::nullopt;
-}
-
 // Decodes Docker's multiplexed stream: frames of an 8-byte header (stream byte, three zero bytes,
 // big-endian payload length) and the payload. Accepts any chunking.
 class FrameDecoder {
@@ -521,6 +497,28 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   }
   if (runtime_failure || too_large) return sdk::ExitStatus::sandbox_failure();
   return sdk::ExitStatus::exited(*state.exit_code);
+}
+
+std::optional<std::string> oversized_argument(const ExecParams& params) {
+  const size_t limit = max_arg_strlen() - 1;  // without the NUL
+  auto refuse = [&](const std::string& what, size_t size) {
+    return "sbx: the command could not start: " + what + " is " + std::to_string(size) +
+           " bytes; Linux refuses a single argument or environment string longer than " +
+           std::to_string(limit) + " bytes (MAX_ARG_STRLEN, E2BIG). Pass large input as a file " +
+           "(upload it) instead.\n";
+  };
+  for (size_t i = 0; i < params.argv.size(); ++i) {
+    if (params.argv[i].size() > limit) {
+      return refuse(i == 2 ? std::string("the command string") : "argument " + std::to_string(i),
+                    params.argv[i].size());
+    }
+  }
+  for (const auto& [key, value] : params.env) {
+    if (key.size() + 1 + value.size() > limit) {
+      return refuse("the environment variable " + key, key.size() + 1 + value.size());
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace sbx::local_docker

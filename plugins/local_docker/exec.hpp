@@ -39,6 +39,10 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
                          sdk::OutputSink& out, const sdk::Logger& log,
                          const sdk::CancelToken& cancel, bool* started = nullptr);
 
+// For a command that cannot be started because one of its strings is longer than execve takes
+// (MAX_ARG_STRLEN): the message for the caller's stderr, or nothing.
+std::optional<std::string> oversized_argument(const ExecParams& params);
+
 // An OutputSink that keeps everything in memory (probe, shell detection).
 class CollectingSink final : public sdk::OutputSink {
  public:

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
+#include <future>
 #include <thread>
 
 namespace sbx::local_docker {
@@ -135,6 +136,16 @@ AgentCommand agent_command(const ExecParams& params) {
 int64_t unix_now_s() {
   return static_cast<int64_t>(std::time(nullptr));
 }
+
+int64_t unix_now_ms() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The agent ends the sandbox on the second of its expiry by its own reading of the clock; the
+// host's reading a moment later may still be in the second before (time() is a coarse clock).
+constexpr int64_t kTtlClockSlackMs = 1000;
 
 // Errors after the container exists become CREATE_FAILED (with the details kept), except those
 // whose status says more: cancellation, a failed readiness check, an unreachable daemon, a bad
@@ -300,8 +311,8 @@ std::string LocalDockerProvider::create_container_for(
     const sdk::CancelToken& cancel) {
   try {
     return create_container(
-        api_, name, container_config(config_, spec, options, image, expires_at, true, agent),
-        log_, cancel);
+        api_, name, container_config(config_, spec, options, image, expires_at, true, agent), log_,
+        cancel);
   } catch (const sdk::Error& e) {
     if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
     const std::string disk = std::to_string(*spec.resources.disk_gib);
@@ -314,8 +325,8 @@ std::string LocalDockerProvider::create_container_for(
     log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
               ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
     return create_container(
-        api_, name, container_config(config_, spec, options, image, expires_at, false, agent),
-        log_, cancel);
+        api_, name, container_config(config_, spec, options, image, expires_at, false, agent), log_,
+        cancel);
   }
 }
 
@@ -414,18 +425,31 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name, const st
 sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  const Semaphore::Slot slot(exec_slots_, cancel);
+  if (box.paused()) {  // paused by this handle or when it connected: is it still?
+    if (container_status(api_, box.container(), cancel) == sdk::SandboxStatus::paused) {
+      throw sdk::Error::failed_precondition("sandbox " + box.container() +
+                                            " is paused; resume it first");
+    }
+    box.set_paused(false);
+  }
   std::string shell = box.shell();
   if (shell.empty()) {  // a connected sandbox: find out once (two first execs may both look)
     shell = resolve_shell(box.container(), box.agent_socket(), std::nullopt, cancel);
     box.set_shell(shell);
   }
-  ExecParams params;
-  params.argv = {shell, "-c", request.command};
-  params.env = request.env;
-  params.cwd = request.cwd;
-  params.user = docker_user(request.user);
-  params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
+  if (agent_client_ && !box.agent_socket().empty()) {
+    std::promise<sdk::ExitStatus> result;
+    start_agent_exec(
+        box, exec_params(shell, request), out,
+        [&result](const sdk::ExitStatus* status, const sdk::Error* error) {
+          if (status) return result.set_value(*status);
+          result.set_exception(std::make_exception_ptr(*error));
+        },
+        cancel);
+    return result.get_future().get();
+  }
+  const Semaphore::Slot slot(exec_slots_, cancel);
+  const ExecParams params = exec_params(shell, request);
   // A command still running when the sandbox's TTL ends is killed with the container (137, or an
   // error once the container is gone): that is the sandbox's doing, not the command's.
   auto ttl_result = [&] {
@@ -485,48 +509,70 @@ bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::Canc
 }
 
 bool LocalDockerProvider::takes_exec(sdk::Sandbox& sandbox) {
+  // A paused one goes to the pool, where exec() asks the daemon whether it still is.
   const auto& box = static_cast<DockerSandbox&>(sandbox);
-  return agent_client_ && !box.agent_socket().empty() && !box.shell().empty();
+  return agent_client_ && !box.agent_socket().empty() && !box.shell().empty() && !box.paused();
 }
 
 void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest request,
                                      sdk::ExecCompletion done) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  if (box.paused()) {
-    done.fail(sdk::Error::failed_precondition("sandbox " + box.container() +
-                                              " is paused; resume it first"));
-    return;
-  }
-  AgentCommand command;
-  command.argv = {box.shell(), "-c", std::move(request.command)};
-  command.env = std::move(request.env);
-  command.cwd = std::move(request.cwd);
-  command.user = docker_user(request.user);
-  command.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
   sdk::OutputSink& out = done.output();
   const sdk::CancelToken cancel = done.cancel_token();
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
+  start_agent_exec(
+      box, exec_params(box.shell(), request), out,
+      [completion](const sdk::ExitStatus* status, const sdk::Error* error) {
+        if (status) return completion->succeed(*status);
+        completion->fail(*error);
+      },
+      cancel);
+}
+
+ExecParams LocalDockerProvider::exec_params(const std::string& shell,
+                                            const sdk::ExecRequest& request) const {
+  ExecParams params;
+  params.argv = {shell, "-c", request.command};
+  params.env = request.env;
+  params.cwd = request.cwd;
+  params.user = docker_user(request.user);
+  params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
+  return params;
+}
+
+void LocalDockerProvider::start_agent_exec(const DockerSandbox& box, const ExecParams& params,
+                                           sdk::OutputSink& out, AgentDoneFn done,
+                                           const sdk::CancelToken& cancel) {
+  if (const auto message = oversized_argument(params)) {  // as the Docker exec path says it
+    out.write(sdk::StdStream::err, *message);
+    const auto failure = sdk::ExitStatus::sandbox_failure();
+    return done(&failure, nullptr);
+  }
   const std::optional<int64_t> expires_at = box.expires_at();
   const std::string name = box.container();
   agent_client_->start(
-      box.agent_socket(), command, out,
-      [completion, expires_at, name, &out](const sdk::ExitStatus* status,
-                                           const sdk::Error* error) {
-        if (status) return completion->succeed(*status);
+      box.agent_socket(), agent_command(params), out,
+      [done = std::move(done), expires_at, name, &out](const sdk::ExitStatus* status,
+                                                       const sdk::Error* error) {
+        if (status || error->status() != SBX_STATUS_UNAVAILABLE) return done(status, error);
+        // Nothing reached the agent: the sandbox is gone (or stopped), as for Docker exec's 404.
+        if (!error->may_have_run()) {
+          const auto gone = sdk::Error::not_found("sandbox " + name + " no longer exists (" +
+                                                  error->what() + ")");
+          return done(nullptr, &gone);
+        }
         // The agent went away with the command: the sandbox ended. Past its expiry that is the
         // TTL's doing, as the Docker exec path reports it.
-        if (error->status() == SBX_STATUS_UNAVAILABLE && expires_at &&
-            unix_now_s() >= *expires_at) {
+        if (expires_at && unix_now_ms() + kTtlClockSlackMs >= *expires_at * 1000) {
           out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
                                              std::to_string(*expires_at) +
                                              ") and was removed while the command ran\n");
-          return completion->succeed(sdk::ExitStatus::sandbox_failure());
+          const auto ttl = sdk::ExitStatus::sandbox_failure();
+          return done(&ttl, nullptr);
         }
-        if (error->status() == SBX_STATUS_UNAVAILABLE) {
-          return completion->fail(sdk::Error::not_found(
-              "sandbox " + name + " no longer answers (" + error->what() + ")"));
-        }
-        completion->fail(*error);
+        const auto ended =
+            sdk::Error::not_found("sandbox " + name + " no longer answers (" + error->what() + ")");
+        done(nullptr, &ended);
       },
       cancel);
 }
@@ -642,10 +688,10 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
     socket = found.agent_run_dir + "/agent.sock";
   }
   // The shell is found at the first exec (the sandbox may be paused now) unless configured.
-  auto box = std::make_unique<DockerSandbox>(
-      std::move(found.name), std::move(found.container_id), config_.exec.shell.value_or(""),
-      std::move(found.workdir), std::move(found.ports), found.expires_at, found.has_expiry_file,
-      socket);
+  auto box = std::make_unique<DockerSandbox>(std::move(found.name), std::move(found.container_id),
+                                             config_.exec.shell.value_or(""),
+                                             std::move(found.workdir), std::move(found.ports),
+                                             found.expires_at, found.has_expiry_file, socket);
   box->set_paused(found.paused);
   if (!socket.empty() && !found.paused && box->shell().empty()) {
     box->set_shell(resolve_shell(box->container(), socket, std::nullopt, cancel));
@@ -687,9 +733,9 @@ int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_uni
   const std::string running =
       status && status->is_string() ? std::string(status->get_string()) : std::string();
   if (running != "running" && running != "paused") {
-    throw sdk::Error::not_found(
-        "sandbox " + box.container() + " has ended (its container is " +
-        (running.empty() ? std::string("in no known state") : running) + ")");
+    throw sdk::Error::not_found("sandbox " + box.container() + " has ended (its container is " +
+                                (running.empty() ? std::string("in no known state") : running) +
+                                ")");
   }
   // The expiry in force may come from another handle's renew: the file, else what we know.
   const int64_t current =

@@ -197,6 +197,11 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   sdk::ExitStatus run_command(const std::string& name, const std::string& socket,
                               const ExecParams& params, sdk::OutputSink& out,
                               const sdk::CancelToken& cancel);
+  ExecParams exec_params(const std::string& shell, const sdk::ExecRequest& request) const;
+  // Runs a command of the caller through the sandbox's agent: `done` once, with the exit status
+  // or the error as exec() reports it (NOT_FOUND for a sandbox that is gone, the TTL's 125).
+  void start_agent_exec(const DockerSandbox& box, const ExecParams& params, sdk::OutputSink& out,
+                        AgentDoneFn done, const sdk::CancelToken& cancel);
   // Waits until the agent answers on `socket` (it binds it a moment after the start), or the
   // container's main process exits (ContainerStopped), or `deadline`.
   void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,

@@ -33,7 +33,11 @@ TEST_CASE("create, exec, status and close") {
   REQUIRE(inspect);
   CHECK(inspect->at("State").at("Status").as_string() == "running");
   CHECK(inspect->at("HostConfig").at("NetworkMode").as_string() == "none");
-  CHECK(inspect->at("HostConfig").at("Init").as_bool());
+  // With the agent, it is the init (PID 1); with Docker exec, Docker's init is.
+  CHECK(inspect->at("HostConfig").at("Init").as_bool() == !ldtest::agent_mode());
+  if (ldtest::agent_mode()) {
+    CHECK(box.exec("tr '\\0' ' ' </proc/1/cmdline").stdout_text.starts_with("/.sbx/sbx-agent "));
+  }
 
   CHECK(box.status() == sbx::SandboxStatus::running);
   const auto r = box.exec("echo hello; echo oops >&2");

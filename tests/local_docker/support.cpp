@@ -8,10 +8,12 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -31,7 +33,8 @@ constexpr const char* kHostConfig = R"({
     "docker_disk_warn": {"plugin": "local_docker", "config": {"create": {"disk_limit": "warn"}}},
     "docker_no_limits": {"plugin": "local_docker",
                          "config": {"create": {"apply_resource_limits": false}}},
-    "docker_small": {"plugin": "local_docker", "config": {"exec": {"concurrency": 2}}},
+    "docker_small": {"plugin": "local_docker",
+                     "config": {"agent": false, "exec": {"concurrency": 2}}},
     "docker_sh": {"plugin": "local_docker", "config": {"exec": {"shell": "sh"}}},
     "docker_noshell": {"plugin": "local_docker",
                        "config": {"exec": {"shell": "/no/such/shell"}, "probe": {"command": null}}},
@@ -46,7 +49,23 @@ constexpr const char* kHostConfig = R"({
   }
 })";
 
+// Every local_docker block in Docker exec mode ("agent": false) when the suite runs in that mode.
+std::string in_mode(const std::string& text) {
+  if (agent_mode()) return text;
+  boost::json::value config = boost::json::parse(text);
+  for (auto& [name, block] : config.at("providers").as_object()) {
+    (void)name;
+    block.as_object()["config"].as_object()["agent"] = false;
+  }
+  return boost::json::serialize(config);
+}
+
 }  // namespace
+
+bool agent_mode() {
+  const char* mode = std::getenv("SBX_TEST_LOCAL_DOCKER_AGENT");
+  return !(mode && std::string_view(mode) == "0");
+}
 
 Docker::Docker()
     : client_(http::ClientOptions{.base_url = "http://docker", .unix_socket = kDockerSocket}) {}
@@ -138,7 +157,7 @@ sbx::Host& host() {
     // The test's own temporary directories (sbx::testing::TempDir) may be bind-mounted.
     std::string text = kHostConfig;
     text.replace(text.find("@TMP@"), 5, std::filesystem::temp_directory_path().string());
-    options.config = sbx::Config::parse(text, "local_docker tests");
+    options.config = sbx::Config::parse(in_mode(text), "local_docker tests");
     options.labels[kSuiteLabel] = kSuiteValue;
     return sbx::Host(std::move(options));
   }();
@@ -192,7 +211,8 @@ sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec) 
 sbx::Host::Options options_with(const std::string& config) {
   sbx::Host::Options options;
   options.config = sbx::Config::parse(
-      R"({"providers": {"p": {"plugin": "local_docker", "config": )" + config + "}}}", "test");
+      in_mode(R"({"providers": {"p": {"plugin": "local_docker", "config": )" + config + "}}}"),
+      "test");
   options.labels[kSuiteLabel] = kSuiteValue;
   return options;
 }

@@ -106,6 +106,11 @@ inline bool contains(const std::string& text, const std::string& part) {
 // the test case when the create succeeds.
 sbx_status create_failure(const sbx::Provider& p, const sbx::SandboxSpec& spec);
 
+// Whether the suite runs local_docker with its agent (the default) or with Docker exec
+// ("agent": false in every config): $SBX_TEST_LOCAL_DOCKER_AGENT=0 asks for Docker exec. ctest
+// runs each local_docker test in both modes (tests/local_docker/CMakeLists.txt).
+bool agent_mode();
+
 // Host options with one provider block "p" of local_docker with `config` (JSON text), and this
 // suite's label; provider_with(host) is that block.
 sbx::Host::Options options_with(const std::string& config);
