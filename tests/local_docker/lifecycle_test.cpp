@@ -3,7 +3,10 @@
 
 #include "support.hpp"
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -462,4 +465,53 @@ TEST_CASE("list and reap by label") {
   for (auto& box : boxes)
     CHECK_NOTHROW(box.close());
   other.close();
+}
+
+TEST_CASE("kill -9 -1 as root inside: the command ends, the host never hangs on the sandbox") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  // Every process the sandbox's root may signal dies but the shell that sends it (and PID 1).
+  const auto r = box.exec("sleep 300 & kill -9 -1; echo after", {.timeout_s = 60});
+  CHECK(r.stdout_text == "after\n");
+  if (ldtest::agent_mode()) {
+    // The agent is PID 1, which a signal from inside its namespace cannot kill: it still serves.
+    CHECK(r.return_code == 0);
+    CHECK(box.exec("echo alive").stdout_text == "alive\n");
+    CHECK(processes_matching(box, "sleep 300") == "");
+    CHECK(box.status() == sbx::SandboxStatus::running);
+  } else {
+    // Docker's init survives, its child (the keep-alive) does not: the sandbox has ended, and
+    // says so at once.
+    const bool ended = docker().wait_gone(box.id(), std::chrono::seconds(20)) ||
+                       box.status() == sbx::SandboxStatus::stopped;
+    CHECK(ended);
+    CHECK_THROWS_AS(box.exec("echo alive"), sbx::NotFoundError);
+  }
+  box.close();
+}
+
+TEST_CASE("the agent's socket is reachable by root on the host only, one directory per sandbox") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  const auto inspect = docker().inspect(box.id());
+  REQUIRE(inspect);
+  const auto& labels = inspect->at("Config").at("Labels").as_object();
+  if (!ldtest::agent_mode()) {
+    CHECK_FALSE(labels.contains("sbx.agent"));
+    box.close();
+    return;
+  }
+  const std::string run_dir(labels.at("sbx.agent").as_string());
+  const std::filesystem::path agent_dir =
+      std::filesystem::path(run_dir).parent_path().parent_path();
+  struct stat st {};
+  REQUIRE(::stat(agent_dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);  // only root enters: the sockets are below
+  CHECK(st.st_uid == 0);
+  REQUIRE(::stat((run_dir + "/agent.sock").c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  // The sandbox sees its own directory only, and cannot write the agent's binary.
+  CHECK(box.exec("ls /.sbx/run").stdout_text == "agent.sock\n");
+  const auto w = box.exec("echo x > /.sbx/sbx-agent");
+  CHECK(w.return_code != 0);
+  box.close();
+  CHECK_FALSE(std::filesystem::exists(run_dir));  // close removes it
 }
