@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # docker-up.sh — makes a Docker daemon answer on /var/run/docker.sock (starting
-# dockerd if needed), builds the offline test images sbx-busybox:latest and
-# sbx-bash:latest from host binaries (no image is ever pulled from the
+# dockerd if needed), builds the offline test images sbx-busybox:latest,
+# sbx-bash:latest (from host binaries) and sbx-empty:latest (no program at
+# all: /etc/passwd and /etc/group only) (no image is ever pulled from the
 # internet), starts a local registry on 127.0.0.1:5000 and pushes
 # 127.0.0.1:5000/sbx/busybox:latest to it. Idempotent: re-running only checks.
 #
@@ -21,6 +22,7 @@ REG_PIDFILE=/run/sbx-registry.pid
 REG_WAIT=30
 BUSYBOX_IMAGE=sbx-busybox:latest
 BASH_IMAGE=sbx-bash:latest
+EMPTY_IMAGE=sbx-empty:latest
 REG_REPO=sbx/busybox
 REG_IMAGE=${REG_ADDR}/${REG_REPO}:latest
 # Bump when the rootfs recipe below changes: images with another recipe
@@ -245,13 +247,14 @@ import_rootfs() { # root image kind cmd
 }
 
 build_images() {
-  local need_busybox=1 need_bash=1 work
+  local need_busybox=1 need_bash=1 need_empty=1 work
   if ((rebuild == 0)); then
     image_is_current "${BUSYBOX_IMAGE}" && need_busybox=0
     image_is_current "${BASH_IMAGE}" && need_bash=0
+    image_is_current "${EMPTY_IMAGE}" && need_empty=0
   fi
-  if ((need_busybox + need_bash == 0)); then
-    log "images ${BUSYBOX_IMAGE} and ${BASH_IMAGE} exist (recipe ${IMAGE_RECIPE})"
+  if ((need_busybox + need_bash + need_empty == 0)); then
+    log "images ${BUSYBOX_IMAGE}, ${BASH_IMAGE} and ${EMPTY_IMAGE} exist (recipe ${IMAGE_RECIPE})"
     return
   fi
   work=$(mktemp -d /tmp/sbx-rootfs.XXXXXX)
@@ -267,6 +270,16 @@ build_images() {
     make_busybox_rootfs "${work}/bash"
     add_host_binary "${work}/bash" /bin/bash
     import_rootfs "${work}/bash" "${BASH_IMAGE}" bash /bin/bash
+  fi
+  if ((need_empty)); then
+    # No shell, no date, no sleep: what local_docker's agent must do without (a TTL, a clear
+    # error for a command that needs a shell).
+    log "building ${EMPTY_IMAGE} (no program: /etc/passwd and /etc/group only)"
+    mkdir -p "${work}/empty/etc" "${work}/empty/tmp"
+    chmod 1777 "${work}/empty/tmp"
+    printf 'root:x:0:0:root:/root:/bin/sh\n' >"${work}/empty/etc/passwd"
+    printf 'root:x:0:\n' >"${work}/empty/etc/group"
+    import_rootfs "${work}/empty" "${EMPTY_IMAGE}" empty /bin/sh
   fi
   rm -rf "${work}"
   trap - EXIT
@@ -397,4 +410,4 @@ push_busybox
 api=$("${DOCKER}" version -f '{{.Server.APIVersion}}' 2>/dev/null || echo '?')
 engine=$("${DOCKER}" version -f '{{.Server.Version}}' 2>/dev/null || echo '?')
 driver=$("${DOCKER}" info -f '{{.Driver}}' 2>/dev/null || echo '?')
-log "ready: Docker ${engine} (API ${api}, ${driver}) on ${SOCK}; images ${BUSYBOX_IMAGE} ${BASH_IMAGE}; registry http://${REG_ADDR} with ${REG_REPO}:latest"
+log "ready: Docker ${engine} (API ${api}, ${driver}) on ${SOCK}; images ${BUSYBOX_IMAGE} ${BASH_IMAGE} ${EMPTY_IMAGE}; registry http://${REG_ADDR} with ${REG_REPO}:latest"

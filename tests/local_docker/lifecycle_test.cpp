@@ -515,3 +515,37 @@ TEST_CASE("the agent's socket is reachable by root on the host only, one directo
   box.close();
   CHECK_FALSE(std::filesystem::exists(run_dir));  // close removes it
 }
+
+TEST_CASE("an image without sh, date or sleep: the TTL holds; a command needing a shell says so") {
+  // sbx-empty (scripts/docker-up.sh) has no program at all; the readiness probe needs a shell.
+  sbx::Host host(ldtest::options_with(R"({"probe": {"command": null}})"));
+  sbx::Provider p = host.provider("p");
+  auto spec = ldtest::spec("sbx-empty:latest");
+  spec.ttl_s = 3;
+  if (!ldtest::agent_mode()) {
+    // Docker exec's keep-alive is a shell loop: the sandbox ends at once (without a probe its
+    // create may not see it) and runs no command.
+    sbx::Sandbox box;
+    try {
+      box = p.create(spec);
+    } catch (const sbx::CreateError& e) {
+      CHECK(std::string(e.what()).find("sh") != std::string::npos);
+      return;
+    }
+    CHECK_THROWS(box.exec("echo hi"));
+    box.close();
+    return;
+  }
+  const auto created = std::chrono::steady_clock::now();
+  sbx::Sandbox box = p.create(spec);
+  const auto r = box.exec("echo hi");
+  CHECK(r.return_code == 125);
+  CHECK(r.error_type == std::optional<std::string>("sandbox"));
+  CHECK_MESSAGE(r.stderr_text.find("executable file not found") != std::string::npos,
+                r.stderr_text);
+  CHECK(box.status() == sbx::SandboxStatus::running);
+  // Up until its expiry (the agent keeps it), then removed (AutoRemove once the agent exits).
+  CHECK(ldtest::docker().wait_gone(box.id(), std::chrono::seconds(30)));
+  CHECK(seconds_since(created) >= 2.0);
+  box.close();
+}
