@@ -201,27 +201,7 @@ bool equal_constant_time(std::string_view a, std::string_view b) {
 }
 
 std::string new_id() {
-  unsigned char bytes[16];
-  std::size_t got = 0;
-  while (got < sizeof bytes) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got < sizeof bytes) {  // no getrandom (very old kernel): unique, not secret
-    static uint64_t counter = 0;
-    const uint64_t v[2] = {static_cast<uint64_t>(real_ns()),
-                           ++counter ^ static_cast<uint64_t>(::getpid())};
-    std::memcpy(bytes, v, sizeof bytes);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id;
-  for (unsigned char b : bytes) {
-    id += kHex[b >> 4];
-    id += kHex[b & 0xF];
-  }
-  return id;
+  return files::random_hex(16);
 }
 
 void set_nonblocking(int fd) {
@@ -1439,6 +1419,22 @@ struct ChildFailure {
   int error;
 };
 
+// In a forked child, before its execve (system calls only): stdin at end of file at once (no
+// /dev/null needed), then who it runs as. The step that failed, or stage -1.
+ChildFailure enter_child(bool switch_user, const std::vector<gid_t>& groups, gid_t gid, uid_t uid) {
+  int in[2];
+  if (::pipe(in) == 0) {
+    ::dup2(in[0], 0);
+    ::close(in[0]);
+    ::close(in[1]);
+  }
+  if (!switch_user) return {-1, 0};
+  if (::setgroups(groups.size(), groups.data()) != 0) return {0, errno};
+  if (::setgid(gid) != 0) return {1, errno};
+  if (::setuid(uid) != 0) return {2, errno};
+  return {-1, 0};
+}
+
 std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req) {
   // Everything the child needs is built here, before fork: the child only makes system calls.
   std::vector<std::string> env = base_env_;
@@ -1537,24 +1533,9 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::signal(SIGPIPE, SIG_DFL);
     ::setpgid(0, 0);
-    int in[2];
-    if (::pipe(in) == 0) {  // stdin: at end of file at once (no /dev/null needed)
-      ::dup2(in[0], 0);
-      ::close(in[0]);
-      ::close(in[1]);
-    }
     ::dup2(child_out, 1);
     ::dup2(child_err, 2);
-    ChildFailure f{-1, 0};
-    if (switch_user) {
-      if (::setgroups(groups.size(), groups.data()) != 0) {
-        f = {0, errno};
-      } else if (::setgid(gid) != 0) {
-        f = {1, errno};
-      } else if (::setuid(uid) != 0) {
-        f = {2, errno};
-      }
-    }
+    ChildFailure f = enter_child(switch_user, groups, gid, uid);
     if (f.stage < 0 && cwd && ::chdir(cwd) != 0) f = {3, errno};
     if (f.stage < 0) {
       ::execve(shell, argv.data(), envp.data());
@@ -1987,22 +1968,8 @@ int Server::start_entrypoint() {
     ::signal(SIGPIPE, SIG_DFL);
     ::setpgid(0, 0);
     if (restore_nofile) ::setrlimit(RLIMIT_NOFILE, &nofile);
-    int in[2];
-    if (::pipe(in) == 0) {  // stdin at end of file; stdout and stderr are the agent's
-      ::dup2(in[0], 0);
-      ::close(in[0]);
-      ::close(in[1]);
-    }
-    ChildFailure f{-1, 0};
-    if (switch_user) {
-      if (::setgroups(groups.size(), groups.data()) != 0) {
-        f = {0, errno};
-      } else if (::setgid(gid) != 0) {
-        f = {1, errno};
-      } else if (::setuid(uid) != 0) {
-        f = {2, errno};
-      }
-    }
+    // stdout and stderr stay the agent's (the container's log).
+    ChildFailure f = enter_child(switch_user, groups, gid, uid);
     if (f.stage < 0) {
       // execvp's rules: a directory without it or without access is passed over; EACCES is
       // reported if nothing was found, any other error at once.

@@ -66,32 +66,6 @@ std::optional<std::string> header_param(std::string_view value, std::string_view
   return std::nullopt;
 }
 
-std::string random_hex() {
-  unsigned char bytes[8] = {};
-  std::size_t got = 0;
-  while (got < sizeof bytes) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got < sizeof bytes) {  // no getrandom: unique enough with O_EXCL retried by the caller
-    static uint64_t counter = 0;
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    const uint64_t v =
-        static_cast<uint64_t>(ts.tv_nsec) ^ (++counter << 32) ^ static_cast<uint64_t>(::getpid());
-    std::memcpy(bytes, &v, sizeof bytes);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out += kHex[b >> 4];
-    out += kHex[b & 0xF];
-  }
-  return out;
-}
-
 std::string errno_text(const char* op, const std::string& path, int error) {
   return std::string(op) + " " + path + ": " + std::strerror(error);
 }
@@ -345,7 +319,7 @@ bool Upload::begin_part(std::string_view headers) {
     const std::size_t slash = pending_->dest.find_last_of('/');
     const std::string dir = slash == 0 ? "/" : pending_->dest.substr(0, slash);
     for (int attempt = 0; attempt < 8 && pending_->fd < 0; ++attempt) {
-      pending_->temp = (dir == "/" ? "" : dir) + "/.sbx-upload-" + random_hex();
+      pending_->temp = (dir == "/" ? "" : dir) + "/.sbx-upload-" + random_hex(8);
       pending_->fd = ::open(pending_->temp.c_str(),
                             O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (pending_->fd < 0 && errno != EEXIST) break;
@@ -620,6 +594,35 @@ std::optional<std::string> info(const Context& context, const std::vector<std::s
   }
   body += "}";
   return body;
+}
+
+std::string random_hex(std::size_t size) {
+  unsigned char bytes[16] = {};
+  size = std::min(size, sizeof bytes);
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::getrandom(bytes + got, size - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got < size) {  // no getrandom: unique enough with O_EXCL retried by the caller
+    static uint64_t counter = 0;
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    const uint64_t v[2] = {
+        static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec),
+        ++counter ^ static_cast<uint64_t>(::getpid())};
+    std::memcpy(bytes, v, sizeof bytes);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < size; ++i) {
+    const unsigned char b = bytes[i];
+    out += kHex[b >> 4];
+    out += kHex[b & 0xF];
+  }
+  return out;
 }
 
 }  // namespace sbx::agent::files

@@ -118,4 +118,8 @@ std::optional<Download> open_download(const Context& context, const std::string&
 std::optional<std::string> info(const Context& context, const std::vector<std::string>& paths,
                                 Failure& failure);
 
+/// `size` random bytes (at most 16) as lowercase hex, from getrandom; without it (a very old
+/// kernel) unique but not secret: the clock, a counter and the pid. Command ids, temp names.
+std::string random_hex(std::size_t size);
+
 }  // namespace sbx::agent::files
