@@ -1,4 +1,4 @@
-// sbx-agent in local_docker's sandboxes (agent/README.md; decisions 198-203): how the agent gets
+// sbx-agent in local_docker's sandboxes (agent/README.md; decisions 203-208): how the agent gets
 // into a container, where its socket is, and commands run through it.
 //
 // The agent's binary is embedded in this plugin and written once per agent version to
