@@ -6,7 +6,9 @@
 #include <boost/json/serialize.hpp>
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -139,12 +141,30 @@ void AgentFiles::remove_run_dir(const std::string& sandbox) noexcept {
   std::filesystem::remove_all(run_dir(sandbox), ec);  // removes links, never follows them
 }
 
-std::vector<std::string> AgentFiles::run_dirs() const {
-  std::vector<std::string> names;
+size_t AgentFiles::sweep() {
+  size_t removed = 0;
+  const auto now = std::filesystem::file_time_type::clock::now();
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/sandboxes", ec))
-    names.push_back(entry.path().filename().string());
-  return names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/sandboxes", ec)) {
+    std::error_code age_ec;
+    const auto modified = std::filesystem::last_write_time(entry.path(), age_ec);
+    if (age_ec || now - modified < std::chrono::minutes(1)) continue;
+    const std::string socket = entry.path().string() + "/agent.sock";
+    sockaddr_un address{};
+    if (socket.size() >= sizeof address.sun_path) continue;
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, socket.c_str(), socket.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return removed;
+    const bool listening =
+        ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0 ||
+        errno == EAGAIN || errno == EINPROGRESS;
+    ::close(fd);
+    if (listening) continue;
+    remove_run_dir(entry.path().filename().string());
+    ++removed;
+  }
+  return removed;
 }
 
 // ---- FrameParser --------------------------------------------------------------------------------

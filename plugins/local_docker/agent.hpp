@@ -51,8 +51,12 @@ class AgentFiles {
   // Nothing when it does not exist.
   void remove_run_dir(const std::string& sandbox) noexcept;
   std::string run_dir(const std::string& sandbox) const;
-  // The sandboxes' directories now under agent_dir/sandboxes (names only).
-  std::vector<std::string> run_dirs() const;
+  // Removes the directories of sandboxes that have ended without a close (their TTL, the reaper,
+  // `docker rm`): older than a minute (a younger one may be a create in flight in another
+  // process) and whose socket is gone or refuses a connection (no agent listens: the container
+  // has stopped; a paused agent's socket still accepts). Asks nothing of the daemon, so a hung
+  // daemon cannot stall it. Returns how many it removed.
+  size_t sweep();
 
  private:
   std::string dir_;

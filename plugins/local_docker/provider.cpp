@@ -9,11 +9,9 @@
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <ctime>
 #include <future>
 #include <thread>
 
@@ -131,10 +129,6 @@ AgentCommand agent_command(const ExecParams& params) {
                       .cwd = params.cwd,
                       .user = params.user,
                       .timeout = params.timeout};
-}
-
-int64_t unix_now_s() {
-  return static_cast<int64_t>(std::time(nullptr));
 }
 
 int64_t unix_now_ms() {
@@ -274,7 +268,10 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   std::optional<AgentLaunch> agent;
   std::string socket;
   if (agent_client_) {
-    std::call_once(swept_, [&] { sweep_agent_dirs(cancel); });
+    std::call_once(swept_, [&] {
+      const size_t removed = agent_files_.sweep();
+      if (removed > 0) log_.debug("removed ", removed, " agent directories of ended sandboxes");
+    });
     agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name)};
     socket = agent->run_dir + "/agent.sock";
   }
@@ -604,23 +601,6 @@ void LocalDockerProvider::wait_for_agent(const std::string& name, const std::str
     }
     std::this_thread::sleep_for(pause);
     pause = std::min<milliseconds>(pause * 2, 50ms);
-  }
-}
-
-void LocalDockerProvider::sweep_agent_dirs(const sdk::CancelToken& cancel) {
-  // Only directories older than a minute: a younger one may belong to a create in flight in
-  // another process (its container not made yet).
-  const int64_t now = unix_now_s();
-  for (const std::string& name : agent_files_.run_dirs()) {
-    struct stat st {};
-    if (::stat(agent_files_.run_dir(name).c_str(), &st) != 0 || now - st.st_mtime < 60) continue;
-    try {
-      inspect_container(api_, name, cancel);
-    } catch (const sdk::Error& e) {
-      if (e.status() != SBX_STATUS_NOT_FOUND) continue;
-      agent_files_.remove_run_dir(name);
-      log_.debug("removed the agent directory of sandbox ", name, ", whose container is gone");
-    }
   }
 }
 

@@ -206,8 +206,6 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // container's main process exits (ContainerStopped), or `deadline`.
   void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,
                       Clock::time_point deadline, const sdk::CancelToken& cancel);
-  // Removes agent run directories whose container is gone (its TTL, the reaper, docker rm).
-  void sweep_agent_dirs(const sdk::CancelToken& cancel);
   std::chrono::milliseconds start_timeout() const;
 
   Config config_;
