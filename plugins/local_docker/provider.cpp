@@ -9,7 +9,6 @@
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
 
-
 #include <algorithm>
 #include <cstdlib>
 #include <future>
