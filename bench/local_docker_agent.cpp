@@ -3,7 +3,8 @@
 //   1. trivial command latency (`true`), samples interleaved between the modes;
 //   2. throughput of `true` over S sandboxes from T client threads, and the host CPU per command
 //      (this process plus dockerd, containerd and the containerd shims, from /proc);
-//   3. K commands in flight at once (agent mode): the process's threads.
+//   3. K commands in flight at once (agent mode): the process's threads; and the agents' resident
+//      memory while idle (VmRSS of the sbx-agent processes, from the host's /proc).
 #include <sbx/sbx.hpp>
 
 #include "bench_util.hpp"
@@ -75,6 +76,25 @@ long cpu_ticks() {
   }
   ::closedir(proc);
   return total;
+}
+
+// VmRSS (KiB) of every process named sbx-agent: the agents of the sandboxes, seen from the host.
+std::vector<double> agent_rss_kib() {
+  std::vector<double> rss;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return rss;
+  while (const dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    std::ifstream status(std::string("/proc/") + entry->d_name + "/status");
+    std::string line;
+    bool agent = false;
+    while (std::getline(status, line)) {
+      if (line.rfind("Name:", 0) == 0) agent = line.find("sbx-agent") != std::string::npos;
+      if (agent && line.rfind("VmRSS:", 0) == 0) rss.push_back(std::atof(line.c_str() + 6));
+    }
+  }
+  ::closedir(proc);
+  return rss;
 }
 
 int threads_of_self() {
@@ -232,6 +252,7 @@ int main(int argc, char** argv) {
 
     // 2. Throughput and CPU.
     std::vector<sbx::Sandbox> a_boxes = create_many(agent, spec, o.sandboxes);
+    const std::vector<double> idle_rss = agent_rss_kib();  // before any command
     const Throughput a_tp = throughput(a_boxes, o);
     std::vector<sbx::Sandbox> d_boxes = create_many(docker, spec, o.sandboxes);
     const Throughput d_tp = throughput(d_boxes, o);
@@ -277,6 +298,9 @@ int main(int argc, char** argv) {
     met &= row("host CPU per command, ms", a_tp.cpu_ms_per_command, d_tp.cpu_ms_per_command,
                d_tp.cpu_ms_per_command / a_tp.cpu_ms_per_command, "<= 1/10",
                d_tp.cpu_ms_per_command / a_tp.cpu_ms_per_command >= 10);
+    std::printf("%-44s %12.0f %12s %10s  %-12s %s\n", "agent resident memory, idle, median KiB",
+                idle_rss.empty() ? 0.0 : median(idle_rss), "", "", "", "");
+    std::printf("  (%zu agents measured)\n", idle_rss.size());
     std::printf("%-44s %12d %12s %10s  %-12s %s\n", "threads with commands in flight (agent)",
                 most_threads, "", "", "<= 8", most_threads <= 8 && failed == 0 ? "met" : "MISSED");
     std::printf("  (%d commands submitted in %.0f ms; idle before: %d threads: %s; failed: %d)\n",

@@ -41,6 +41,7 @@
 
 #include "files.hpp"
 #include "http.hpp"
+#include "io.hpp"
 #include "json.hpp"
 #include "users.hpp"
 
@@ -252,25 +253,18 @@ class LineSplitter {
 // nullopt when it cannot be read or does not hold a positive number (say, a writer between its
 // create and its write).
 std::optional<int64_t> read_expiry_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return std::nullopt;
-  char buf[64];
-  std::size_t got = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf + got, sizeof buf - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-    if (got == sizeof buf) break;
-  }
-  ::close(fd);
+  constexpr std::size_t kLimit = 64;  // a number and white space; longer is not an expiry
+  const std::optional<std::string> text = read_file(path, kLimit);
+  if (!text) return std::nullopt;
+  const char* buf = text->data();
+  const std::size_t got = text->size();
   std::size_t i = 0;
   int64_t value = 0;
   for (; i < got && buf[i] >= '0' && buf[i] <= '9'; ++i) {
     if (value > (INT64_MAX - 9) / 10) return std::nullopt;
     value = value * 10 + (buf[i] - '0');
   }
-  if (i == 0 || got == sizeof buf) return std::nullopt;
+  if (i == 0 || got == kLimit) return std::nullopt;
   for (; i < got; ++i)
     if (buf[i] != '\n' && buf[i] != '\r' && buf[i] != ' ' && buf[i] != '\t') return std::nullopt;
   if (value <= 0) return std::nullopt;
@@ -1288,25 +1282,11 @@ std::optional<CommandRequest> Server::read_command(const std::string& body, std:
       return std::nullopt;
     }
     // USER[:GROUP], as Docker's --user (an sbx extension; execd takes a name or a uid).
-    std::optional<std::string> group;
-    if (const std::size_t colon = name.find(':'); colon != std::string::npos) {
-      group = name.substr(colon + 1);
-      name.resize(colon);
-    }
     std::string error;
-    out.identity = resolve_user(opt_.etc_dir, name, error);
+    out.identity = resolve_user_spec(opt_.etc_dir, name, error);
     if (!out.identity) {
       why = "invalid request body: " + error;
       return std::nullopt;
-    }
-    if (group) {
-      const std::optional<gid_t> g = resolve_group(opt_.etc_dir, *group, error);
-      if (!g) {
-        why = "invalid request body: " + error;
-        return std::nullopt;
-      }
-      out.identity->gid = *g;
-      out.identity->groups = {*g};
     }
     if (gid) {
       out.identity->gid = *gid;
@@ -1421,17 +1401,58 @@ struct ChildFailure {
 
 // In a forked child, before its execve (system calls only): stdin at end of file at once (no
 // /dev/null needed), then who it runs as. The step that failed, or stage -1.
-ChildFailure enter_child(bool switch_user, const std::vector<gid_t>& groups, gid_t gid, uid_t uid) {
+// Who a child becomes, prepared before the fork. No switch without an identity, or when the agent
+// is not root and is asked to stay who it is (setgroups would fail).
+struct ChildUser {
+  bool needed = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+};
+
+ChildUser child_user(const std::optional<Identity>& who) {
+  if (!who) return {};
+  return {!(::geteuid() != 0 && who->uid == ::geteuid() && who->gid == ::getegid()), who->uid,
+          who->gid, who->groups};
+}
+
+// The places execvp tries for `name` under the PATH of `env`: `name` itself when it has a '/',
+// else each PATH directory joined with it (an empty entry, the working directory: `name` alone).
+std::vector<std::string> exec_candidates(const std::string& name,
+                                         const std::vector<std::string>& env) {
+  if (name.empty() || name.find('/') != std::string::npos) return {name};
+  std::string_view path_var;
+  for (const auto& e : env)
+    if (e.starts_with("PATH=")) path_var = std::string_view(e).substr(5);
+  std::vector<std::string> paths;
+  for (;;) {
+    const std::size_t colon = path_var.find(':');
+    const std::string_view dir = path_var.substr(0, colon);
+    paths.push_back(dir.empty() ? name : std::string(dir) + "/" + name);
+    if (colon == std::string_view::npos) return paths;
+    path_var.remove_prefix(colon + 1);
+  }
+}
+
+// In a forked child, before its execve (system calls only): the signals the agent blocks or
+// ignores back to their defaults, a process group of its own, stdin at end of file at once (no
+// /dev/null needed), then who it runs as. The step that failed, or stage -1.
+ChildFailure enter_child(const ChildUser& user) {
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGPIPE, SIG_DFL);
+  ::setpgid(0, 0);
   int in[2];
   if (::pipe(in) == 0) {
     ::dup2(in[0], 0);
     ::close(in[0]);
     ::close(in[1]);
   }
-  if (!switch_user) return {-1, 0};
-  if (::setgroups(groups.size(), groups.data()) != 0) return {0, errno};
-  if (::setgid(gid) != 0) return {1, errno};
-  if (::setuid(uid) != 0) return {2, errno};
+  if (!user.needed) return {-1, 0};
+  if (::setgroups(user.groups.size(), user.groups.data()) != 0) return {0, errno};
+  if (::setgid(user.gid) != 0) return {1, errno};
+  if (::setuid(user.uid) != 0) return {2, errno};
   return {-1, 0};
 }
 
@@ -1461,26 +1482,18 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
   if (args.empty()) {
     args = {"sh", "-c", req.command};
   } else if (args[0].find('/') == std::string::npos) {
-    // A bare name is looked up in the command's own PATH, as execvp would (before the fork: the
+    // A bare name is looked up in the command's own PATH, as execvp would, before the fork (the
     // child only makes system calls). Relative PATH entries are relative to the command's cwd.
-    std::string path;
-    for (const auto& e : env)
-      if (e.starts_with("PATH=")) path = e.substr(5);
     program.clear();
-    for (std::size_t at = 0; at <= path.size();) {
-      std::size_t end = path.find(':', at);
-      if (end == std::string::npos) end = path.size();
-      std::string dir = path.substr(at, end - at);
-      if (dir.empty()) dir = ".";
-      std::string candidate = dir + "/" + args[0];
-      if (!candidate.starts_with("/") && req.cwd) candidate = *req.cwd + "/" + candidate;
+    for (const std::string& path : exec_candidates(args[0], env)) {
+      const std::string candidate =
+          path.starts_with("/") || !req.cwd ? path : *req.cwd + "/" + path;
       struct stat st {};
       if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
           ::access(candidate.c_str(), X_OK) == 0) {
         program = candidate;
         break;
       }
-      at = end + 1;
     }
     if (program.empty()) return "exec " + args[0] + ": executable file not found in $PATH";
   } else {
@@ -1492,19 +1505,9 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
   argv.push_back(nullptr);
   const char* cwd = req.cwd ? req.cwd->c_str() : nullptr;
   const char* shell = program.c_str();
-  bool switch_user = false;
-  std::vector<gid_t> groups;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  if (req.identity) {
-    uid = req.identity->uid;
-    gid = req.identity->gid;
-    groups = req.identity->groups;
-    // Not root and asked to stay who we are: nothing to change (setgroups would fail).
-    switch_user = !(::geteuid() != 0 && uid == ::geteuid() && gid == ::getegid());
-  }
-  cmd.uid = req.identity ? uid : ::geteuid();
-  cmd.gid = req.identity ? gid : ::getegid();
+  const ChildUser user = child_user(req.identity);
+  cmd.uid = req.identity ? user.uid : ::geteuid();
+  cmd.gid = req.identity ? user.gid : ::getegid();
 
   int out[2] = {-1, -1}, err[2] = {-1, -1}, report[2] = {-1, -1};
   if (cmd.background) {
@@ -1528,14 +1531,9 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
 
   const pid_t pid = ::fork();
   if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::setpgid(0, 0);
     ::dup2(child_out, 1);
     ::dup2(child_err, 2);
-    ChildFailure f = enter_child(switch_user, groups, gid, uid);
+    ChildFailure f = enter_child(user);
     if (f.stage < 0 && cwd && ::chdir(cwd) != 0) f = {3, errno};
     if (f.stage < 0) {
       ::execve(shell, argv.data(), envp.data());
@@ -1667,7 +1665,6 @@ void Server::kill_group(Command& cmd) {
 // during the last; a few passes end it (a fork bomb outruns any scan, the group kill aside).
 void Server::kill_tagged(const std::string& id) const {
   const std::string tag = std::string(kExecIdVar) + "=" + id;
-  std::string env;
   for (int pass = 0; pass < 4; ++pass) {
     DIR* proc = ::opendir("/proc");
     if (!proc) return;
@@ -1677,17 +1674,9 @@ void Server::kill_tagged(const std::string& id) const {
       const long pid = std::strtol(entry->d_name, &end, 10);
       if (pid <= 1 || *end != '\0' || pid == ::getpid()) continue;
       const std::string path = std::string("/proc/") + entry->d_name + "/environ";
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      env.clear();
-      char buf[16384];
-      for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        env.append(buf, static_cast<std::size_t>(n));
-      }
-      ::close(fd);
+      const std::optional<std::string> read = read_file(path, 16 * 1024 * 1024);
+      if (!read) continue;
+      const std::string& env = *read;
       for (std::size_t at = 0; at < env.size();) {
         const std::size_t nul = std::min(env.find('\0', at), env.size());
         if (std::string_view(env).substr(at, nul - at) == tag) {
@@ -1923,34 +1912,10 @@ int Server::start_entrypoint() {
   for (auto& a : args)
     argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The places to try: argv[0] itself when it has a '/', else each directory of the PATH the
-  // entrypoint gets (an empty entry is the working directory), as execvp searches.
+  // The places to try, as execvp searches the PATH the entrypoint gets.
   const std::string& name = opt_.entrypoint[0];
-  std::vector<std::string> paths;
-  if (name.empty() || name.find('/') != std::string::npos) {
-    paths.push_back(name);
-  } else {
-    std::string_view path_var;
-    for (const auto& e : env)
-      if (e.starts_with("PATH=")) path_var = std::string_view(e).substr(5);
-    for (;;) {
-      const std::size_t colon = path_var.find(':');
-      const std::string_view dir = path_var.substr(0, colon);
-      paths.push_back(dir.empty() ? name : std::string(dir) + "/" + name);
-      if (colon == std::string_view::npos) break;
-      path_var.remove_prefix(colon + 1);
-    }
-  }
-  bool switch_user = false;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;
-  if (entry_user_) {
-    uid = entry_user_->uid;
-    gid = entry_user_->gid;
-    groups = entry_user_->groups;
-    switch_user = !(::geteuid() != 0 && uid == ::geteuid() && gid == ::getegid());
-  }
+  const std::vector<std::string> paths = exec_candidates(name, env);
+  const ChildUser user = child_user(entry_user_);
   const rlimit nofile = nofile_;
   const bool restore_nofile = nofile_raised_;
 
@@ -1962,14 +1927,9 @@ int Server::start_entrypoint() {
   }
   const pid_t pid = ::fork();
   if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::setpgid(0, 0);
     if (restore_nofile) ::setrlimit(RLIMIT_NOFILE, &nofile);
     // stdout and stderr stay the agent's (the container's log).
-    ChildFailure f = enter_child(switch_user, groups, gid, uid);
+    ChildFailure f = enter_child(user);
     if (f.stage < 0) {
       // execvp's rules: a directory without it or without access is passed over; EACCES is
       // reported if nothing was found, any other error at once.

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "agent.hpp"
+#include "io.hpp"
 
 namespace {
 
@@ -35,17 +36,9 @@ bool parse_number(const char* text, int64_t& out) {
 }
 
 bool read_token(const std::string& path, std::string& token) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    token.append(buf, static_cast<std::size_t>(n));
-    if (token.size() > 64 * 1024) break;
-  }
-  ::close(fd);
+  const std::optional<std::string> text = sbx::agent::read_file(path, 64 * 1024);
+  if (!text) return false;
+  token = *text;
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
     token.pop_back();
   return true;

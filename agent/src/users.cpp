@@ -1,5 +1,7 @@
 #include "users.hpp"
 
+#include "io.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
@@ -12,21 +14,9 @@ namespace sbx::agent {
 
 namespace {
 
-// The lines of a file (empty when it cannot be read). No iostreams: they would double the size of
-// the static binary.
+// The lines of a file (empty when it cannot be read).
 std::vector<std::string> read_lines(const std::string& path) {
-  std::string text;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[8192];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      text.append(buf, static_cast<std::size_t>(n));
-    }
-    ::close(fd);
-  }
+  const std::string text = read_file(path, 64 * 1024 * 1024).value_or("");
   std::vector<std::string> lines;
   std::size_t pos = 0;
   while (pos < text.size()) {

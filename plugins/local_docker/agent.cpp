@@ -13,7 +13,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -252,12 +251,12 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
   void on_complete(sdk::http::Response* response, const sdk::Error* error) {
     if (error) {
       if (cancelled_ || error->status() == SBX_STATUS_CANCELLED) {
-        return finish(nullptr, sdk::Error::cancelled());
+        return fail(sdk::Error::cancelled());
       }
       // Details kept: whether anything was sent (may_have_run) tells "gone" from "went away".
-      return finish(nullptr, sdk::Error(SBX_STATUS_UNAVAILABLE,
-                                        std::string("the sandbox's agent: ") + error->what(),
-                                        error->details()));
+      return fail(sdk::Error(SBX_STATUS_UNAVAILABLE,
+                             std::string("the sandbox's agent: ") + error->what(),
+                             error->details()));
     }
     if (response->status == 400) {
       // Refused before it started (a cwd, a user that does not exist): the command could not
@@ -268,50 +267,45 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
       } catch (const std::exception&) {
       }
       out_.write(sdk::StdStream::err, "sbx: the command could not start: " + message + "\n");
-      return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
+      return succeed(sdk::ExitStatus::sandbox_failure());
     }
     if (response->status != 200) {
-      return finish(nullptr, sdk::Error::unavailable("the sandbox's agent answered HTTP " +
-                                                     std::to_string(response->status) + ": " +
-                                                     error_body_.substr(0, 512)));
+      return fail(sdk::Error::unavailable("the sandbox's agent answered HTTP " +
+                                          std::to_string(response->status) + ": " +
+                                          error_body_.substr(0, 512)));
     }
     if (!end_) {
-      return finish(nullptr, sdk::Error::unavailable(
-                                 "the sandbox's agent ended the command's stream without its "
-                                 "end (the agent was killed or the sandbox stopped)"));
+      return fail(
+          sdk::Error::unavailable("the sandbox's agent ended the command's stream without its "
+                                  "end (the agent was killed or the sandbox stopped)"));
     }
     try {
       const json::object end = json::parse(*end_).as_object();
       if (const auto* code = end.if_contains("exit_code")) {
-        return finish(sdk::ExitStatus::exited(static_cast<int32_t>(code->to_number<int64_t>())),
-                      std::nullopt);
+        return succeed(sdk::ExitStatus::exited(static_cast<int32_t>(code->to_number<int64_t>())));
       }
-      if (end.contains("timed_out")) return finish(sdk::ExitStatus::timed_out(), std::nullopt);
+      if (end.contains("timed_out")) return succeed(sdk::ExitStatus::timed_out());
       if (const auto* signal = end.if_contains("signal")) {
-        return finish(
-            sdk::ExitStatus::exited(128 + static_cast<int32_t>(signal->to_number<int64_t>())),
-            std::nullopt);
+        return succeed(
+            sdk::ExitStatus::exited(128 + static_cast<int32_t>(signal->to_number<int64_t>())));
       }
       out_.write(sdk::StdStream::err,
                  "sbx: the command could not start: " + json_field(end, "error") + "\n");
-      return finish(sdk::ExitStatus::sandbox_failure(), std::nullopt);
+      return succeed(sdk::ExitStatus::sandbox_failure());
     } catch (const std::exception& e) {
-      return finish(nullptr, sdk::Error::internal(std::string("the sandbox's agent sent a bad "
-                                                              "end of command: ") +
-                                                  e.what()));
+      return fail(sdk::Error::internal(std::string("the sandbox's agent sent a bad "
+                                                   "end of command: ") +
+                                       e.what()));
     }
   }
 
-  void finish(std::optional<sdk::ExitStatus> status, std::optional<sdk::Error> error) {
-    if (finished_.exchange(true)) return;
-    AgentDoneFn done = std::move(done_);
-    if (status) {
-      done(&*status, nullptr);
-    } else {
-      done(nullptr, &*error);
-    }
+  // `done` once, with a status or an error.
+  void succeed(const sdk::ExitStatus& status) {
+    if (!finished_.exchange(true)) std::exchange(done_, {})(&status, nullptr);
   }
-  void finish(std::nullptr_t, sdk::Error error) { finish(std::nullopt, std::move(error)); }
+  void fail(const sdk::Error& error) {
+    if (!finished_.exchange(true)) std::exchange(done_, {})(nullptr, &error);
+  }
 
   sdk::OutputSink& out_;
   AgentDoneFn done_;
@@ -339,8 +333,8 @@ sdk::http::ClientOptions client_options() {
 
 AgentClient::AgentClient(sdk::Logger log) : log_(std::move(log)), http_(client_options()) {}
 
-void AgentClient::start(const std::string& socket, const AgentCommand& command,
-                        sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel) {
+void AgentClient::start(const std::string& socket, const ExecParams& command, sdk::OutputSink& out,
+                        AgentDoneFn done, const sdk::CancelToken& cancel) {
   json::object body;
   json::array argv;
   for (const auto& arg : command.argv)
@@ -368,29 +362,6 @@ void AgentClient::start(const std::string& socket, const AgentCommand& command,
   request.idempotent = false;
   const auto run = std::make_shared<AgentRun>(out, std::move(done));
   run->start(http_, std::move(request), cancel);
-}
-
-sdk::ExitStatus AgentClient::run(const std::string& socket, const AgentCommand& command,
-                                 sdk::OutputSink& out, const sdk::CancelToken& cancel) {
-  std::mutex mutex;
-  std::condition_variable finished;
-  std::optional<sdk::ExitStatus> status;
-  std::optional<sdk::Error> error;
-  bool done = false;
-  start(
-      socket, command, out,
-      [&](const sdk::ExitStatus* s, const sdk::Error* e) {
-        std::lock_guard lock(mutex);
-        if (s) status = *s;
-        if (e) error = *e;
-        done = true;
-        finished.notify_all();
-      },
-      cancel);
-  std::unique_lock lock(mutex);
-  finished.wait(lock, [&] { return done; });
-  if (error) throw *error;
-  return *status;
 }
 
 bool AgentClient::ping(const std::string& socket, std::chrono::milliseconds timeout) {

@@ -8,6 +8,8 @@
 // root on the host reaches it, and no sandbox sees another's.
 #pragma once
 
+#include "exec.hpp"
+
 #include <sbx/sdk/http.hpp>
 #include <sbx/sdk/provider.hpp>
 
@@ -64,15 +66,6 @@ class AgentFiles {
   std::string binary_;  // once written
 };
 
-// One command for the agent.
-struct AgentCommand {
-  std::vector<std::string> argv;  // e.g. {"bash", "-c", command}
-  sdk::KeyValues env;             // over the container's environment; these win
-  std::optional<std::string> cwd;
-  std::optional<std::string> user;  // name or uid, with an optional ":group"
-  std::chrono::milliseconds timeout{0};
-};
-
 // How a command through the agent ended: an exit status, or an error (exactly one is set).
 using AgentDoneFn = std::function<void(const sdk::ExitStatus* status, const sdk::Error* error)>;
 
@@ -83,8 +76,9 @@ class AgentClient {
  public:
   explicit AgentClient(sdk::Logger log);
 
-  // Starts `command` through the agent listening on `socket` and returns at once. Output goes to
-  // `out` as it arrives (byte-exact), then `done` runs once:
+  // Starts `command` (what Docker exec would run: argv, env over the container's, cwd, user as
+  // Docker's `USER[:GROUP]`, timeout) through the agent listening on `socket` and returns at once.
+  // Output goes to `out` as it arrives (byte-exact), then `done` runs once:
   //   - the command ran: its exit code (128+N when killed by signal N);
   //   - its timeout passed: the agent killed its process group; 125/"timeout";
   //   - it could not start (no such program, user or directory): 125/"sandbox", the reason on
@@ -94,12 +88,8 @@ class AgentClient {
   //   - the agent cannot be reached or went away: Error::unavailable.
   // Both callbacks run on the loop thread (`done` may run on the calling thread when the request
   // cannot even start).
-  void start(const std::string& socket, const AgentCommand& command, sdk::OutputSink& out,
+  void start(const std::string& socket, const ExecParams& command, sdk::OutputSink& out,
              AgentDoneFn done, const sdk::CancelToken& cancel);
-
-  // start(), waiting on the calling thread; throws what `done` was given as an error.
-  sdk::ExitStatus run(const std::string& socket, const AgentCommand& command, sdk::OutputSink& out,
-                      const sdk::CancelToken& cancel);
 
   // GET /ping: true for a 200 within `timeout`.
   bool ping(const std::string& socket, std::chrono::milliseconds timeout);
@@ -115,8 +105,6 @@ class FrameParser {
  public:
   // Feeds bytes; calls `on_frame(kind, payload)` for every complete frame.
   void feed(std::string_view bytes, const std::function<void(char, std::string_view)>& on_frame);
-  // Whether a frame was cut short (bytes left over).
-  bool partial() const noexcept { return !pending_.empty(); }
 
  private:
   std::string pending_;

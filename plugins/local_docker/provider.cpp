@@ -121,15 +121,6 @@ class ContainerGuard {
   State state_ = State::unknown;
 };
 
-// A Docker exec's parameters as a command for the agent.
-AgentCommand agent_command(const ExecParams& params) {
-  return AgentCommand{.argv = params.argv,
-                      .env = params.env,
-                      .cwd = params.cwd,
-                      .user = params.user,
-                      .timeout = params.timeout};
-}
-
 int64_t unix_now_ms() {
   return std::chrono::duration_cast<milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -383,10 +374,9 @@ std::optional<bool> LocalDockerProvider::probe(const std::string& name, const st
         CollectingSink sink;
         sdk::ExitStatus status;
         try {
-          status = run_command(name, socket, params, sink, cancel);
+          status = run_command(name, socket, std::nullopt, params, sink, cancel);
         } catch (const sdk::Error& e) {
-          if (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION ||
-              (!socket.empty() && e.status() == SBX_STATUS_UNAVAILABLE)) {
+          if (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION) {
             throw ContainerStopped(e.what());
           }
           throw;
@@ -409,7 +399,7 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name, const st
     params.argv = {"sh", "-c", "command -v bash"};
     params.timeout = kShellProbeTimeout;
     CollectingSink sink;
-    const sdk::ExitStatus status = run_command(name, socket, params, sink, cancel);
+    const sdk::ExitStatus status = run_command(name, socket, std::nullopt, params, sink, cancel);
     return status.return_code == 0 && !status.error_type ? "bash" : "sh";
   } catch (const sdk::Error& e) {
     if (e.status() == SBX_STATUS_CANCELLED) throw;
@@ -434,15 +424,8 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     box.set_shell(shell);
   }
   if (agent_client_ && !box.agent_socket().empty()) {
-    std::promise<sdk::ExitStatus> result;
-    start_agent_exec(
-        box, exec_params(shell, request), out,
-        [&result](const sdk::ExitStatus* status, const sdk::Error* error) {
-          if (status) return result.set_value(*status);
-          result.set_exception(std::make_exception_ptr(*error));
-        },
-        cancel);
-    return result.get_future().get();
+    return run_command(box.container(), box.agent_socket(), box.expires_at(),
+                       exec_params(shell, request), out, cancel);
   }
   const Semaphore::Slot slot(exec_slots_, cancel);
   const ExecParams params = exec_params(shell, request);
@@ -517,7 +500,7 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   const sdk::CancelToken cancel = done.cancel_token();
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
   start_agent_exec(
-      box, exec_params(box.shell(), request), out,
+      box.container(), box.agent_socket(), box.expires_at(), exec_params(box.shell(), request), out,
       [completion](const sdk::ExitStatus* status, const sdk::Error* error) {
         if (status) return completion->succeed(*status);
         completion->fail(*error);
@@ -536,18 +519,17 @@ ExecParams LocalDockerProvider::exec_params(const std::string& shell,
   return params;
 }
 
-void LocalDockerProvider::start_agent_exec(const DockerSandbox& box, const ExecParams& params,
-                                           sdk::OutputSink& out, AgentDoneFn done,
-                                           const sdk::CancelToken& cancel) {
+void LocalDockerProvider::start_agent_exec(const std::string& name, const std::string& socket,
+                                           std::optional<int64_t> expires_at,
+                                           const ExecParams& params, sdk::OutputSink& out,
+                                           AgentDoneFn done, const sdk::CancelToken& cancel) {
   if (const auto message = oversized_argument(params)) {  // as the Docker exec path says it
     out.write(sdk::StdStream::err, *message);
     const auto failure = sdk::ExitStatus::sandbox_failure();
     return done(&failure, nullptr);
   }
-  const std::optional<int64_t> expires_at = box.expires_at();
-  const std::string name = box.container();
   agent_client_->start(
-      box.agent_socket(), agent_command(params), out,
+      socket, params, out,
       [done = std::move(done), expires_at, name, &out](const sdk::ExitStatus* status,
                                                        const sdk::Error* error) {
         if (status || error->status() != SBX_STATUS_UNAVAILABLE) return done(status, error);
@@ -574,15 +556,19 @@ void LocalDockerProvider::start_agent_exec(const DockerSandbox& box, const ExecP
 }
 
 sdk::ExitStatus LocalDockerProvider::run_command(const std::string& name, const std::string& socket,
+                                                 std::optional<int64_t> expires_at,
                                                  const ExecParams& params, sdk::OutputSink& out,
                                                  const sdk::CancelToken& cancel) {
   if (socket.empty()) return run_exec(api_, name, params, out, log_, cancel);
-  try {
-    return agent_client_->run(socket, agent_command(params), out, cancel);
-  } catch (const sdk::Error& e) {
-    if (e.status() != SBX_STATUS_UNAVAILABLE) throw;
-    throw sdk::Error::not_found("sandbox " + name + " no longer answers (" + e.what() + ")");
-  }
+  std::promise<sdk::ExitStatus> result;
+  start_agent_exec(
+      name, socket, expires_at, params, out,
+      [&result](const sdk::ExitStatus* status, const sdk::Error* error) {
+        if (status) return result.set_value(*status);
+        result.set_exception(std::make_exception_ptr(*error));
+      },
+      cancel);
+  return result.get_future().get();
 }
 
 void LocalDockerProvider::wait_for_agent(const std::string& name, const std::string& socket,
@@ -682,8 +668,7 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
 int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                                    const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const int64_t now_ms = std::chrono::duration_cast<milliseconds>(now).count();
+  const int64_t now_ms = unix_now_ms();
   if (expires_at_unix_ms <= now_ms) {
     throw sdk::Error::invalid_argument("the new expiry (" + std::to_string(expires_at_unix_ms) +
                                        " ms since the epoch) is not in the future");

@@ -192,16 +192,18 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // exec.shell, else bash or sh: from the probe, or from an exec of `command -v bash`.
   std::string resolve_shell(const std::string& name, const std::string& socket,
                             std::optional<bool> has_bash, const sdk::CancelToken& cancel);
-  // One command of the provider's own (probe, shell detection): through the agent when `socket`
-  // is set, else Docker exec. Blocks.
+  // One command, waited for on the calling thread (the probe, shell detection, exec() on the
+  // pool): through the agent on `socket` (start_agent_exec) when it is set, else Docker exec.
   sdk::ExitStatus run_command(const std::string& name, const std::string& socket,
-                              const ExecParams& params, sdk::OutputSink& out,
-                              const sdk::CancelToken& cancel);
+                              std::optional<int64_t> expires_at, const ExecParams& params,
+                              sdk::OutputSink& out, const sdk::CancelToken& cancel);
   ExecParams exec_params(const std::string& shell, const sdk::ExecRequest& request) const;
-  // Runs a command of the caller through the sandbox's agent: `done` once, with the exit status
-  // or the error as exec() reports it (NOT_FOUND for a sandbox that is gone, the TTL's 125).
-  void start_agent_exec(const DockerSandbox& box, const ExecParams& params, sdk::OutputSink& out,
-                        AgentDoneFn done, const sdk::CancelToken& cancel);
+  // Runs a command through the agent of sandbox `name` on `socket`: `done` once, with the exit
+  // status or the error as Docker exec reports it (NOT_FOUND for a sandbox that is gone; past
+  // `expires_at`, the TTL's 125 for a command the sandbox's end cut short).
+  void start_agent_exec(const std::string& name, const std::string& socket,
+                        std::optional<int64_t> expires_at, const ExecParams& params,
+                        sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel);
   // Waits until the agent answers on `socket` (it binds it a moment after the start), or the
   // container's main process exits (ContainerStopped), or `deadline`.
   void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,
