@@ -1401,6 +1401,20 @@ struct ChildFailure {
 
 // In a forked child, before its execve (system calls only): stdin at end of file at once (no
 // /dev/null needed), then who it runs as. The step that failed, or stage -1.
+// In the parent, after the fork: the child's process group made here too (so a signal right after
+// this cannot miss it), then a wait for its execve (the close-on-exec pipe `report` closes) or the
+// failure it wrote there; microseconds. Closes `report`. Stage -1 when the execve happened.
+ChildFailure await_exec(pid_t pid, int report) {
+  ::setpgid(pid, pid);
+  ChildFailure f{-1, 0};
+  ssize_t got = 0;
+  do {
+    got = ::read(report, &f, sizeof f);
+  } while (got < 0 && errno == EINTR);
+  ::close(report);
+  return got == static_cast<ssize_t>(sizeof f) ? f : ChildFailure{-1, 0};
+}
+
 // Who a child becomes, prepared before the fork. No switch without an identity, or when the agent
 // is not root and is asked to stay who it is (setgroups would fail).
 struct ChildUser {
@@ -1552,21 +1566,14 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     close_fd(report[0]);
     return std::string("fork: ") + std::strerror(fork_errno);
   }
-  ::setpgid(pid, pid);  // also here, so a kill right after this cannot miss the group
-  // Wait for execve (or the child's failure): the pipe closes on exec. Microseconds, and it gives
-  // start failures as an error event rather than a shell's exit code.
-  ChildFailure f{-1, 0};
-  ssize_t got = 0;
-  do {
-    got = ::read(report[0], &f, sizeof f);
-  } while (got < 0 && errno == EINTR);
-  close_fd(report[0]);
+  // Start failures become an error event rather than a shell's exit code.
+  const ChildFailure f = await_exec(pid, report[0]);
   cmd.pid = pid;
   cmd.running = true;
   pids_.emplace(pid, cmd.key);
   cmd.fds[0] = out[0];
   cmd.fds[1] = err[0];
-  if (got == static_cast<ssize_t>(sizeof f)) {
+  if (f.stage >= 0) {
     close_fd(cmd.fds[0]);
     close_fd(cmd.fds[1]);
     cmd.running = false;  // the child exits 127; on_exit finds no running command for it
@@ -1956,14 +1963,8 @@ int Server::start_entrypoint() {
                  std::strerror(fork_errno));
     return 126;
   }
-  ::setpgid(pid, pid);  // also here, so a signal right after this cannot miss the group
-  ChildFailure f{-1, 0};
-  ssize_t got = 0;
-  do {
-    got = ::read(report[0], &f, sizeof f);
-  } while (got < 0 && errno == EINTR);
-  close_fd(report[0]);
-  if (got == static_cast<ssize_t>(sizeof f)) {
+  const ChildFailure f = await_exec(pid, report[0]);
+  if (f.stage >= 0) {
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
