@@ -309,9 +309,11 @@ struct Connection {
   bool dead = false;
   uint64_t command = 0;  // the command whose events it streams, 0 when none
   http::Request req;
-  // POST /files/upload: the body goes to `upload` as it arrives; `body_left` bytes are still due.
+  // POST /files/upload: the body goes to `upload` as it arrives; `body_left` bytes are still due
+  // (with Content-Length), or `chunks` decodes it (chunked).
   std::unique_ptr<files::Upload> upload;
   uint64_t body_left = 0;
+  http::ChunkedDecoder chunks;
   // GET /files/download: the file being sent, a piece at a time once `out` is written.
   std::optional<files::Download> download;
 
@@ -951,6 +953,10 @@ void Server::process_input(Connection& c) {
         begin_upload(c);
         continue;
       }
+      if (c.req.chunked) {
+        fail_head(c, 411, "a chunked request body is taken by uploads only: send Content-Length");
+        return;
+      }
       if (c.req.content_length > opt_.max_body) {
         fail_head(c, 413,
                   "the request body is larger than " + std::to_string(opt_.max_body) + " bytes");
@@ -1043,7 +1049,7 @@ void Server::begin_upload(Connection& c) {
   // Decided from the head alone, before a byte is written: a refusal closes the connection, since
   // the body it leaves unread would be taken for the next request.
   auto refuse = [&](int status, std::string_view body) {
-    c.req.keep_alive = c.req.keep_alive && c.req.content_length == 0;
+    c.req.keep_alive = c.req.keep_alive && c.req.content_length == 0 && !c.req.chunked;
     reply(c, status, "application/json; charset=utf-8", body);
     c.have_head = false;
   };
@@ -1059,7 +1065,8 @@ void Server::begin_upload(Connection& c) {
   }
   c.upload = std::make_unique<files::Upload>(*boundary, file_context());
   c.body_left = c.req.content_length;
-  if (c.req.expect_continue && c.body_left > c.in.size()) {
+  c.chunks = {};
+  if (c.req.expect_continue && (c.req.chunked ? c.in.empty() : c.body_left > c.in.size())) {
     c.sent_continue = true;
     send(c, "HTTP/1.1 100 Continue\r\n\r\n");
   }
@@ -1067,13 +1074,28 @@ void Server::begin_upload(Connection& c) {
 
 void Server::feed_upload(Connection& c) {
   // Written to disk as it arrives (blocking writes of at most what one readable event read).
-  const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(c.in.size(), c.body_left));
-  if (take > 0) {
-    c.upload->feed(std::string_view(c.in).substr(0, take));
-    c.in.erase(0, take);
-    c.body_left -= take;
+  if (c.req.chunked) {
+    // A chunked body may end before its multipart does: a client that cannot finish (its source
+    // failed, it was cancelled) ends it early and is answered once the temp files are gone.
+    std::string data;
+    c.in.erase(0, c.chunks.feed(c.in, data));
+    if (!data.empty()) c.upload->feed(data);
+    if (const char* error = c.chunks.error()) {
+      c.upload.reset();
+      c.have_head = false;
+      fail_head(c, 400, std::string("malformed chunked body: ") + error);
+      return;
+    }
+    if (!c.chunks.done()) return;
+  } else {
+    const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(c.in.size(), c.body_left));
+    if (take > 0) {
+      c.upload->feed(std::string_view(c.in).substr(0, take));
+      c.in.erase(0, take);
+      c.body_left -= take;
+    }
+    if (c.body_left > 0) return;
   }
-  if (c.body_left > 0) return;
   const auto failure = c.upload->finish();
   c.upload.reset();
   c.have_head = false;

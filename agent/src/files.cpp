@@ -431,7 +431,8 @@ bool Upload::read_metadata() {
     if (mode->integer != 0) p.mode = static_cast<mode_t>(std::strtoul(digits.c_str(), nullptr, 8));
   }
   struct stat st {};
-  if (::stat(p.dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  // lstat: a link (even to a directory) is replaced by the rename, never followed.
+  if (::lstat(p.dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     fail(400, "INVALID_FILE", p.path + " is a directory");
     return false;
   }

@@ -1,5 +1,6 @@
 #include "http.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -148,6 +149,7 @@ std::optional<HeadError> parse_head(std::string_view head, Request& out) {
       have_length = true;
       out.content_length = n;
     } else if (name == "transfer-encoding") {
+      if (lower(value) != "chunked") return HeadError{501, "only the chunked transfer coding"};
       out.chunked = true;
     } else if (name == "connection") {
       if (lists_token(value, "close")) out.keep_alive = false;
@@ -157,10 +159,70 @@ std::optional<HeadError> parse_head(std::string_view head, Request& out) {
       out.expect_continue = true;
     }
   }
-  if (out.chunked) {
-    return HeadError{411, "chunked request bodies are not accepted: send Content-Length"};
+  if (out.chunked && have_length) {
+    return HeadError{400, "both Transfer-Encoding and Content-Length"};
   }
   return std::nullopt;
+}
+
+std::size_t ChunkedDecoder::feed(std::string_view in, std::string& data) {
+  constexpr std::size_t kMaxLine = 4096;  // a size line or a trailer field
+  std::size_t at = 0;
+  auto bad = [&](const char* why) {
+    state_ = State::bad;
+    error_ = why;
+    return at;
+  };
+  while (at < in.size() && state_ != State::done && state_ != State::bad) {
+    switch (state_) {
+      case State::size: {
+        const std::size_t eol = in.find("\r\n", at);
+        if (eol == std::string_view::npos) {
+          return in.size() - at > kMaxLine ? bad("a chunk size line is too long") : at;
+        }
+        const std::string_view line = in.substr(at, eol - at);
+        unsigned long long n = 0;
+        const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), n, 16);
+        const std::string_view rest = line.substr(static_cast<std::size_t>(end - line.data()));
+        if (ec != std::errc() || end == line.data() ||
+            (!rest.empty() && rest[0] != ';' && rest[0] != ' ' && rest[0] != '\t')) {
+          return bad("a malformed chunk size");
+        }
+        at = eol + 2;
+        left_ = n;
+        state_ = n == 0 ? State::trailer : State::data;
+        break;
+      }
+      case State::data: {
+        const std::size_t take =
+            static_cast<std::size_t>(std::min<unsigned long long>(left_, in.size() - at));
+        data.append(in.substr(at, take));
+        at += take;
+        left_ -= take;
+        if (left_ == 0) state_ = State::data_end;
+        break;
+      }
+      case State::data_end:
+        if (in.size() - at < 2) return at;
+        if (in.substr(at, 2) != "\r\n") return bad("a chunk's data does not end with CRLF");
+        at += 2;
+        state_ = State::size;
+        break;
+      case State::trailer: {
+        const std::size_t eol = in.find("\r\n", at);
+        if (eol == std::string_view::npos) {
+          return in.size() - at > kMaxLine ? bad("a trailer field is too long") : at;
+        }
+        state_ = eol == at ? State::done : State::trailer;
+        at = eol + 2;
+        break;
+      }
+      case State::done:
+      case State::bad:
+        break;
+    }
+  }
+  return at;
 }
 
 const char* reason(int status) {

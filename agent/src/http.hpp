@@ -20,7 +20,7 @@ struct Request {
   std::vector<std::pair<std::string, std::string>> headers;  ///< names lower-cased
   int minor_version = 1;                                     ///< HTTP/1.x
   std::size_t content_length = 0;
-  bool chunked = false;          ///< Transfer-Encoding was present (refused by the agent)
+  bool chunked = false;          ///< Transfer-Encoding: chunked (taken by uploads only)
   bool keep_alive = true;        ///< the connection stays open after the response
   bool expect_continue = false;  ///< Expect: 100-continue
   std::string body;              ///< filled by the connection once read whole
@@ -40,6 +40,25 @@ struct HeadError {
 /// Parses `head` (the bytes up to and including the blank line) into `out`. On failure returns the
 /// status and message to answer with (the connection is then closed). Pure.
 std::optional<HeadError> parse_head(std::string_view head, Request& out);
+
+/// Decodes a chunked request body (RFC 9112, section 7.1) as it arrives; chunk extensions and
+/// trailer fields are read and dropped. A value owned by its connection, used on the loop's thread.
+class ChunkedDecoder {
+ public:
+  /// Consumes a prefix of `in`, appending the data it carries to `data`, and returns how many
+  /// bytes it consumed; what it leaves is an incomplete size line, chunk end or trailer (feed it
+  /// again with more) or what follows the body. Stops at the body's end or at a malformed chunk.
+  std::size_t feed(std::string_view in, std::string& data);
+  bool done() const noexcept { return state_ == State::done; }
+  /// Why the body is malformed, or nullptr while it is not.
+  const char* error() const noexcept { return error_; }
+
+ private:
+  enum class State { size, data, data_end, trailer, done, bad };
+  State state_ = State::size;
+  unsigned long long left_ = 0;  // data bytes still due in the current chunk
+  const char* error_ = nullptr;
+};
 
 /// Percent-decodes `s` (and '+' to a space when `plus_is_space`); nullopt on a bad escape. Pure.
 std::optional<std::string> percent_decode(std::string_view s, bool plus_is_space);

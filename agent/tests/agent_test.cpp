@@ -1087,6 +1087,68 @@ TEST_CASE("a truncated upload (the client gone) leaves no temp file, no file, no
   CHECK(upload_temps(dir.path) == 0);
 }
 
+// `body` as a chunked body in chunks of `piece` bytes (with an extension on the first), ended
+// with the last chunk and a trailer field when `end`.
+std::string chunked(const std::string& body, std::size_t piece, bool end = true) {
+  std::string out;
+  char size[32];
+  for (std::size_t at = 0; at < body.size(); at += piece) {
+    const std::size_t n = std::min(piece, body.size() - at);
+    std::snprintf(size, sizeof size, "%zx", n);
+    out += std::string(size) + (at == 0 ? ";ext=1" : "") + "\r\n" + body.substr(at, n) + "\r\n";
+  }
+  if (end) out += "0\r\nX-Trailer: t\r\n\r\n";
+  return out;
+}
+
+std::string chunked_upload_head() {
+  return "POST /files/upload HTTP/1.1\r\nHost: agent\r\n"
+         "Content-Type: multipart/form-data; boundary=" +
+         std::string(kBoundary) + "\r\nTransfer-Encoding: chunked\r\n\r\n";
+}
+
+TEST_CASE("a chunked upload: whole, ended early (answered once its temp file is gone), malformed") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string dest = dir.path + "/c/file.bin";
+  const std::string content = pseudo_random(300000);
+  {
+    Client client(agent.socket);
+    client.send_raw(chunked_upload_head() + chunked(multipart({{meta(dest), content}}), 7777));
+    CHECK(client.read_response().status == 200);
+    CHECK(read_file(dest) == content);
+    // The connection is still in step: the next request on it is answered.
+    CHECK(client.request("GET", "/ping").status == 200);
+  }
+  {
+    // The body ends before its multipart does (how local_docker abandons an upload): 400, and by
+    // the time the answer is read the temp file and the directories it made are gone.
+    Client client(agent.socket);
+    const std::string part = multipart({{meta(dir.path + "/made/x"), content}}, false);
+    client.send_raw(chunked_upload_head() + chunked(part.substr(0, 100000), 4096));
+    const Response r = client.read_response();
+    CHECK(r.status == 400);
+    CHECK(r.body.find("INVALID_FILE_CONTENT") != std::string::npos);
+    CHECK(upload_temps(dir.path) == 0);
+    CHECK(!fs::exists(dir.path + "/made"));
+    CHECK(read_file(dest) == content);  // the earlier file is untouched
+  }
+  {
+    Client client(agent.socket);
+    client.send_raw(chunked_upload_head() + "zz\r\nabc\r\n");
+    const Response r = client.read_response();
+    CHECK(r.status == 400);
+    CHECK(r.body.find("malformed chunk") != std::string::npos);
+    CHECK(upload_temps(dir.path) == 0);
+  }
+  {
+    Client client(agent.socket);
+    client.send_raw(
+        "POST /files/upload HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n");
+    CHECK(client.read_response().status == 501);
+  }
+}
+
 TEST_CASE("64 MiB up and down, byte-exact, with the agent's memory bounded") {
   TempDir dir;
   Agent agent(dir);

@@ -11,8 +11,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <strings.h>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -373,6 +376,190 @@ bool AgentClient::ping(const std::string& socket, std::chrono::milliseconds time
     return http_.send(std::move(request)).status == 200;
   } catch (const sdk::Error&) {
     return false;
+  }
+}
+
+namespace {
+
+// The agent's error answer ({"code", "message"}) as an sdk::Error about `what`.
+sdk::Error file_error(long status, const std::string& body, const std::string& what) {
+  std::string code, message = body.substr(0, 512);
+  try {
+    const json::object answer = json::parse(body).as_object();
+    code = json_field(answer, "code");
+    message = json_field(answer, "message");
+  } catch (const std::exception&) {
+  }
+  const std::string text = what + ": " + message;
+  if (status == 404) return sdk::Error::not_found(text);
+  if (message.find("ead-only file system") != std::string::npos) {
+    return sdk::Error::failed_precondition(what + ": the file system there is read-only (" +
+                                           message + ")");
+  }
+  if (status == 400 || status == 416) return sdk::Error::invalid_argument(text);
+  return sdk::Error::internal(what + ": the sandbox's agent answered HTTP " +
+                              std::to_string(status) + (code.empty() ? "" : " " + code) + ": " +
+                              message);
+}
+
+// Waits for `call` to end and gives its response; a transport error is `what`'s.
+sdk::http::Response finish(const sdk::http::Call& call, const std::string& what) {
+  try {
+    return call.get();
+  } catch (const sdk::Error& e) {
+    throw sdk::Error(e.status(), what + ": " + e.what(), e.details());
+  }
+}
+
+}  // namespace
+
+void AgentClient::upload(const std::string& socket, const std::string& sandbox,
+                         const std::string& path, uint32_t mode, sdk::ByteSource& source,
+                         const sdk::CancelToken& cancel) {
+  const std::string what = "cannot upload " + path + " into sandbox " + sandbox;
+  if (source.size() < 0) throw sdk::Error::invalid_argument("the upload's size is negative");
+  sdk::http::Multipart multipart;
+  char digits[8];  // the mode as octal digits, sent as a decimal number (0644 is 644)
+  const auto end = std::to_chars(digits, digits + sizeof digits, mode & 07777, 8).ptr;
+  multipart.add({.name = "metadata",
+                 .filename = "metadata",
+                 .content_type = "application/json",
+                 .bytes = json::serialize(json::object{
+                     {"path", path}, {"mode", std::stoll(std::string(digits, end))}})});
+  multipart.add(
+      {.name = "file",
+       .filename = "file",
+       .content_type = "application/octet-stream",
+       // Never read past the declared size (a host's stream may fail there rather than end).
+       .source =
+           [&source, left = static_cast<uint64_t>(source.size())](char* buffer,
+                                                                  size_t capacity) mutable {
+             const size_t n =
+                 left == 0 ? 0 : source.read(buffer, std::min<uint64_t>(capacity, left));
+             left -= n;
+             return n;
+           },
+       .size = source.size()});
+  sdk::http::Request request;
+  request.method = "POST";
+  request.target = "/files/upload";
+  request.unix_socket = socket;
+  request.push_body = true;
+  request.idle_timeout = kIdleTimeout;
+  request.idempotent = false;
+  multipart.prepare_push(request);
+  // Chunked, not Content-Length: an upload that cannot finish ends its body early, and the agent
+  // answers once it has removed its temp file, where a dropped connection would leave the removal
+  // racing this call's return.
+  request.body_size = -1;
+  const sdk::http::Call call = http_.start(std::move(request));
+  std::optional<sdk::Error> abandoned;  // why the body was ended early: the source failed
+  {
+    // A cancellation ends the body where it is (a write waiting for room returns).
+    std::stop_callback on_cancel(cancel, [&call] { call.finish_body(); });
+    std::string buffer(256 * 1024, '\0');
+    try {
+      for (;;) {
+        const size_t n = multipart.read(buffer.data(), buffer.size());
+        if (n == 0 || call.write_body({buffer.data(), n}) < n) break;
+      }
+    } catch (const sdk::Error& e) {
+      abandoned = e;
+    } catch (const std::exception& e) {
+      abandoned = sdk::Error::internal(std::string("the upload's source failed: ") + e.what());
+    }
+    call.finish_body();
+  }
+  sdk::http::Response response;
+  try {
+    response = finish(call, what);
+  } catch (const sdk::Error&) {
+    if (abandoned) throw *abandoned;
+    sdk::throw_if_cancelled(cancel);
+    throw;
+  }
+  if (response.status == 200) return;  // in place, even if a cancellation came after the end
+  if (abandoned) throw *abandoned;
+  sdk::throw_if_cancelled(cancel);
+  throw file_error(response.status, response.body, what);
+}
+
+void AgentClient::download(const std::string& socket, const std::string& sandbox,
+                           const std::string& path, sdk::ByteSink& sink,
+                           const sdk::CancelToken& cancel) {
+  const std::string what = "cannot download " + path + " from sandbox " + sandbox;
+  sdk::http::Request request;
+  request.target = "/files/download?path=" + sdk::http::url_encode(path);
+  request.unix_socket = socket;
+  request.idle_timeout = kIdleTimeout;
+  // Pulled on this thread: a slow sink slows this download only, never the loop.
+  request.pull_body_limit = 1024 * 1024;
+  struct Head {
+    std::atomic<long> status{0};
+    std::atomic<int64_t> length{-1};
+  };
+  auto head = std::make_shared<Head>();
+  request.on_headers = [head](long status, const sdk::http::Headers& headers) {
+    for (const auto& [name, value] : headers) {
+      if (strcasecmp(name.c_str(), "content-length") == 0) {
+        int64_t n = -1;
+        std::from_chars(value.data(), value.data() + value.size(), n);
+        head->length.store(n);
+      }
+    }
+    head->status.store(status);
+  };
+  const sdk::http::Call call = http_.start(std::move(request));
+  std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
+  std::string chunk, error_body;
+  uint64_t delivered = 0;
+  for (bool done = false; !done;) {
+    done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
+    if (chunk.empty()) continue;
+    if (head->status.load() == 200) {
+      try {
+        sink.write(chunk);
+      } catch (...) {
+        call.cancel();  // the host refused the bytes: nobody reads the rest
+        throw;
+      }
+      delivered += chunk.size();
+    } else if (error_body.size() < 64 * 1024) {
+      error_body += chunk;
+    }
+  }
+  sdk::http::Response response;
+  try {
+    response = finish(call, what);
+  } catch (const sdk::Error&) {
+    sdk::throw_if_cancelled(cancel);
+    throw;
+  }
+  if (response.status != 200) throw file_error(response.status, error_body, what);
+  const int64_t length = head->length.load();
+  if (length < 0 || delivered != static_cast<uint64_t>(length)) {
+    throw sdk::Error::unavailable(what + ": " + std::to_string(delivered) + " of " +
+                                  std::to_string(length) + " bytes arrived");
+  }
+}
+
+bool AgentClient::runs_as_root(const std::string& socket, const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.target = "/files/info?path=" + sdk::http::url_encode(std::string(kAgentSocket));
+  request.unix_socket = socket;
+  request.timeout = std::chrono::milliseconds(10'000);
+  const sdk::http::Call call = http_.start(std::move(request));
+  std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
+  const sdk::http::Response response = finish(call, "asking the sandbox's agent its user");
+  if (response.status != 200) {
+    throw file_error(response.status, response.body, "asking the sandbox's agent its user");
+  }
+  try {
+    const json::value answer = json::parse(response.body);
+    return json_field(answer.as_object().at(kAgentSocket).as_object(), "owner") == "0";
+  } catch (const std::exception& e) {
+    throw sdk::Error::internal(std::string("the sandbox's agent described its socket badly: ") +
+                               e.what());
   }
 }
 

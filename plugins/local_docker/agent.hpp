@@ -94,6 +94,26 @@ class AgentClient {
   // GET /ping: true for a 200 within `timeout`.
   bool ping(const std::string& socket, std::chrono::milliseconds timeout);
 
+  // Files through the agent, blocking the calling thread (a pool thread) until done; `path` is
+  // absolute and normalized (container_path), `sandbox` names it in errors.
+
+  // POST /files/upload: streams `source` as `path` with `mode`, missing parents made (0755). All
+  // or nothing: the agent writes a temp file and renames it over the path only once all of it has
+  // arrived. When the source fails or the upload is cancelled midway, the body is ended early
+  // (it is sent chunked for this), and this returns only once the agent has answered, i.e. removed
+  // its temp file. Errors: a directory at `path` or on the way INVALID_ARGUMENT, a read-only file
+  // system FAILED_PRECONDITION, the source's error, Error::cancelled, Error::unavailable when the
+  // agent cannot be reached.
+  void upload(const std::string& socket, const std::string& sandbox, const std::string& path,
+              uint32_t mode, sdk::ByteSource& source, const sdk::CancelToken& cancel);
+  // GET /files/download: streams the regular file at `path` into `sink`, checked against its
+  // Content-Length. Missing: NOT_FOUND; a directory, a link or another kind: INVALID_ARGUMENT.
+  void download(const std::string& socket, const std::string& sandbox, const std::string& path,
+                sdk::ByteSink& sink, const sdk::CancelToken& cancel);
+  // Whether the agent runs as root (its socket's owner, by GET /files/info): the files it writes
+  // are then root's, as the Engine API's archive writes them.
+  bool runs_as_root(const std::string& socket, const sdk::CancelToken& cancel);
+
  private:
   sdk::Logger log_;
   sdk::http::Client http_;  // last: destroyed first, ending every command while the rest lives

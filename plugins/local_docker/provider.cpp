@@ -589,18 +589,57 @@ void LocalDockerProvider::wait_for_agent(const std::string& name, const std::str
   }
 }
 
+namespace {
+
+// Runs `files` (a transfer through the agent of sandbox `name`); an agent that cannot be reached
+// means what the Engine API's 404 means: the sandbox is gone (or stopped).
+template <class Files>
+void through_agent(const std::string& name, Files&& files) {
+  try {
+    files();
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_UNAVAILABLE) throw;
+    throw sdk::Error::not_found(
+        "sandbox " + name + (e.may_have_run() ? " no longer answers (" : " no longer exists (") +
+        e.what() + ")");
+  }
+}
+
+}  // namespace
+
+bool LocalDockerProvider::files_through_agent(DockerSandbox& box, const sdk::CancelToken& cancel) {
+  if (box.agent_socket().empty() || box.paused()) return false;
+  if (const auto root = box.agent_is_root()) return *root;
+  bool root = false;
+  through_agent(box.container(),
+                [&] { root = agent_client_->runs_as_root(box.agent_socket(), cancel); });
+  box.set_agent_is_root(root);
+  return root;
+}
+
 void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
-  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
   const std::string path = container_path(request.remote_path, box.workdir());
+  if (files_through_agent(box, cancel)) {
+    return through_agent(box.container(), [&] {
+      agent_client_->upload(box.agent_socket(), box.container(), path, request.mode, source,
+                            cancel);
+    });
+  }
   require_not_paused(api_, box.container(), cancel);  // the daemon would write, then not rename
   upload_file(api_, box.container(), path, request.mode, source, log_, cancel);
 }
 
 void LocalDockerProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
                                    sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
-  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
   const std::string path = container_path(remote_path, box.workdir());
+  if (files_through_agent(box, cancel)) {
+    return through_agent(box.container(), [&] {
+      agent_client_->download(box.agent_socket(), box.container(), path, sink, cancel);
+    });
+  }
   require_not_paused(api_, box.container(), cancel);
   download_file(api_, box.container(), path, sink, cancel);
 }

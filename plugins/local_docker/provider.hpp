@@ -70,6 +70,13 @@ class DockerSandbox final : public sdk::Sandbox {
   // fail at once). THREADING: thread-safe.
   bool paused() const noexcept { return paused_.load(); }
   void set_paused(bool paused) noexcept { paused_.store(paused); }
+  // Whether its agent runs as root, once asked (an image's non-root USER runs it as that user).
+  // THREADING: thread-safe.
+  std::optional<bool> agent_is_root() const noexcept {
+    const int value = agent_is_root_.load();
+    return value < 0 ? std::nullopt : std::optional<bool>(value == 1);
+  }
+  void set_agent_is_root(bool root) noexcept { agent_is_root_.store(root ? 1 : 0); }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -82,6 +89,7 @@ class DockerSandbox final : public sdk::Sandbox {
   bool has_expiry_file_;
   std::string agent_socket_;
   std::atomic<bool> paused_{false};
+  std::atomic<int> agent_is_root_{-1};  // -1 not asked yet
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -208,6 +216,10 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // container's main process exits (ContainerStopped), or `deadline`.
   void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,
                       Clock::time_point deadline, const sdk::CancelToken& cancel);
+  // Whether `box`'s files go through its agent: it has one, not paused behind this handle (a
+  // frozen agent cannot answer; the Engine API refuses at once), and it runs as root (so files are
+  // root's, as the archive writes them; asked once per handle). Else the archive path.
+  bool files_through_agent(DockerSandbox& box, const sdk::CancelToken& cancel);
   std::chrono::milliseconds start_timeout() const;
 
   Config config_;

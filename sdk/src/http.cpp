@@ -936,6 +936,7 @@ void Call::finish_body() const {
     std::lock_guard lock(state_->mutex);
     if (state_->done) return;
     state_->push_finished = true;
+    state_->finished.notify_all();  // a write_body waiting for room returns: the body has ended
     resume = std::exchange(state_->push_paused, false);
   }
   if (resume) queue_resume(state_);

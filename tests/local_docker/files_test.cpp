@@ -49,9 +49,20 @@ sbx::SandboxSpec spec_with_workdir() {
 
 using ldtest::contains;
 
+// An upload's temporary file: the archive path's ".NAME.sbx-partial-RANDOM", the agent's
+// ".sbx-upload-RANDOM".
+constexpr const char* kTempNames = "sbx-partial|sbx-upload";
+bool is_temp_name(const std::string& name) {
+  return contains(name, "sbx-partial") || contains(name, "sbx-upload");
+}
+// Finds every upload temporary file in the sandbox.
+constexpr const char* kFindTempFiles =
+    "find / \\( -path /proc -o -path /sys \\) -prune -o \\( -name '*.sbx-partial-*' -o "
+    "-name '.sbx-upload-*' \\) -print";
+
 // The temporary files of uploads in `dir`, one per line (none: "").
 std::string partial_files(sbx::Sandbox& box, const std::string& dir) {
-  return box.exec("ls -a '" + dir + "' | grep sbx-partial").stdout_text;
+  return box.exec("ls -a '" + dir + "' | grep -E '" + std::string(kTempNames) + "'").stdout_text;
 }
 
 // ---- The plugin through its C ABI ----------------------------------------------------------
@@ -366,7 +377,8 @@ TEST_CASE("a failed or cancelled upload leaves the previous file and no temporar
   constexpr int64_t kSize = 64 << 20;
   const auto check_untouched = [&] {
     CHECK(raw.exec(box.handle, "head -c 100 /work/keep.txt") == "previous contents\n");
-    CHECK(raw.exec(box.handle, "ls -a /work /work/new 2>/dev/null | grep sbx-partial") == "");
+    CHECK(raw.exec(box.handle, "ls -a /work /work/new 2>/dev/null | grep -E '" +
+                                   std::string(kTempNames) + "'") == "");
     CHECK(raw.exec(box.handle, "[ -e /work/new/fresh.txt ] || echo absent") == "absent\n");
   };
 
@@ -443,7 +455,7 @@ TEST_CASE("read-only root file system: uploads go into writable volumes only, le
   }
   CHECK(partial_files(box, "/data") == "");
   for (const auto& entry : fs::recursive_directory_iterator(volume.path)) {
-    CHECK_FALSE(contains(entry.path().filename().string(), "sbx-partial"));
+    CHECK_FALSE(is_temp_name(entry.path().filename().string()));
   }
   box.close();
 }
@@ -466,9 +478,7 @@ TEST_CASE("paths that are not valid UTF-8 are refused before anything is written
   box.upload_bytes("unicode", name);
   CHECK(box.exec("cat /tmp/gr*e-*.txt").stdout_text == "unicode");
   CHECK(box.download_bytes(name) == "unicode");
-  CHECK(
-      box.exec("find / \\( -path /proc -o -path /sys \\) -prune -o -name '*.sbx-partial-*' -print")
-          .stdout_text == "");
+  CHECK(box.exec(kFindTempFiles).stdout_text == "");
   box.close();
 }
 
@@ -490,12 +500,10 @@ TEST_CASE("no failed upload leaves a temporary file anywhere") {
     CAPTURE(what);
     CHECK_THROWS_AS(fail(), sbx::Error);
   }
-  CHECK(
-      box.exec("find / \\( -path /proc -o -path /sys \\) -prune -o -name '*.sbx-partial-*' -print")
-          .stdout_text == "");
+  CHECK(box.exec(kFindTempFiles).stdout_text == "");
   CHECK(box.exec("cat /work/file.txt").stdout_text == "a file");
   for (const auto& entry : fs::recursive_directory_iterator(volume.path)) {
-    CHECK_FALSE(contains(entry.path().filename().string(), "sbx-partial"));
+    CHECK_FALSE(is_temp_name(entry.path().filename().string()));
   }
   box.close();
 }

@@ -187,7 +187,8 @@ class Call {
   // One writer at a time.
   size_t write_body(std::string_view bytes, std::chrono::steady_clock::time_point deadline =
                                                 std::chrono::steady_clock::time_point::max()) const;
-  // Ends a pushed body: the request completes once the queued bytes are sent. Idempotent.
+  // Ends a pushed body: the request completes once the queued bytes are sent. A write_body waiting
+  // for room returns (with what it queued). Idempotent.
   void finish_body() const;
   // Aborts a pushed body: the request fails with `error` (the first one given wins).
   void fail_body(Error error) const;
