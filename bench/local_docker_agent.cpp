@@ -4,18 +4,21 @@
 //   2. throughput of `true` over S sandboxes from T client threads, and the host CPU per command
 //      (this process plus dockerd, containerd and the containerd shims, from /proc);
 //   3. K commands in flight at once (agent mode): the process's threads; and the agents' resident
-//      memory while idle (VmRSS of the sbx-agent processes, from the host's /proc).
+//      memory while idle (VmRSS of the sbx-agent processes, from the host's /proc);
+//   4. an M MiB file uploaded and downloaded back, R round trips per mode, interleaved.
 #include <sbx/sbx.hpp>
 
 #include "bench_util.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -38,6 +41,8 @@ struct Options {
   int threads = 16;
   double seconds = 10;
   int in_flight = 1000;
+  int file_mib = 256;
+  int round_trips = 3;
   std::string image = "sbx-busybox:latest";
 };
 
@@ -166,6 +171,25 @@ Throughput throughput(std::vector<sbx::Sandbox>& boxes, const Options& o) {
   return {rate, ms / static_cast<double>(commands.load())};
 }
 
+// Upload and download times (ms) of `local` through `box`, R round trips; each download is checked
+// for its size.
+struct RoundTrips {
+  std::vector<double> up_ms, down_ms;
+};
+void round_trip(sbx::Sandbox& box, const std::filesystem::path& local, RoundTrips& into) {
+  const auto back = std::filesystem::path(local).replace_extension(".back");
+  auto start = Clock::now();
+  box.upload(local, "/tmp/bench.bin");
+  into.up_ms.push_back(ms_since(start));
+  start = Clock::now();
+  box.download("/tmp/bench.bin", back);
+  into.down_ms.push_back(ms_since(start));
+  if (std::filesystem::file_size(back) != std::filesystem::file_size(local)) {
+    die("the downloaded file's size differs from the uploaded one's");
+  }
+  std::filesystem::remove(back);
+}
+
 bool row(const char* what, double agent, double docker, double ratio, const char* target,
          bool met) {
   std::printf("%-44s %12.2f %12.2f %9.1fx  %-12s %s\n", what, agent, docker, ratio, target,
@@ -189,6 +213,8 @@ int main(int argc, char** argv) {
       o.sandboxes = 8;
       o.seconds = 4;
       o.in_flight = 200;
+      o.file_mib = 64;
+      o.round_trips = 1;
     } else if (arg == "--check") {
       o.check = true;
     } else if (arg == "--samples") {
@@ -201,12 +227,16 @@ int main(int argc, char** argv) {
       o.seconds = std::stod(value());
     } else if (arg == "--in-flight") {
       o.in_flight = std::stoi(value());
+    } else if (arg == "--file-mib") {
+      o.file_mib = std::stoi(value());
+    } else if (arg == "--round-trips") {
+      o.round_trips = std::stoi(value());
     } else if (arg == "--image") {
       o.image = value();
     } else {
       die("unknown argument " + arg +
           " (--quick --check --samples N --sandboxes S --threads T --seconds X --in-flight K "
-          "--image IMAGE)");
+          "--file-mib M --round-trips R --image IMAGE)");
     }
   }
   const std::string run = std::to_string(std::random_device{}());
@@ -287,6 +317,41 @@ int main(int argc, char** argv) {
     for (auto& box : a_boxes)
       box.close();
 
+    // 4. Files: one file of pseudo-random bytes (not sparse: every byte is read and written),
+    // round trips interleaved between the modes.
+    char dir_template[] = "/tmp/sbx-bench-files-XXXXXX";
+    if (!::mkdtemp(dir_template)) die("mkdtemp failed");
+    const std::filesystem::path files_dir = dir_template;
+    const std::filesystem::path local = files_dir / "bench.bin";
+    {
+      std::ofstream out(local, std::ios::binary);
+      std::mt19937_64 random(42);
+      std::vector<uint64_t> block(1 << 17);  // 1 MiB
+      for (int i = 0; i < o.file_mib; ++i) {
+        for (auto& word : block)
+          word = random();
+        out.write(reinterpret_cast<const char*>(block.data()),
+                  static_cast<std::streamsize>(block.size() * sizeof(uint64_t)));
+      }
+      if (!out) die("cannot write " + local.string());
+    }
+    RoundTrips a_files, d_files;
+    {
+      sbx::Sandbox fa = agent.create(spec);
+      sbx::Sandbox fd = docker.create(spec);
+      for (int i = 0; i < o.round_trips; ++i) {
+        round_trip(fa, local, a_files);
+        round_trip(fd, local, d_files);
+      }
+      fa.close();
+      fd.close();
+    }
+    std::filesystem::remove(local);
+    std::filesystem::remove(files_dir);  // made above, empty again
+    const auto mib_per_s = [&](const std::vector<double>& ms) {
+      return o.file_mib * 1000.0 / median(ms);
+    };
+
     const double a_med = median(a_ms), d_med = median(d_ms);
     std::printf("\n%-44s %12s %12s %10s  %-12s %s\n", "", "agent", "Docker exec", "ratio", "target",
                 "");
@@ -306,6 +371,17 @@ int main(int argc, char** argv) {
     std::printf("  (%d commands submitted in %.0f ms; idle before: %d threads: %s; failed: %d)\n",
                 o.in_flight, submit_ms, idle_threads, idle_names.c_str(), failed);
     met &= most_threads <= 8 && failed == 0;
+    const double a_up = mib_per_s(a_files.up_ms), d_up = mib_per_s(d_files.up_ms);
+    const double a_down = mib_per_s(a_files.down_ms), d_down = mib_per_s(d_files.down_ms);
+    const std::string file_row = std::to_string(o.file_mib) + " MiB ";
+    met &= row((file_row + "upload, median MiB/s").c_str(), a_up, d_up, a_up / d_up, ">= 1x",
+               a_up >= d_up);
+    met &= row((file_row + "download, median MiB/s").c_str(), a_down, d_down, a_down / d_down,
+               ">= 1x", a_down >= d_down);
+    std::printf(
+        "  (%d round trips per mode; upload to /tmp in the sandbox, download to this "
+        "machine's /tmp)\n",
+        o.round_trips);
   } catch (const std::exception& e) {
     die(e.what());
   }

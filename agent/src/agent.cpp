@@ -1077,9 +1077,7 @@ void Server::feed_upload(Connection& c) {
   if (c.req.chunked) {
     // A chunked body may end before its multipart does: a client that cannot finish (its source
     // failed, it was cancelled) ends it early and is answered once the temp files are gone.
-    std::string data;
-    c.in.erase(0, c.chunks.feed(c.in, data));
-    if (!data.empty()) c.upload->feed(data);
+    c.in.erase(0, c.chunks.feed(c.in, [&](std::string_view data) { c.upload->feed(data); }));
     if (const char* error = c.chunks.error()) {
       c.upload.reset();
       c.have_head = false;

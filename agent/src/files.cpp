@@ -1,6 +1,5 @@
 // The file routes' disk work. Everything runs on the loop's thread (agent.cpp); each call blocks
-// for at most one bounded disk operation (a write of what one read brought, an fsync at the end of
-// a file part, a rename).
+// for at most one bounded disk operation (a write of what one read brought, a rename).
 #include "files.hpp"
 
 #include <fcntl.h>
@@ -365,12 +364,9 @@ bool Upload::end_part() {
   if (part_ == Part::metadata) {
     if (!read_metadata()) return false;
   } else if (part_ == Part::file) {
-    // Whole on disk before it gets its owner and mode; renamed into place only by finish().
+    // Whole before it gets its owner and mode; renamed into place only by finish(). Not fsync'ed
+    // (decision 210): a reader sees the old file or the new one by the rename alone.
     Pair& p = *pending_;
-    if (::fsync(p.fd) != 0) {
-      fail(500, "RUNTIME_ERROR", errno_text("fsync", p.temp, errno));
-      return false;
-    }
     if ((p.uid != static_cast<uid_t>(-1) || p.gid != static_cast<gid_t>(-1)) &&
         ::fchown(p.fd, p.uid, p.gid) != 0) {
       fail(500, "RUNTIME_ERROR", errno_text("chown", p.path, errno));

@@ -165,7 +165,8 @@ std::optional<HeadError> parse_head(std::string_view head, Request& out) {
   return std::nullopt;
 }
 
-std::size_t ChunkedDecoder::feed(std::string_view in, std::string& data) {
+std::size_t ChunkedDecoder::feed(std::string_view in,
+                                 const std::function<void(std::string_view)>& data) {
   constexpr std::size_t kMaxLine = 4096;  // a size line or a trailer field
   std::size_t at = 0;
   auto bad = [&](const char* why) {
@@ -196,7 +197,7 @@ std::size_t ChunkedDecoder::feed(std::string_view in, std::string& data) {
       case State::data: {
         const std::size_t take =
             static_cast<std::size_t>(std::min<unsigned long long>(left_, in.size() - at));
-        data.append(in.substr(at, take));
+        if (take > 0) data(in.substr(at, take));
         at += take;
         left_ -= take;
         if (left_ == 0) state_ = State::data_end;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,10 +46,11 @@ std::optional<HeadError> parse_head(std::string_view head, Request& out);
 /// trailer fields are read and dropped. A value owned by its connection, used on the loop's thread.
 class ChunkedDecoder {
  public:
-  /// Consumes a prefix of `in`, appending the data it carries to `data`, and returns how many
-  /// bytes it consumed; what it leaves is an incomplete size line, chunk end or trailer (feed it
-  /// again with more) or what follows the body. Stops at the body's end or at a malformed chunk.
-  std::size_t feed(std::string_view in, std::string& data);
+  /// Consumes a prefix of `in`, passing the data it carries to `data` (views into `in`), and
+  /// returns how many bytes it consumed; what it leaves is an incomplete size line, chunk end or
+  /// trailer (feed it again with more) or what follows the body. Stops at the body's end or at a
+  /// malformed chunk.
+  std::size_t feed(std::string_view in, const std::function<void(std::string_view)>& data);
   bool done() const noexcept { return state_ == State::done; }
   /// Why the body is malformed, or nullptr while it is not.
   const char* error() const noexcept { return error_; }
