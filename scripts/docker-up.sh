@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # docker-up.sh — makes a Docker daemon answer on /var/run/docker.sock (starting
 # dockerd if needed), builds the offline test images sbx-busybox:latest,
-# sbx-bash:latest (from host binaries) and sbx-empty:latest (no program at
-# all: /etc/passwd and /etc/group only) (no image is ever pulled from the
-# internet), starts a local registry on 127.0.0.1:5000 and pushes
+# sbx-bash:latest (from host binaries), sbx-empty:latest (no program at
+# all: /etc/passwd and /etc/group only) and sbx-busybox-user:latest (busybox
+# whose USER is sbx) (no image is ever pulled from the internet), starts a local registry on 127.0.0.1:5000 and pushes
 # 127.0.0.1:5000/sbx/busybox:latest to it. Idempotent: re-running only checks.
 #
 # Usage: scripts/docker-up.sh [--rebuild]
@@ -23,6 +23,7 @@ REG_WAIT=30
 BUSYBOX_IMAGE=sbx-busybox:latest
 BASH_IMAGE=sbx-bash:latest
 EMPTY_IMAGE=sbx-empty:latest
+USER_IMAGE=sbx-busybox-user:latest # busybox whose USER is sbx (1000), not root
 REG_REPO=sbx/busybox
 REG_IMAGE=${REG_ADDR}/${REG_REPO}:latest
 # Bump when the rootfs recipe below changes: images with another recipe
@@ -33,7 +34,7 @@ IMAGE_PATH_ENV=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 log() { printf 'docker-up: %s\n' "$*"; }
 die() { printf 'docker-up: ERROR: %s\n' "$*" >&2; exit 1; }
 
-usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,11s/^# \{0,1\}//p' "$0"; }
 
 rebuild=0
 for arg in "$@"; do
@@ -230,12 +231,15 @@ add_host_binary() { # root binary
   done < <(ldd "${bin}")
 }
 
-import_rootfs() { # root image kind cmd
+import_rootfs() { # root image kind cmd [user]
   local root=$1 image=$2 kind=$3 cmd=$4 old_id new_id
+  local user=() # the image's USER when one is given (else none: root)
+  [[ -n ${5:-} ]] && user=(--change "USER $5")
   old_id=$("${DOCKER}" image inspect -f '{{.Id}}' "${image}" 2>/dev/null || true)
   new_id=$(tar --numeric-owner --sort=name -C "${root}" -cf - . \
     | "${DOCKER}" import \
       --change "ENV PATH=${IMAGE_PATH_ENV}" \
+      "${user[@]}" \
       --change "CMD [\"${cmd}\"]" \
       --change "LABEL sbx.test-image=${kind} sbx.test-image.recipe=${IMAGE_RECIPE}" \
       --message "sbx test image (${kind}) from scripts/docker-up.sh" \
@@ -247,14 +251,15 @@ import_rootfs() { # root image kind cmd
 }
 
 build_images() {
-  local need_busybox=1 need_bash=1 need_empty=1 work
+  local need_busybox=1 need_bash=1 need_empty=1 need_user=1 work
   if ((rebuild == 0)); then
     image_is_current "${BUSYBOX_IMAGE}" && need_busybox=0
     image_is_current "${BASH_IMAGE}" && need_bash=0
     image_is_current "${EMPTY_IMAGE}" && need_empty=0
+    image_is_current "${USER_IMAGE}" && need_user=0
   fi
-  if ((need_busybox + need_bash + need_empty == 0)); then
-    log "images ${BUSYBOX_IMAGE}, ${BASH_IMAGE} and ${EMPTY_IMAGE} exist (recipe ${IMAGE_RECIPE})"
+  if ((need_busybox + need_bash + need_empty + need_user == 0)); then
+    log "images ${BUSYBOX_IMAGE}, ${BASH_IMAGE}, ${EMPTY_IMAGE} and ${USER_IMAGE} exist (recipe ${IMAGE_RECIPE})"
     return
   fi
   work=$(mktemp -d /tmp/sbx-rootfs.XXXXXX)
@@ -264,6 +269,11 @@ build_images() {
     log "building ${BUSYBOX_IMAGE} from host busybox-static"
     make_busybox_rootfs "${work}/busybox"
     import_rootfs "${work}/busybox" "${BUSYBOX_IMAGE}" busybox /bin/sh
+  fi
+  if ((need_user)); then
+    log "building ${USER_IMAGE} (busybox whose USER is sbx)"
+    make_busybox_rootfs "${work}/user"
+    import_rootfs "${work}/user" "${USER_IMAGE}" busybox-user /bin/sh sbx
   fi
   if ((need_bash)); then
     log "building ${BASH_IMAGE} (busybox + host /bin/bash and its libraries)"
@@ -410,4 +420,4 @@ push_busybox
 api=$("${DOCKER}" version -f '{{.Server.APIVersion}}' 2>/dev/null || echo '?')
 engine=$("${DOCKER}" version -f '{{.Server.Version}}' 2>/dev/null || echo '?')
 driver=$("${DOCKER}" info -f '{{.Driver}}' 2>/dev/null || echo '?')
-log "ready: Docker ${engine} (API ${api}, ${driver}) on ${SOCK}; images ${BUSYBOX_IMAGE} ${BASH_IMAGE} ${EMPTY_IMAGE}; registry http://${REG_ADDR} with ${REG_REPO}:latest"
+log "ready: Docker ${engine} (API ${api}, ${driver}) on ${SOCK}; images ${BUSYBOX_IMAGE} ${BASH_IMAGE} ${EMPTY_IMAGE} ${USER_IMAGE}; registry http://${REG_ADDR} with ${REG_REPO}:latest"

@@ -33,6 +33,8 @@ inline constexpr std::string_view kAgentRunDir = "/.sbx/run";
 inline constexpr std::string_view kAgentSocket = "/.sbx/run/agent.sock";
 // Label of a sandbox whose main process is the agent: the host directory of its socket.
 inline constexpr std::string_view kAgentLabel = "sbx.agent";
+// Label of such a sandbox whose image's USER is not root: that user (AgentLaunch::user).
+inline constexpr std::string_view kAgentUserLabel = "sbx.agent.user";
 
 // The host side: the agent's binary and the sandboxes' socket directories under one directory.
 // THREADING: thread-safe.

@@ -153,9 +153,15 @@ json::array env_of(const sdk::KeyValues& env) {
 // the expiry (or forever), runs the spec's entrypoint as its child under the TTL, passes signals
 // on to it and ends with it (agent/README.md, "PID 1").
 void set_agent_process(json::object& body, json::object& host, const CreateConfig& create,
-                       const sdk::Spec& spec, std::optional<int64_t> expires_at) {
+                       const sdk::Spec& spec, std::optional<int64_t> expires_at,
+                       const AgentLaunch& agent) {
   json::array argv{std::string(kAgentBinary), "--listen", "unix:" + std::string(kAgentSocket),
                    "--state-dir", std::string(kAgentRunDir)};
+  if (!agent.user.empty()) {
+    body["User"] = "0:0";
+    argv.emplace_back("--user");
+    argv.emplace_back(agent.user);
+  }
   if (spec.ttl) {
     host["AutoRemove"] = true;
     argv.emplace_back("--expires-at");
@@ -359,7 +365,10 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   json::object host;
   body["Image"] = image.name;
   body["Labels"] = labels_of(create, spec, expires_at);
-  if (agent) body["Labels"].as_object()[kAgentLabel] = agent->run_dir;
+  if (agent) {
+    body["Labels"].as_object()[kAgentLabel] = agent->run_dir;
+    if (!agent->user.empty()) body["Labels"].as_object()[kAgentUserLabel] = agent->user;
+  }
   check_exec_sizes(spec);
   body["Env"] = env_of(spec.env);
   if (spec.workdir) body["WorkingDir"] = *spec.workdir;
@@ -369,7 +378,7 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   body["Tty"] = false;
   body["OpenStdin"] = false;
   if (agent) {
-    set_agent_process(body, host, create, spec, expires_at);
+    set_agent_process(body, host, create, spec, expires_at, *agent);
   } else {
     set_process(body, host, create, spec, expires_at);
   }

@@ -45,6 +45,10 @@ inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
 struct AgentLaunch {
   std::string binary;   // the agent's binary on the host
   std::string run_dir;  // the host directory of the container's /.sbx/run
+  // The image's USER when it is not root: the agent then runs as root (so it can switch users
+  // and write files as root, as Docker exec and the archive API can) and runs the entrypoint and
+  // commands without a user as this one. Empty: root.
+  std::string user;
 };
 boost::json::object container_config(const Config& config, const sdk::Spec& spec,
                                      const SandboxOptions& options, const ImageRef& image,

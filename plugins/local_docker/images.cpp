@@ -164,4 +164,31 @@ void ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
   pull(api, image, registry_auth, pull_timeout, log, cancel);
 }
 
+std::string image_user(DockerApi& api, const ImageRef& image, const sdk::CancelToken& cancel) {
+  http::Request request;
+  request.target = "/images/" + image.name + "/json";
+  const http::Response response = api.send(std::move(request), cancel);
+  if (response.status != 200) {
+    throw api_error(response.status, response.body, "inspecting image " + image.name);
+  }
+  try {
+    const boost::json::value inspect = boost::json::parse(response.body);
+    const auto* config = inspect.as_object().if_contains("Config");
+    const auto* user = config && config->is_object() ? config->as_object().if_contains("User")
+                                                     : nullptr;
+    return user && user->is_string() ? std::string(user->as_string()) : std::string();
+  } catch (const std::exception& e) {
+    throw sdk::Error::internal("inspecting image " + image.name + ": " + e.what());
+  }
+}
+
+bool is_root_user(std::string_view user) {
+  const size_t colon = user.find(':');
+  const std::string_view name = user.substr(0, colon);
+  const std::string_view group =
+      colon == std::string_view::npos ? std::string_view() : user.substr(colon + 1);
+  return (name.empty() || name == "0" || name == "root") &&
+         (group.empty() || group == "0" || group == "root");
+}
+
 }  // namespace sbx::local_docker

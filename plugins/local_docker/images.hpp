@@ -29,4 +29,10 @@ void ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
                   std::chrono::milliseconds pull_timeout, const sdk::Logger& log,
                   const sdk::CancelToken& cancel);
 
+// The user the image's processes run as (its config's `User`, "" when unset), by one inspect.
+std::string image_user(DockerApi& api, const ImageRef& image, const sdk::CancelToken& cancel);
+
+// Whether a Docker `USER[:GROUP]` is root with root's group ("", "0", "root", "0:0", ...).
+bool is_root_user(std::string_view user);
+
 }  // namespace sbx::local_docker

@@ -177,6 +177,7 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
   }
   found.ports = ports_of(string_at(labels, kPortsLabel));
   found.agent_run_dir = string_at(labels, kAgentLabel);
+  found.agent_user = string_at(labels, kAgentUserLabel);
   found.paused = state == "paused";
   if (const std::string expiry = string_at(labels, kExpiresAtLabel); !expiry.empty()) {
     int64_t value = 0;

@@ -38,6 +38,7 @@ struct FoundSandbox {
   std::optional<int64_t> expires_at;  // Unix seconds: the expiry file's, else the label's
   bool has_expiry_file = false;       // labelled sbx.expiry_file: renewable
   std::string agent_run_dir;          // labelled sbx.agent: its agent's socket directory
+  std::string agent_user;             // labelled sbx.agent.user: commands' default user
   bool paused = false;
 };
 

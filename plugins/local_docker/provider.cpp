@@ -262,7 +262,10 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
       const size_t removed = agent_files_.sweep();
       if (removed > 0) log_.debug("removed ", removed, " agent directories of ended sandboxes");
     });
-    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name)};
+    // The image's user, when not root, is the agent's to switch to (AgentLaunch::user).
+    std::string user = image_user(api_, image, cancel);
+    if (is_root_user(user)) user.clear();
+    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name), std::move(user)};
     socket = agent->run_dir + "/agent.sock";
   }
   ContainerGuard guard(api_, name, log_, agent ? &agent_files_ : nullptr);
@@ -286,7 +289,7 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
                agent ? ", agent" : ", Docker exec", ") in ", ms.count(), " ms");
     return std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
                                            spec.workdir, spec.ports, expires_at, expiry_file,
-                                           socket);
+                                           socket, agent ? agent->user : "");
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
@@ -425,10 +428,10 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   }
   if (agent_client_ && !box.agent_socket().empty()) {
     return run_command(box.container(), box.agent_socket(), box.expires_at(),
-                       exec_params(shell, request), out, cancel);
+                       exec_params(box, shell, request), out, cancel);
   }
   const Semaphore::Slot slot(exec_slots_, cancel);
-  const ExecParams params = exec_params(shell, request);
+  const ExecParams params = exec_params(box, shell, request);
   // A command still running when the sandbox's TTL ends is killed with the container (137, or an
   // error once the container is gone): that is the sandbox's doing, not the command's.
   auto ttl_result = [&] {
@@ -500,7 +503,7 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   const sdk::CancelToken cancel = done.cancel_token();
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
   start_agent_exec(
-      box.container(), box.agent_socket(), box.expires_at(), exec_params(box.shell(), request), out,
+      box.container(), box.agent_socket(), box.expires_at(), exec_params(box, box.shell(), request), out,
       [completion](const sdk::ExitStatus* status, const sdk::Error* error) {
         if (status) return completion->succeed(*status);
         completion->fail(*error);
@@ -508,13 +511,14 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
       cancel);
 }
 
-ExecParams LocalDockerProvider::exec_params(const std::string& shell,
+ExecParams LocalDockerProvider::exec_params(const DockerSandbox& box, const std::string& shell,
                                             const sdk::ExecRequest& request) const {
   ExecParams params;
   params.argv = {shell, "-c", request.command};
   params.env = request.env;
   params.cwd = request.cwd;
   params.user = docker_user(request.user);
+  if (!params.user && !box.default_user().empty()) params.user = box.default_user();
   params.timeout = request.timeout.value_or(to_ms(config_.exec.default_timeout_s));
   return params;
 }
@@ -695,7 +699,8 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
   auto box = std::make_unique<DockerSandbox>(std::move(found.name), std::move(found.container_id),
                                              config_.exec.shell.value_or(""),
                                              std::move(found.workdir), std::move(found.ports),
-                                             found.expires_at, found.has_expiry_file, socket);
+                                             found.expires_at, found.has_expiry_file, socket,
+                                             std::move(found.agent_user));
   box->set_paused(found.paused);
   if (!socket.empty() && !found.paused && box->shell().empty()) {
     box->set_shell(resolve_shell(box->container(), socket, std::nullopt, cancel));

@@ -31,7 +31,7 @@ class DockerSandbox final : public sdk::Sandbox {
   DockerSandbox(std::string name, std::string container_id, std::string shell,
                 std::optional<std::string> workdir, std::vector<uint16_t> ports,
                 std::optional<int64_t> expires_at, bool has_expiry_file,
-                std::string agent_socket = "")
+                std::string agent_socket = "", std::string default_user = "")
       : sdk::Sandbox(std::move(name)),
         container_id_(std::move(container_id)),
         shell_(std::move(shell)),
@@ -39,7 +39,8 @@ class DockerSandbox final : public sdk::Sandbox {
         ports_(std::move(ports)),
         expires_at_(expires_at.value_or(kNoExpiry)),
         has_expiry_file_(has_expiry_file),
-        agent_socket_(std::move(agent_socket)) {}
+        agent_socket_(std::move(agent_socket)),
+        default_user_(std::move(default_user)) {}
 
   const std::string& container() const noexcept { return id(); }
   const std::string& container_id() const noexcept { return container_id_; }
@@ -66,6 +67,9 @@ class DockerSandbox final : public sdk::Sandbox {
   bool has_expiry_file() const noexcept { return has_expiry_file_; }
   // The host path of its agent's socket; empty when its commands go through Docker exec.
   const std::string& agent_socket() const noexcept { return agent_socket_; }
+  // Who runs a command that names no user, when not the container's user: the image's USER, for
+  // an agent run as root in its place (AgentLaunch::user). Empty: the container's.
+  const std::string& default_user() const noexcept { return default_user_; }
   // Paused through this provider (the agent of a paused container cannot answer: an exec must
   // fail at once). THREADING: thread-safe.
   bool paused() const noexcept { return paused_.load(); }
@@ -88,6 +92,7 @@ class DockerSandbox final : public sdk::Sandbox {
   std::atomic<int64_t> expires_at_;  // unix seconds of the TTL's end, or kNoExpiry
   bool has_expiry_file_;
   std::string agent_socket_;
+  std::string default_user_;
   std::atomic<bool> paused_{false};
   std::atomic<int> agent_is_root_{-1};  // -1 not asked yet
 };
@@ -205,7 +210,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   sdk::ExitStatus run_command(const std::string& name, const std::string& socket,
                               std::optional<int64_t> expires_at, const ExecParams& params,
                               sdk::OutputSink& out, const sdk::CancelToken& cancel);
-  ExecParams exec_params(const std::string& shell, const sdk::ExecRequest& request) const;
+  ExecParams exec_params(const DockerSandbox& box, const std::string& shell,
+                         const sdk::ExecRequest& request) const;
   // Runs a command through the agent of sandbox `name` on `socket`: `done` once, with the exit
   // status or the error as Docker exec reports it (NOT_FOUND for a sandbox that is gone; past
   // `expires_at`, the TTL's 125 for a command the sandbox's end cut short).

@@ -77,6 +77,30 @@ TEST_CASE("entrypoint: runs as the main process, with its arguments intact") {
   box.close();
 }
 
+TEST_CASE("an image whose USER is not root: commands, the entrypoint and connect run as it") {
+  // sbx-busybox-user (scripts/docker-up.sh) is busybox with `USER sbx` (uid 1000). Commands that
+  // name no user run as sbx, others as whom they name; uploads are root's, as the archive API
+  // writes them. With the agent, the agent runs as root in the image user's place.
+  auto spec = ldtest::spec();
+  spec.image = "sbx-busybox-user:latest";
+  spec.ttl_s.reset();
+  spec.entrypoint = {"sh", "-c", "id -u > /tmp/ep; exec sleep 600"};
+  sbx::Sandbox box = provider().create(spec);
+  CHECK(box.exec("id -u").stdout_text == "1000\n");
+  CHECK(box.exec("cat /tmp/ep").stdout_text == "1000\n");
+  sbx::ExecOptions as_root;
+  as_root.user = "root";
+  CHECK(box.exec("id -u", as_root).stdout_text == "0\n");
+  box.upload_bytes("uploaded", "/tmp/up.txt");
+  CHECK(box.exec("stat -c '%u %a' /tmp/up.txt").stdout_text == "0 644\n");
+  CHECK(box.download_bytes("/tmp/up.txt") == "uploaded");
+  // A handle made elsewhere knows the default user too.
+  sbx::Sandbox again = provider().connect(box.serialize());
+  CHECK(again.exec("id -u").stdout_text == "1000\n");
+  again.detach();
+  box.close();
+}
+
 TEST_CASE("entrypoint with a TTL: the watchdog ends it and the container removes itself") {
   auto spec = ldtest::spec();
   spec.ttl_s = 3;
