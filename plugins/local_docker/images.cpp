@@ -174,8 +174,8 @@ std::string image_user(DockerApi& api, const ImageRef& image, const sdk::CancelT
   try {
     const boost::json::value inspect = boost::json::parse(response.body);
     const auto* config = inspect.as_object().if_contains("Config");
-    const auto* user = config && config->is_object() ? config->as_object().if_contains("User")
-                                                     : nullptr;
+    const auto* user =
+        config && config->is_object() ? config->as_object().if_contains("User") : nullptr;
     return user && user->is_string() ? std::string(user->as_string()) : std::string();
   } catch (const std::exception& e) {
     throw sdk::Error::internal("inspecting image " + image.name + ": " + e.what());

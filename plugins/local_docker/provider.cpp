@@ -503,7 +503,8 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   const sdk::CancelToken cancel = done.cancel_token();
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
   start_agent_exec(
-      box.container(), box.agent_socket(), box.expires_at(), exec_params(box, box.shell(), request), out,
+      box.container(), box.agent_socket(), box.expires_at(), exec_params(box, box.shell(), request),
+      out,
       [completion](const sdk::ExitStatus* status, const sdk::Error* error) {
         if (status) return completion->succeed(*status);
         completion->fail(*error);
@@ -696,11 +697,10 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
     socket = found.agent_run_dir + "/agent.sock";
   }
   // The shell is found at the first exec (the sandbox may be paused now) unless configured.
-  auto box = std::make_unique<DockerSandbox>(std::move(found.name), std::move(found.container_id),
-                                             config_.exec.shell.value_or(""),
-                                             std::move(found.workdir), std::move(found.ports),
-                                             found.expires_at, found.has_expiry_file, socket,
-                                             std::move(found.agent_user));
+  auto box = std::make_unique<DockerSandbox>(
+      std::move(found.name), std::move(found.container_id), config_.exec.shell.value_or(""),
+      std::move(found.workdir), std::move(found.ports), found.expires_at, found.has_expiry_file,
+      socket, std::move(found.agent_user));
   box->set_paused(found.paused);
   if (!socket.empty() && !found.paused && box->shell().empty()) {
     box->set_shell(resolve_shell(box->container(), socket, std::nullopt, cancel));
