@@ -1,5 +1,7 @@
-// Files: uploads and startup files as tar archives streamed into PUT /containers/{id}/archive, and
-// downloads streamed out of GET /containers/{id}/archive, one regular file only.
+// Files through the Engine API: startup files, and (without the agent: "agent": false, a paused
+// handle, an agent not run as root; decision 209) uploads, as tar archives streamed into
+// PUT /containers/{id}/archive, and downloads streamed out of GET /containers/{id}/archive, one
+// regular file only.
 #pragma once
 
 #include "docker_api.hpp"
