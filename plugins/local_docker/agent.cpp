@@ -538,8 +538,8 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
   if (response.status != 200) throw file_error(response.status, error_body, what);
   const int64_t length = head->length.load();
   if (length < 0 || delivered != static_cast<uint64_t>(length)) {
-    throw sdk::Error::unavailable(what + ": " + std::to_string(delivered) + " of " +
-                                  std::to_string(length) + " bytes arrived");
+    throw sdk::Error::internal(what + ": " + std::to_string(delivered) + " of " +
+                               std::to_string(length) + " bytes arrived");
   }
 }
 

@@ -159,8 +159,10 @@ void set_agent_process(json::object& body, json::object& host, const CreateConfi
                    "--state-dir", std::string(kAgentRunDir)};
   if (!agent.user.empty()) {
     body["User"] = "0:0";
-    argv.emplace_back("--user");
-    argv.emplace_back(agent.user);
+    if (spec.entrypoint) {  // the entrypoint's user; commands get it per request
+      argv.emplace_back("--user");
+      argv.emplace_back(agent.user);
+    }
   }
   if (spec.ttl) {
     host["AutoRemove"] = true;
@@ -365,6 +367,8 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   json::object host;
   body["Image"] = image.name;
   body["Labels"] = labels_of(create, spec, expires_at);
+  // Only ever the host's (never the spec's metadata): connect trusts it as commands' default user.
+  body["Labels"].as_object().erase(kAgentUserLabel);
   if (agent) {
     body["Labels"].as_object()[kAgentLabel] = agent->run_dir;
     if (!agent->user.empty()) body["Labels"].as_object()[kAgentUserLabel] = agent->user;

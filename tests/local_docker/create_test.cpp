@@ -99,6 +99,11 @@ TEST_CASE("an image whose USER is not root: commands, the entrypoint and connect
   CHECK(again.exec("id -u").stdout_text == "1000\n");
   again.detach();
   box.close();
+  // Without an entrypoint: the agent's own keep-alive, commands still as the image's user.
+  spec.entrypoint.reset();
+  sbx::Sandbox plain = provider().create(spec);
+  CHECK(plain.exec("id -u").stdout_text == "1000\n");
+  plain.close();
 }
 
 TEST_CASE("entrypoint with a TTL: the watchdog ends it and the container removes itself") {
