@@ -11,7 +11,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <strings.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -494,21 +493,9 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
   request.idle_timeout = kIdleTimeout;
   // Pulled on this thread: a slow sink slows this download only, never the loop.
   request.pull_body_limit = 1024 * 1024;
-  struct Head {
-    std::atomic<long> status{0};
-    std::atomic<int64_t> length{-1};
-  };
-  auto head = std::make_shared<Head>();
-  request.on_headers = [head](long status, const sdk::http::Headers& headers) {
-    for (const auto& [name, value] : headers) {
-      if (strcasecmp(name.c_str(), "content-length") == 0) {
-        int64_t n = -1;
-        std::from_chars(value.data(), value.data() + value.size(), n);
-        head->length.store(n);
-      }
-    }
-    head->status.store(status);
-  };
+  // The status, known before the body: its bytes are the file's or an error answer.
+  auto status = std::make_shared<std::atomic<long>>(0);
+  request.on_headers = [status](long code, const sdk::http::Headers&) { status->store(code); };
   const sdk::http::Call call = http_.start(std::move(request));
   std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
   std::string chunk, error_body;
@@ -516,7 +503,7 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
   for (bool done = false; !done;) {
     done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
     if (chunk.empty()) continue;
-    if (head->status.load() == 200) {
+    if (status->load() == 200) {
       try {
         sink.write(chunk);
       } catch (...) {
@@ -536,7 +523,9 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
     throw;
   }
   if (response.status != 200) throw file_error(response.status, error_body, what);
-  const int64_t length = head->length.load();
+  const std::string declared = response.header("content-length");
+  int64_t length = -1;
+  std::from_chars(declared.data(), declared.data() + declared.size(), length);
   if (length < 0 || delivered != static_cast<uint64_t>(length)) {
     throw sdk::Error::internal(what + ": " + std::to_string(delivered) + " of " +
                                std::to_string(length) + " bytes arrived");

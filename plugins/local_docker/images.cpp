@@ -70,16 +70,6 @@ class PullProgress {
   Clock::time_point last_info_{};
 };
 
-// True when the image is in the daemon's store.
-bool image_present(DockerApi& api, const ImageRef& image, const sdk::CancelToken& cancel) {
-  http::Request request;
-  request.target = "/images/" + image.name + "/json";
-  const http::Response response = api.send(std::move(request), cancel);
-  if (response.status == 200) return true;
-  if (response.status == 404) return false;
-  throw api_error(response.status, response.body, "inspecting image " + image.name);
-}
-
 sdk::Error pull_error(long status, std::string_view body, const ImageRef& image) {
   const sdk::Error base = api_error(status, body, "pulling image " + image.name + " failed");
   if (status == 404 || status == 401 || status == 403) return base;  // the specific statuses
@@ -150,24 +140,29 @@ ImageRef parse_image(std::string_view image) {
   return ref;
 }
 
-void ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
-                  const std::optional<std::string>& registry_auth,
-                  std::chrono::milliseconds pull_timeout, const sdk::Logger& log,
-                  const sdk::CancelToken& cancel) {
-  if (policy == PullPolicy::always)
-    return pull(api, image, registry_auth, pull_timeout, log, cancel);
-  if (image_present(api, image, cancel)) return;
-  if (policy == PullPolicy::never) {
-    throw sdk::Error::not_found("image " + image.name +
-                                " is not present and image_pull_policy is Never");
+std::string ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
+                         const std::optional<std::string>& registry_auth,
+                         std::chrono::milliseconds pull_timeout, const sdk::Logger& log,
+                         const sdk::CancelToken& cancel) {
+  if (policy != PullPolicy::always) {
+    if (auto user = image_user(api, image, cancel)) return std::move(*user);
+    if (policy == PullPolicy::never) {
+      throw sdk::Error::not_found("image " + image.name +
+                                  " is not present and image_pull_policy is Never");
+    }
   }
   pull(api, image, registry_auth, pull_timeout, log, cancel);
+  auto user = image_user(api, image, cancel);
+  if (!user) throw sdk::Error::create_failed("image " + image.name + " is missing after its pull");
+  return std::move(*user);
 }
 
-std::string image_user(DockerApi& api, const ImageRef& image, const sdk::CancelToken& cancel) {
+std::optional<std::string> image_user(DockerApi& api, const ImageRef& image,
+                                      const sdk::CancelToken& cancel) {
   http::Request request;
   request.target = "/images/" + image.name + "/json";
   const http::Response response = api.send(std::move(request), cancel);
+  if (response.status == 404) return std::nullopt;
   if (response.status != 200) {
     throw api_error(response.status, response.body, "inspecting image " + image.name);
   }

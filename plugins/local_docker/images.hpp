@@ -24,13 +24,16 @@ ImageRef parse_image(std::string_view image);
 // Makes `image` present according to `policy`: IfNotPresent inspects and pulls on 404, Always
 // pulls, Never fails with NOT_FOUND when the image is missing. A pull logs its progress (throttled)
 // and fails with the daemon's message. `registry_auth` is the X-Registry-Auth value (never logged).
-void ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
-                  const std::optional<std::string>& registry_auth,
-                  std::chrono::milliseconds pull_timeout, const sdk::Logger& log,
-                  const sdk::CancelToken& cancel);
+// Returns the user the image's processes run as (its config's `User`, "" when unset), from the
+// inspect that found it (one more after a pull).
+std::string ensure_image(DockerApi& api, const ImageRef& image, PullPolicy policy,
+                         const std::optional<std::string>& registry_auth,
+                         std::chrono::milliseconds pull_timeout, const sdk::Logger& log,
+                         const sdk::CancelToken& cancel);
 
-// The user the image's processes run as (its config's `User`, "" when unset), by one inspect.
-std::string image_user(DockerApi& api, const ImageRef& image, const sdk::CancelToken& cancel);
+// The image's config's `User` ("" when unset) by one inspect; nothing when the image is missing.
+std::optional<std::string> image_user(DockerApi& api, const ImageRef& image,
+                                      const sdk::CancelToken& cancel);
 
 // Whether a Docker `USER[:GROUP]` is root with root's group ("", "0", "root", "0:0", ...).
 bool is_root_user(std::string_view user);

@@ -247,8 +247,10 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
 
   const Semaphore::Slot slot(create_slots_, cancel);
 
-  ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
-               options.registry_auth, start_timeout(), log_, cancel);
+  std::string image_user =
+      ensure_image(api_, image, options.image_pull_policy.value_or(config_.image_pull_policy),
+                   options.registry_auth, start_timeout(), log_, cancel);
+  if (is_root_user(image_user)) image_user.clear();
 
   // Before the container exists: a host that dies from now on leaves nothing past its TTL, also
   // a container it created but never started (which the TTL watchdog inside cannot end).
@@ -263,9 +265,7 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
       if (removed > 0) log_.debug("removed ", removed, " agent directories of ended sandboxes");
     });
     // The image's user, when not root, is the agent's to switch to (AgentLaunch::user).
-    std::string user = image_user(api_, image, cancel);
-    if (is_root_user(user)) user.clear();
-    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name), std::move(user)};
+    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name), image_user};
     socket = agent->run_dir + "/agent.sock";
   }
   ContainerGuard guard(api_, name, log_, agent ? &agent_files_ : nullptr);
@@ -287,9 +287,11 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell,
                agent ? ", agent" : ", Docker exec", ") in ", ms.count(), " ms");
-    return std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
-                                           spec.workdir, spec.ports, expires_at, expiry_file,
-                                           socket, agent ? agent->user : "");
+    auto box = std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
+                                               spec.workdir, spec.ports, expires_at, expiry_file,
+                                               socket, agent ? agent->user : "");
+    if (agent) box->set_agent_is_root(true);  // made so above: nothing to ask before a transfer
+    return box;
   } catch (const sdk::Error& e) {
     throw create_error(e, name);
   }
