@@ -229,11 +229,15 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
   };
 
   void on_body(std::string_view bytes) {
+    // What arrives after a cancellation is dropped: the loop may hand over many more reads before
+    // the call's cancellation reaches it (the host may cancel from its own output callback).
+    if (cancelled_) return;
     if (http_status_ != 200) {
       if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
       return;
     }
     parser_.feed(bytes, [&](char kind, std::string_view payload) {
+      if (cancelled_) return;
       switch (kind) {
         case 'o':
           out_.write(sdk::StdStream::out, payload);
