@@ -25,13 +25,13 @@ const char kConfigSchemaText[] = R"json({
                    "description": "server host[:port][/prefix] or URL; default $OPEN_SANDBOX_DOMAIN or localhost:8080"},
         "api_key": {"type": ["string", "null"], "description": "default $OPEN_SANDBOX_API_KEY; a secret"},
         "protocol": {"enum": ["http", "https"], "default": "http"},
-        "request_timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": null},
+        "request_timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 30},
         "use_server_proxy": {"type": "boolean", "default": false},
         "keepalive_expiry_s": {"type": ["number", "null"], "minimum": 0, "default": 3},
         "max_connections": {"type": "integer", "minimum": 1, "default": 100},
         "max_keepalive_connections": {"type": "integer", "minimum": 0, "default": 20},
-        "transport_backend": {"type": "string", "default": "httpx",
-                              "description": "accepted for the seed's configs; the transport is libcurl"},
+        "transport_backend": {"enum": ["httpx", "aiohttp"], "default": "httpx",
+                              "description": "accepted for the seed's configs; the transport is always libcurl"},
         "disable_connection_pooling": {"type": "boolean", "default": false},
         "connect_retries": {"type": "integer", "minimum": 0, "default": 2},
         "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 10},
@@ -172,6 +172,12 @@ ConnectionConfig read_connection(ObjectReader& reader, const char* env_domain,
   c.max_keepalive_connections =
       reader.integer("max_keepalive_connections", 0, 1 << 20).value_or(c.max_keepalive_connections);
   c.transport_backend = reader.string("transport_backend");
+  if (c.transport_backend && *c.transport_backend != "httpx" && *c.transport_backend != "aiohttp") {
+    reader.fail("transport_backend",
+                "must be 'httpx' or 'aiohttp' (either way the transport is "
+                "libcurl), got '" +
+                    *c.transport_backend + "'");
+  }
   c.disable_connection_pooling =
       reader.boolean("disable_connection_pooling", c.disable_connection_pooling);
   c.connect_retries = non_negative_int(reader, "connect_retries", c.connect_retries);

@@ -45,13 +45,15 @@ struct ConnectionConfig {
   // The management API key (OPEN-SANDBOX-API-KEY). A secret: never logged, never sent to a
   // sandbox endpoint in direct mode.
   std::optional<std::string> api_key;
-  std::string protocol = "http";            // "http" or "https"; a scheme in `domain` wins
-  std::optional<double> request_timeout_s;  // per request; unset: none
-  bool use_server_proxy = false;            // execd through {server}/v1/sandboxes/{id}/proxy/
+  std::string protocol = "http";                   // "http" or "https"; a scheme in `domain` wins
+  std::optional<double> request_timeout_s = 30.0;  // per request (the SDK's default); null: none
+  bool use_server_proxy = false;  // execd through {server}/v1/sandboxes/{id}/proxy/
   std::optional<double> keepalive_expiry_s = 3.0;  // unset (null): libcurl's default
   int64_t max_connections = 100;
   int64_t max_keepalive_connections = 20;  // idle connections kept; 0: none is reused
-  // The seed's "httpx"/"aiohttp" choice: accepted so its configs load; the transport is libcurl.
+  // The seed's "httpx"/"aiohttp" choice: either is accepted so its configs load (the transport is
+  // always libcurl's multi interface, kept-alive HTTP/1.1 as both of those); anything else is
+  // refused.
   std::optional<std::string> transport_backend;
   bool disable_connection_pooling = false;
   int64_t connect_retries = 2;

@@ -142,6 +142,14 @@ ExecdClient::ExecdClient(const ConnectionConfig& connection, const OperationConf
       log_(std::move(log)),
       http_(client_options(connection, "")) {}
 
+ExecdClient::~ExecdClient() {
+  std::unique_lock lock(interrupts_mutex_);
+  if (!interrupts_done_.wait_for(lock, 5s, [&] { return interrupts_pending_ == 0; })) {
+    log_.warn("opensandbox: ", interrupts_pending_,
+              " command interrupt(s) unanswered after 5 s; those commands may still run");
+  }
+}
+
 bool ExecdClient::ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds timeout,
                        const sdk::CancelToken& cancel) {
   auto request = to(endpoint, "GET", "/ping");
@@ -156,7 +164,7 @@ bool ExecdClient::ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds 
 class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
  public:
   Run(ExecdClient& client, const ExecdEndpoint& endpoint, std::string sandbox_id,
-      const CommandRequest& command, OutputFn output, CommandDoneFn done)
+      const CommandRequest& command, OutputFn output, CommandDoneFn done, SandboxCheckFn check)
       : client_(client),
         endpoint_(endpoint),
         sandbox_id_(std::move(sandbox_id)),
@@ -169,6 +177,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
         body_(request_body(command, background_)),
         submissions_(static_cast<int>(client.operations_.retries) + 1),
         output_(std::move(output)),
+        check_(std::move(check)),
         done_(std::move(done)) {}
 
   // Hooks cancellation up (it may fire at once), after the first submission.
@@ -184,6 +193,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     terminal_ = false;
     parser_ = {};
     started_ = std::chrono::steady_clock::now();
+    last_byte_ = started_;
     auto request = to(endpoint_, "POST", "/command");
     request.headers.emplace_back("Content-Type", "application/json");
     request.headers.emplace_back("Accept", "text/event-stream");
@@ -199,6 +209,10 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     track(client_.http_.start(
         std::move(request),
         [self](sdk::http::Response*, const sdk::Error* e) { self->on_finished(e); }));
+    if (check_ && !watching_) {
+      watching_ = true;
+      watch_silence(1s);
+    }
   }
 
   // Aborts the stream and interrupts the command on the server (the interrupt is not waited for;
@@ -206,19 +220,20 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   void cancel() {
     sdk::http::Call call;
     std::string id;
-    bool waiting;
+    bool idle;
     {
       std::lock_guard lock(mutex_);
       if (finished_ || cancelled_) return;
       cancelled_ = true;
       call = call_;
       id = command_id_;
-      waiting = waiting_;
+      idle = waiting_ || (checking_ && !in_flight_);
     }
     call.cancel();
     if (!id.empty()) interrupt(id);
-    // Between two submissions no callback is coming to end the run: end it here.
-    if (waiting) finish(nullptr, sdk::Error::cancelled());
+    // Between two submissions, or asking the check after a failure, no callback is coming to end
+    // the run: end it here.
+    if (idle) finish(nullptr, sdk::Error::cancelled());
   }
 
  private:
@@ -244,8 +259,77 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     return json::serialize(body);
   }
 
+  // ---- Silence: a frozen or vanished sandbox says nothing itself (SandboxCheckFn).
+
+  // Loop thread: looks again after `delay` (the run's timer; it holds the run only weakly).
+  void watch_silence(std::chrono::milliseconds delay) {
+    client_.http_.after(delay, [weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->on_silence_timer();
+    });
+  }
+
+  void on_silence_timer() {
+    {
+      std::lock_guard lock(mutex_);
+      if (finished_ || cancelled_ || verdict_) return;
+      if (waiting_ || checking_) return watch_silence(1s);  // between submissions, or asking
+    }
+    const auto now = std::chrono::steady_clock::now();
+    // No answer head yet: 1 s (execd answers at once, with its `init` event). Then silence_limit_.
+    const auto limit = status_ == 0 ? std::chrono::milliseconds(1s) : silence_limit_;
+    const auto due = last_byte_ + limit;
+    if (now < due) {
+      return watch_silence(std::chrono::duration_cast<std::chrono::milliseconds>(due - now) + 1ms);
+    }
+    ask([](Run& run, std::optional<sdk::Error> verdict) {
+      if (verdict) return run.end_by_verdict(std::move(*verdict));
+      // Going on: ask again only after a longer silence.
+      run.last_byte_ = std::chrono::steady_clock::now();
+      run.silence_limit_ = std::min<std::chrono::milliseconds>(run.silence_limit_ * 2, 60s);
+      run.watch_silence(run.silence_limit_);
+    });
+  }
+
+  // Asks check_; `then(run, verdict)` runs on the loop thread.
+  template <class Then>
+  void ask(Then then) {
+    {
+      std::lock_guard lock(mutex_);
+      checking_ = true;
+    }
+    // The run is held until the verdict is in (the lifecycle read is bounded): it may be the
+    // run's only owner, after its request ended.
+    check_([self = shared_from_this(), then](std::optional<sdk::Error> verdict) {
+      // Back onto the loop: the run's loop-thread state is touched only there.
+      self->client_.http_.after(0ms, [self, then, verdict = std::move(verdict)]() mutable {
+        {
+          std::lock_guard lock(self->mutex_);
+          self->checking_ = false;
+          if (self->finished_) return;
+        }
+        then(*self, std::move(verdict));
+      });
+    });
+  }
+
+  // The check says the command cannot go on: the stream is ended, and on_finished reports this.
+  void end_by_verdict(sdk::Error error) {
+    sdk::http::Call call;
+    bool in_flight;
+    {
+      std::lock_guard lock(mutex_);
+      if (finished_ || cancelled_) return;
+      verdict_ = error;
+      call = call_;
+      in_flight = in_flight_;
+    }
+    if (in_flight) return call.cancel();  // on_finished reports the verdict
+    finish(nullptr, error);
+  }
+
   // Loop thread.
   void on_body(std::string_view bytes) {
+    last_byte_ = std::chrono::steady_clock::now();
     if (status_ != 200) {
       if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
       return;
@@ -286,6 +370,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     {
       std::lock_guard lock(mutex_);
       call_ = {};
+      in_flight_ = false;
       cancelled = cancelled_;
     }
     if (terminal_ && background_ && last_.type == "execution_complete" && !cancelled) {
@@ -302,18 +387,33 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       return finish(&outcome, {});
     }
     if (cancelled) return finish(nullptr, sdk::Error::cancelled());
-    if (error) {
-      if (error->status() == SBX_STATUS_TIMEOUT && timeout_) {
-        return finish(
-            nullptr, sdk::Error::timeout("OpenSandbox exec exceeded hard cap of " +
-                                         std::to_string(hard_cap_.count() / 1000) +
-                                         "s; the command wedged (sandbox_id=" + sandbox_id_ + ")"));
-      }
-      // The transport's words, with what was running where.
-      return finish(nullptr, sdk::Error(error->status(),
-                                        what_of("command run", sandbox_id_) + ": " + error->what(),
-                                        error->details()));
+    std::optional<sdk::Error> verdict;
+    {
+      std::lock_guard lock(mutex_);
+      verdict = verdict_;
     }
+    if (verdict) return finish(nullptr, *verdict);
+    if (error && error->status() == SBX_STATUS_UNAVAILABLE && error->http_status() == 0 &&
+        status_ == 0 && transport_retries_ < client_.operations_.command_retries) {
+      // operations.command_retries: the submission is sent again, though a command whose answer
+      // was lost may have started and would then run twice (the user's choice; default 0).
+      ++transport_retries_;
+      client_.log_.warn("OpenSandbox command run (sandbox_id=", sandbox_id_,
+                        ") failed before any answer (", error->what(), "); submitting again (",
+                        transport_retries_, "/", client_.operations_.command_retries, ")");
+      const auto delay = std::min<std::chrono::milliseconds>(
+          250ms * (1 << std::min(transport_retries_ - 1, 3)), 2s);
+      return after(delay, [](Run& run) { run.submit(); });
+    }
+    if (error && check_ && error->status() == SBX_STATUS_UNAVAILABLE && error->http_status() == 0) {
+      // Could not connect, or lost the connection: a sandbox deleted under the handle (its port
+      // is closed) or paused says so only through the lifecycle API.
+      return ask([original = *error](Run& run, std::optional<sdk::Error> verdict) {
+        if (verdict) return run.finish(nullptr, *verdict);
+        run.report_transport_error(original);
+      });
+    }
+    if (error) return report_transport_error(*error);
     if (status_ == 200) {
       return finish(nullptr, sdk::Error::unavailable(
                                  what_of("command run", sandbox_id_) +
@@ -333,6 +433,19 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       return finish(&outcome, {});
     }
     finish(nullptr, to_error(api_error, what_of("command run", sandbox_id_), false));
+  }
+
+  void report_transport_error(const sdk::Error& error) {
+    if (error.status() == SBX_STATUS_TIMEOUT && timeout_) {
+      return finish(nullptr,
+                    sdk::Error::timeout("OpenSandbox exec exceeded hard cap of " +
+                                        std::to_string(hard_cap_.count() / 1000) +
+                                        "s; the command wedged (sandbox_id=" + sandbox_id_ + ")"));
+    }
+    // The transport's words, with what was running where.
+    finish(nullptr,
+           sdk::Error(error.status(), what_of("command run", sandbox_id_) + ": " + error.what(),
+                      error.details()));
   }
 
   // The proxy reached no execd: submit again after a pause, or give up.
@@ -366,7 +479,10 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     bool cancelled;
     {
       std::lock_guard lock(mutex_);
-      if (!finished_) call_ = call;
+      if (!finished_) {
+        call_ = call;
+        in_flight_ = true;
+      }
       cancelled = cancelled_;
     }
     if (cancelled) call.cancel();
@@ -519,6 +635,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     {
       std::lock_guard lock(mutex_);
       call_ = {};
+      in_flight_ = false;
       cancelled = cancelled_;
     }
     if (cancelled) finish(nullptr, sdk::Error::cancelled());
@@ -527,10 +644,19 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
 
   void interrupt(const std::string& id) {
     auto request = to(endpoint_, "DELETE", "/command?id=" + sdk::http::url_encode(id));
-    request.timeout = 10s;
+    request.timeout = 5s;
+    {
+      std::lock_guard lock(client_.interrupts_mutex_);
+      ++client_.interrupts_pending_;
+    }
     client_.http_.start(
-        std::move(request), [log = client_.log_, id, sandbox = sandbox_id_](
+        std::move(request), [&client = client_, log = client_.log_, id, sandbox = sandbox_id_](
                                 sdk::http::Response* response, const sdk::Error* error) {
+          {
+            std::lock_guard lock(client.interrupts_mutex_);
+            --client.interrupts_pending_;
+          }
+          client.interrupts_done_.notify_all();
           if (error) {
             log.debug("interrupting command ", id, " of sandbox ", sandbox, ": ", error->what());
           } else if (response->status >= 300 && response->status != 404) {
@@ -565,14 +691,18 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   const std::string body_;
   const int submissions_;
   const OutputFn output_;
-  CommandDoneFn done_;  // moved out by finish()
+  const SandboxCheckFn check_;  // empty: no silence watch
+  CommandDoneFn done_;          // moved out by finish()
 
   std::mutex mutex_;  // guards the members below it up to the blank line
   int attempt_ = 0;
-  sdk::http::Call call_;  // the submission in flight; none while waiting between submissions
-  bool waiting_ = false;  // between two submissions
+  sdk::http::Call call_;    // the submission in flight; none while waiting between submissions
+  bool in_flight_ = false;  // call_ holds a request not yet finished
+  bool waiting_ = false;    // between two submissions
   bool cancelled_ = false;
   bool finished_ = false;
+  bool checking_ = false;              // check_ asked, its verdict not yet in
+  std::optional<sdk::Error> verdict_;  // check_'s error: the run ends with it
   std::string command_id_;
 
   // The current submission's state: loop thread only (set up by submit() before its request
@@ -583,6 +713,11 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   EventStreamParser::Event last_;
   EventStreamParser parser_;
   std::chrono::steady_clock::time_point started_;
+  // The silence watch: loop thread only (watching_ is set before the first request starts).
+  std::chrono::steady_clock::time_point last_byte_;
+  std::chrono::milliseconds silence_limit_{5s};
+  bool watching_ = false;
+  int transport_retries_ = 0;  // submissions sent again for operations.command_retries
 
   // Background mode's polling state: loop thread only.
   std::chrono::milliseconds poll_delay_{0};
@@ -596,20 +731,20 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
 
 void ExecdClient::start(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
                         const CommandRequest& request, OutputFn output, CommandDoneFn done,
-                        const sdk::CancelToken& cancel) {
+                        const sdk::CancelToken& cancel, SandboxCheckFn check) {
   if (cancel.stop_requested()) {
     const sdk::Error cancelled = sdk::Error::cancelled();
     return done(nullptr, &cancelled);
   }
   auto run = std::make_shared<Run>(*this, endpoint, sandbox_id, request, std::move(output),
-                                   std::move(done));
+                                   std::move(done), std::move(check));
   run->submit();
   run->watch(cancel);
 }
 
 CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
                                 const CommandRequest& request, OutputFn output,
-                                const sdk::CancelToken& cancel) {
+                                const sdk::CancelToken& cancel, SandboxCheckFn check) {
   struct Result {
     std::mutex mutex;
     std::condition_variable ended;
@@ -628,7 +763,7 @@ CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string
         }
         result->ended.notify_all();
       },
-      cancel);
+      cancel, std::move(check));
   std::unique_lock lock(result->mutex);
   result->ended.wait(lock, [&] { return result->outcome || result->error; });
   if (result->error) throw *result->error;

@@ -15,7 +15,9 @@
 #include <sbx/sdk/provider.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,6 +64,14 @@ class EventStreamParser {
 // "exit status N" (the process did not exit by itself) is 125/"sandbox".
 sdk::ExitStatus exit_status_of(const EventStreamParser::Event& terminal, bool timed_out);
 
+// The answer of a SandboxCheckFn: an error ends the command with it; nullopt lets it go on.
+using Verdict = std::function<void(std::optional<sdk::Error>)>;
+// Asks what became of a command's sandbox when execd is silent or cannot be reached: a paused
+// sandbox's execd is frozen (it takes connections and never answers), a deleted sandbox's port is
+// closed (connection refused), and neither says so itself. Called on the loop thread; answers
+// through `verdict` once, from any thread (the provider reads the lifecycle status).
+using SandboxCheckFn = std::function<void(Verdict verdict)>;
+
 // A command's output, one stdout/stderr line at a time (its text plus "\n").
 using OutputFn = std::function<void(sdk::StdStream stream, std::string_view text)>;
 // A command's end: exactly one of `outcome` and `error` is set.
@@ -71,6 +81,11 @@ class ExecdClient {
  public:
   ExecdClient(const ConnectionConfig& connection, const OperationConfig& operations,
               sdk::Logger log);
+  // Waits (up to 5 s) for the interrupts of cancelled commands still on their way: a host that
+  // cancels a command and exits at once (Ctrl-C on `sbx exec`) must not leave it running.
+  ~ExecdClient();
+  ExecdClient(const ExecdClient&) = delete;
+  ExecdClient& operator=(const ExecdClient&) = delete;
 
   // Starts a command in the foreground and returns at once: each stdout/stderr line goes to
   // `output` as it arrives, then `done` runs once with how the command ended, both on the loop
@@ -80,14 +95,18 @@ class ExecdClient {
   // a thread), then UNAVAILABLE "backend unreachable". A cwd the sandbox refuses (400) is
   // 125/"sandbox" with the reason on stderr. Cancellation through `cancel` aborts the stream,
   // interrupts the command on the server and ends the run with CANCELLED.
+  // With `check`: a submission without an answer 1 s after it was sent, or a stream without a
+  // byte for 5 s (then 10, 20, ... up to 60 s: execd pings every 3 s), asks `check` whether to
+  // go on; so does a submission that could not connect or lost its connection, before its error
+  // is reported (`check`'s error wins).
   void start(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
              const CommandRequest& request, OutputFn output, CommandDoneFn done,
-             const sdk::CancelToken& cancel);
+             const sdk::CancelToken& cancel, SandboxCheckFn check = {});
 
   // start(), waiting for the end on the calling thread (the readiness probe, the workdir).
   CommandOutcome run(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
-                     const CommandRequest& request, OutputFn output,
-                     const sdk::CancelToken& cancel);
+                     const CommandRequest& request, OutputFn output, const sdk::CancelToken& cancel,
+                     SandboxCheckFn check = {});
 
   // GET /ping: true for 200.
   bool ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds timeout,
@@ -108,6 +127,10 @@ class ExecdClient {
   ConnectionConfig connection_;
   OperationConfig operations_;
   sdk::Logger log_;
+  // Interrupts (DELETE /command) sent and not yet answered.
+  std::mutex interrupts_mutex_;
+  std::condition_variable interrupts_done_;
+  int interrupts_pending_ = 0;
   sdk::http::Client http_;  // last: destroyed first, ending every run while the rest still lives
 };
 

@@ -78,6 +78,9 @@ ApiError parse_api_error(const sdk::http::Response& response) {
 
 bool is_retryable_create_answer(const ApiError& error) {
   if (kPermanentCodes.contains(error.code)) return false;
+  // A missing image or one the registry refuses (DOCKER::SANDBOX_IMAGE_PULL_FAILED, a 500 on the
+  // real server) fails the same way on the next attempt.
+  if (error.code.ends_with("IMAGE_PULL_FAILED")) return false;
   if (kTransientCodes.contains(error.code)) return true;
   return kRetryableStatuses.contains(error.status);
 }

@@ -56,6 +56,27 @@ OpenSandbox& as_box(sdk::Sandbox& sandbox) {
   return static_cast<OpenSandbox&>(sandbox);
 }
 
+// What the lifecycle status of sandbox `id` says of a command or transfer that meets silence or a
+// closed port: an error when it is paused or gone, nothing when it runs.
+std::optional<sdk::Error> paused_or_gone(const std::string& id, const std::string* state,
+                                         const sdk::Error* error) {
+  if (error) {
+    if (error->status() != SBX_STATUS_NOT_FOUND) return std::nullopt;  // cannot tell
+    return sdk::Error::not_found("OpenSandbox sandbox " + id +
+                                 " is gone (the server no longer knows it)");
+  }
+  switch (to_sandbox_status(*state)) {
+    case sdk::SandboxStatus::paused:
+      return sdk::Error::failed_precondition("OpenSandbox sandbox " + id + " is " + *state +
+                                             " (its execd does not answer; resume it first)");
+    case sdk::SandboxStatus::stopped:
+    case sdk::SandboxStatus::error:
+      return sdk::Error::not_found("OpenSandbox sandbox " + id + " is " + *state);
+    default:
+      return std::nullopt;
+  }
+}
+
 // Refuses a transfer or command on a sandbox this handle knows paused.
 void check_not_paused(const OpenSandbox& box) {
   if (box.paused()) {
@@ -94,8 +115,10 @@ bool is_retryable_create_error(const sdk::Error& error) {
       return true;  // a create that timed out (the seed retries it too; cleanup ran)
     case SBX_STATUS_UNAVAILABLE:
       // Transport: could not connect, or lost the connection (also "may have run": a create the
-      // server may have done leaves a sandbox its TTL and metadata make findable).
-      return error.http_status() == 0 || error.retryable();
+      // server may have done leaves a sandbox its TTL and metadata make findable). Not a TLS
+      // failure (a certificate that does not verify, a server that does not speak TLS): the SDK
+      // marks those not retryable, and they fail the same way again.
+      return error.retryable() || error.may_have_run();
     default:
       return error.retryable();
   }
@@ -173,6 +196,28 @@ OpenSandboxProvider::OpenSandboxProvider(const sdk::ProviderContext& context,
   log_.debug("opensandbox: server ", config_.connection.base_url(), ", ",
              config_.connection.use_server_proxy ? "server-proxy" : "direct", " execd, API key ",
              config_.connection.api_key ? "set" : "unset");
+}
+
+SandboxCheckFn OpenSandboxProvider::sandbox_check(const std::string& id) {
+  return [this, id](Verdict verdict) {
+    lifecycle_.status_async(
+        id, 5s, [id, verdict](const SandboxStatusInfo* status, const sdk::Error* error) {
+          verdict(paused_or_gone(id, status ? &status->state : nullptr, error));
+        });
+  };
+}
+
+void OpenSandboxProvider::explain_transfer_error(const std::string& id,
+                                                 const sdk::Error& original) {
+  if (original.status() != SBX_STATUS_UNAVAILABLE || original.http_status() != 0) throw original;
+  std::optional<sdk::Error> verdict;
+  try {
+    const std::string state = lifecycle_.state(id, 5s, {});
+    verdict = paused_or_gone(id, &state, nullptr);
+  } catch (const sdk::Error& e) {
+    verdict = paused_or_gone(id, nullptr, &e);
+  }
+  throw verdict ? *verdict : original;
 }
 
 std::chrono::milliseconds OpenSandboxProvider::request_timeout() const {
@@ -265,9 +310,9 @@ void OpenSandboxProvider::cleanup_failed_create(const std::string& id, const std
   } catch (...) {
   }
   try {
-    const auto close_timeout =
-        config_.operations.close_timeout_s ? seconds_ms(*config_.operations.close_timeout_s) : 0ms;
-    lifecycle_.remove(id, close_timeout, {});
+    // Through close's retries (one 5xx must not leak a sandbox that may have no TTL); not
+    // cancellable: a cancelled create must not leave its sandbox behind either.
+    remove_sandbox(id, {});
     log_.debug("opensandbox: deleted sandbox ", id, " after ", what);
   } catch (const std::exception& e) {
     log_.warn("Failed to clean up OpenSandbox sandbox after ", what, "; sandbox_id=", id,
@@ -305,8 +350,11 @@ ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
   // The endpoint, then execd's /ping until it answers 200, within `budget`. With
   // skip_health_check only the endpoint is fetched (retried the same way: the seed's reconnect
   // after create), and the probe alone proves readiness.
+  // Polled fast at first (execd usually listens within a few hundred ms of the create's answer),
+  // then ever more slowly: 50 ms, doubling up to create.connect_poll_s.
   const auto deadline = std::chrono::steady_clock::now() + budget;
-  const auto poll = seconds_ms(config_.create.connect_poll_s);
+  const auto max_poll = seconds_ms(config_.create.connect_poll_s);
+  auto poll = std::min<std::chrono::milliseconds>(50ms, max_poll);
   std::optional<ExecdEndpoint> endpoint;
   std::string last_error = "no attempt";
   step = "endpoint fetch";
@@ -347,6 +395,7 @@ ExecdEndpoint OpenSandboxProvider::connect_execd(const std::string& id,
                                       std::max(deadline - std::chrono::steady_clock::now(),
                                                std::chrono::steady_clock::duration::zero()))),
                    cancel);
+    poll = std::min(poll * 2, max_poll);
   }
 }
 
@@ -414,7 +463,7 @@ void OpenSandboxProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
             },
             cancel);
       },
-      cancel);
+      cancel, sandbox_check(box.id()));
 }
 
 sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::ExecRequest& request,
@@ -424,7 +473,8 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   return execd_
       .run(
           box.execd(), box.id(), command_for(box, request),
-          [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); }, cancel)
+          [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); }, cancel,
+          sandbox_check(box.id()))
       .status;
 }
 
@@ -432,14 +482,22 @@ void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
   check_not_paused(box);
-  execd_.upload(box.execd(), box.id(), request, source, cancel);
+  try {
+    execd_.upload(box.execd(), box.id(), request, source, cancel);
+  } catch (const sdk::Error& e) {
+    explain_transfer_error(box.id(), e);
+  }
 }
 
 void OpenSandboxProvider::download(sdk::Sandbox& sandbox, const std::string& remote_path,
                                    sdk::ByteSink& sink, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
   check_not_paused(box);
-  execd_.download(box.execd(), box.id(), remote_path, sink, cancel);
+  try {
+    execd_.download(box.execd(), box.id(), remote_path, sink, cancel);
+  } catch (const sdk::Error& e) {
+    explain_transfer_error(box.id(), e);
+  }
 }
 
 sdk::SandboxStatus OpenSandboxProvider::status(sdk::Sandbox& sandbox,
@@ -460,13 +518,19 @@ sdk::SandboxStatus OpenSandboxProvider::status(sdk::Sandbox& sandbox,
   return status;
 }
 
+// Pause and resume are retried as status and close are: each reads the state back, so a second
+// attempt after a lost answer finds the work done.
 void OpenSandboxProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  lifecycle_.pause_or_resume(sandbox.id(), true, request_timeout(), cancel);
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] { lifecycle_.pause_or_resume(sandbox.id(), true, request_timeout(), cancel); }, cancel);
   as_box(sandbox).set_paused(true);
 }
 
 void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  lifecycle_.pause_or_resume(sandbox.id(), false, request_timeout(), cancel);
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] { lifecycle_.pause_or_resume(sandbox.id(), false, request_timeout(), cancel); }, cancel);
   as_box(sandbox).set_paused(false);
 }
 
@@ -610,14 +674,21 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
     workdir = std::string(w->get_string());
   }
   const std::string sandbox_id(id->get_string());
-  const std::string state = lifecycle_.state(sandbox_id, request_timeout(), cancel);
+  std::string state;
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] { state = lifecycle_.state(sandbox_id, request_timeout(), cancel); }, cancel);
   const auto status = to_sandbox_status(state);
   if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
     throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
   }
+  // A paused sandbox's execd is frozen (docker pause): its /ping would wait out the budget. Only
+  // its endpoint is fetched; the handle knows it paused and refuses commands until resumed.
   std::string step;
-  auto endpoint = connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
-                                config_.create.skip_health_check, false, step, cancel);
+  auto endpoint =
+      connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
+                    config_.create.skip_health_check || status == sdk::SandboxStatus::paused, false,
+                    step, cancel);
   auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
   box->set_paused(status == sdk::SandboxStatus::paused);
   sdk::Connected out;
@@ -628,7 +699,15 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
 
 int64_t OpenSandboxProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                                    const sdk::CancelToken& cancel) {
-  return lifecycle_.renew(sandbox.id(), expires_at_unix_ms, request_timeout(), cancel);
+  // Idempotent (it sets an absolute expiry): retried as status is.
+  int64_t granted = 0;
+  sdk::retry(
+      config_.operations.retry_policy(),
+      [&] {
+        granted = lifecycle_.renew(sandbox.id(), expires_at_unix_ms, request_timeout(), cancel);
+      },
+      cancel);
+  return granted;
 }
 
 }  // namespace sbx::opensandbox

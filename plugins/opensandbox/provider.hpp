@@ -154,6 +154,13 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
   sdk::ProbeAttempt run_collect(const OpenSandbox& box, const std::string& command,
                                 std::chrono::milliseconds timeout, const sdk::CancelToken& cancel);
   std::chrono::milliseconds request_timeout() const;
+  // The SandboxCheckFn of a command in sandbox `id`: reads its lifecycle status (on the
+  // lifecycle loop) and answers FAILED_PRECONDITION when it is paused (its execd frozen),
+  // NOT_FOUND when the server no longer has it or it stopped, else lets the command go on.
+  SandboxCheckFn sandbox_check(const std::string& id);
+  // For a transfer that could not connect or lost its connection: the same question, asked on the
+  // calling thread (bounded by 5 s); rethrows the original error when the sandbox seems fine.
+  [[noreturn]] void explain_transfer_error(const std::string& id, const sdk::Error& original);
   static CommandRequest command_for(const OpenSandbox& box, const sdk::ExecRequest& request);
 
   Config config_;

@@ -503,7 +503,10 @@ TEST_CASE("close of a sandbox the server already deleted succeeds") {
 }
 
 TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
-  Fixture f("[]");
+  // The third /ping would be held 5 s, as the real server's frozen execd holds it: connecting to
+  // a paused sandbox must not ask.
+  Fixture f(R"([{"route": "GET /ping",
+                 "actions": [{"pass": true}, {"pass": true}, {"delay_ms": 5000}]}])");
   auto box = f.create();
   const auto& provider = f.host->provider("os");
   auto again = provider.connect(R"({"sandbox_id":")" + box.id() + R"("})");
@@ -511,7 +514,12 @@ TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
   CHECK(again.exec("echo hi").stdout_text == "hi\n");
   REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/pause").status == 202);
   // A handle connected while the sandbox is paused knows it: exec is refused at once.
+  const auto connecting = Clock::now();
   auto paused = provider.connect(R"({"sandbox_id":")" + box.id() + R"("})");
+  const double connect_s = std::chrono::duration<double>(Clock::now() - connecting).count();
+  MESSAGE("connect to a paused sandbox took ", connect_s, " s");
+  CHECK(connect_s < 2.0);
+  CHECK(host_lines("GET /v1/sandboxes/" + box.id() + "/endpoints/44772").size() == 3);
   try {
     paused.exec("echo x");
     FAIL("exec on a paused handle must fail");
@@ -529,6 +537,43 @@ TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
   paused.detach();
   again.detach();
   box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
+// The real server's execd says nothing of a pause or a delete: `docker pause` freezes it (it takes
+// the connection and never answers) and a deleted sandbox's published port is closed. Emulated
+// here by a command held 5 s (frozen) and a connection reset (closed); the plugin asks the
+// lifecycle API and reports what it says.
+TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so within seconds") {
+  Fixture f(R"([{"route": "POST /command",
+                 "actions": [{"pass": true}, {"delay_ms": 5000}, {"pass": true}, {"reset": true}]}])");
+  auto box = f.create();
+  CHECK(box.exec("echo hi").stdout_text == "hi\n");
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/pause").status == 202);
+  auto start = Clock::now();
+  try {
+    box.exec("echo x");
+    FAIL("exec on a sandbox paused behind the handle must fail");
+  } catch (const sbx::Error& e) {
+    CAPTURE(e.what());
+    CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
+    CHECK(std::string(e.what()).find("is Paused") != std::string::npos);
+  }
+  const double paused_s = std::chrono::duration<double>(Clock::now() - start).count();
+  MESSAGE("exec on a frozen execd refused after ", paused_s, " s");
+  CHECK(paused_s < 4.5);  // before the held answer would have come
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/resume").status == 202);
+  CHECK(box.exec("echo back").stdout_text == "back\n");
+  REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id()).status == 204);
+  try {
+    box.exec("echo gone");
+    FAIL("exec on a deleted sandbox must fail");
+  } catch (const sbx::Error& e) {
+    CAPTURE(e.what());
+    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
+  }
+  box.detach();
   CHECK(f.sandboxes_on_server() == 0);
 }
 
@@ -620,11 +665,13 @@ std::string id_after(const std::string& text, const std::string& marker = "sandb
 }  // namespace
 
 TEST_CASE("a health check that times out after create: the step, the id; the cleanup names it") {
-  // /ping fails for 30 s after each create; the sandbox's ready_timeout is 1 s. The cleanup's
-  // DELETE fails once, so the sandbox stays and the warning is logged (the test deletes it).
+  // /ping fails for 30 s after each create; the sandbox's ready_timeout is 1 s. The cleanup goes
+  // through close's retries (one here); its DELETE fails both times, so the sandbox stays and the
+  // warning is logged (the test deletes it).
   Fixture f(R"([{"route": "GET /ping", "fail_for_s": 30, "status": 503},
-                {"route": "DELETE /sandboxes/{id}", "actions": [{"status": 503}]}])",
-            json::object{{"create", json::object{{"retries", 0}}}});
+                {"route": "DELETE /sandboxes/{id}", "actions": [{"status": 503}, {"status": 503}]}])",
+            json::object{{"create", json::object{{"retries", 0}}},
+                         {"operations", json::object{{"retries", 1}, {"retry_delay_s", 0.05}}}});
   sbx_status status = SBX_STATUS_OK;
   const auto message = create_error(f, spec_with_ready_timeout(1), &status);
   CAPTURE(message);
@@ -640,6 +687,7 @@ TEST_CASE("a health check that times out after create: the step, the id; the cle
       "check failure; sandbox_id=" +
       id + "; error=");
   CHECK(warned.size() == 1);
+  CHECK(host_lines("Retrying OpenSandbox close of " + id + " after attempt 1").size() == 1);
   CHECK(host_lines("after create probe failure").empty());
   // The failed cleanup left it: remove it here.
   REQUIRE(f.sandboxes_on_server() == 1);

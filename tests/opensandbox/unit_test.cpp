@@ -409,6 +409,10 @@ TEST_CASE("create retries: classified by type, status and server code") {
   CHECK(os::is_retryable_create_error(E::timeout("timed out")));
   CHECK(!os::is_retryable_create_error(E::invalid_argument("timeout in a bad option name")));
   CHECK(!os::is_retryable_create_error(E::cancelled()));
+  // TLS failures (the SDK's certificate and handshake errors) and configuration errors are final.
+  CHECK(
+      !os::is_retryable_create_error(E::unavailable("TLS: the certificate did not verify", false)));
+  CHECK(!os::is_retryable_create_error(E::internal("unsupported protocol")));
   auto answer = [](long status, std::string code) {
     return os::is_retryable_create_answer({status, std::move(code), "m", ""});
   };
@@ -422,6 +426,7 @@ TEST_CASE("create retries: classified by type, status and server code") {
   CHECK(!answer(400, "SANDBOX::API_NOT_SUPPORTED"));
   CHECK(answer(400, "SANDBOX::TOO_MANY_SANDBOXES"));
   CHECK(answer(503, "DOCKER::SANDBOX_EXECD_START_FAILED"));
+  CHECK(!answer(500, "DOCKER::SANDBOX_IMAGE_PULL_FAILED"));  // the real server's missing image
 }
 
 TEST_CASE("API error bodies: both envelopes") {
