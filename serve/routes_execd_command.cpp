@@ -48,7 +48,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::size_t kMaxLine = 64 * 1024;           // a longer line is sent in pieces
+constexpr std::size_t kMaxLine = 8 * 1024 * 1024;     // a longer line is sent in pieces
 constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // bytes of log per GET .../logs
 constexpr auto kPingEvery = std::chrono::seconds(3);  // execd's keep-alive
 constexpr double kNoTimeoutS = 30.0 * 24 * 3600;      // "no limit": 30 days
@@ -219,11 +219,13 @@ class LineSplitter {
         partial_.clear();
         continue;
       }
-      partial_ += c;
-      if (partial_.size() >= kMaxLine) {
+      // A piece is sent only when the line goes on past the cap: a line of exactly kMaxLine
+      // bytes is one event, with no empty line after it.
+      if (partial_.size() == kMaxLine) {
         lines.push_back(std::move(partial_));
         partial_.clear();
       }
+      partial_ += c;
     }
   }
   void flush(std::vector<std::string>& lines) {
@@ -290,9 +292,15 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
       (stream == OutputStream::err ? err : out).feed(data, lines);
     }
     const char* type = stream == OutputStream::err ? "stderr" : "stdout";
-    for (auto& line : lines)
-      if (!send(text_event(type, std::move(line)))) return;
-    if (!lines.empty() && sink->queued() > bound) cut();
+    std::size_t longest = 0;
+    for (auto& line : lines) {
+      std::string e = text_event(type, std::move(line));
+      longest = std::max(longest, e.size());
+      if (!send(std::move(e))) return;
+    }
+    // The bound is counted beyond the longest event just queued, so a line longer than the bound
+    // (up to kMaxLine) still goes out whole to a client that reads.
+    if (!lines.empty() && sink->queued() > bound + longest) cut();
   }
 
   void cut() {

@@ -51,7 +51,7 @@ namespace sbx::agent {
 
 namespace {
 
-constexpr std::size_t kMaxLine = 1024 * 1024;         // a longer line is sent in pieces
+constexpr std::size_t kMaxLine = 8 * 1024 * 1024;     // a longer line is sent in pieces
 constexpr std::size_t kReadChunk = 64 * 1024;         // one read() from a pipe or a socket
 constexpr std::size_t kPauseAbove = 4 * 1024 * 1024;  // unsent bytes that pause a command's output
 constexpr std::size_t kResumeBelow = 1024 * 1024;     // ... and resume it
@@ -231,11 +231,13 @@ class LineSplitter {
         partial_.clear();
         continue;
       }
-      partial_ += c;
-      if (partial_.size() >= kMaxLine) {
+      // A piece is sent only when the line goes on past the cap: a line of exactly kMaxLine
+      // bytes is one event, with no empty line after it.
+      if (partial_.size() == kMaxLine) {
         emit(std::string_view(partial_));
         partial_.clear();
       }
+      partial_ += c;
     }
   }
   template <typename Emit>

@@ -216,6 +216,30 @@ TEST_CASE("POST /command: two lines, env and a partial line, blank lines and \\r
   CHECK(f.server->stop() == 0);
 }
 
+// The real execd sends a whole line as one event, and NeMo Gym joins events with "\n": a line cut
+// into pieces would come back with newlines that were never printed. Lines are whole up to 8 MiB.
+TEST_CASE("POST /command: a 1 MiB line is one event, a line of exactly 8 MiB too; longer, pieces") {
+  Fixture f;
+  f.create();
+  constexpr size_t kMiB = 1024 * 1024;
+  auto events = run(f, R"({"command":"head -c 1048576 /dev/zero | tr '\\0' a; echo; echo b"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "stdout", "execution_complete"});
+  CHECK(events[2].at("text").as_string().size() == kMiB);
+  CHECK(events[3].at("text") == "b");
+  // 8 MiB and a newline: one event, no empty line after it; 8 MiB + 5 bytes: two pieces.
+  events = run(f, R"({"command":"head -c 8388608 /dev/zero | tr '\\0' a; echo"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "execution_complete"});
+  CHECK(events[2].at("text").as_string().size() == 8 * kMiB);
+  events = run(f, R"({"command":"head -c 8388613 /dev/zero | tr '\\0' c; echo"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "stdout", "execution_complete"});
+  CHECK(events[2].at("text").as_string().size() == 8 * kMiB);
+  CHECK(events[3].at("text") == "ccccc");
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("POST /command: a timeout of 1000 ms kills sleep 5 (error -1, signal: killed)") {
   Fixture f;
   f.create();
