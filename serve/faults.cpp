@@ -50,6 +50,7 @@ FaultAction read_action(const boost::json::value& value, const std::string& path
     a.code = r.string("code", "GENERAL::INJECTED_FAULT");
     a.message = r.string("message", "Injected fault (serve.faults): " + std::to_string(a.status) +
                                         " on " + route.key() + ".");
+    a.short_body = r.boolean("short_body").value_or(false);
   } else if (kind == "reset" || kind == "pass") {
     const auto flag = r.boolean(kind);
     if (!flag || !*flag) r.fail(kind, "must be true (leave the action out instead)");

@@ -53,6 +53,9 @@ struct FaultAction {
   int status = 0;
   std::string code;     // status: defaults to "GENERAL::INJECTED_FAULT"
   std::string message;  // status: defaults to a sentence naming the route and the status
+  // status: the answer announces a Content-Length longer than its body, then the connection
+  // closes (the real execd's answer to a directory download: a 500 whose body breaks off).
+  bool short_body = false;
   std::chrono::milliseconds delay{0};
   int events = 0;
 };

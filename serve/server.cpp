@@ -375,6 +375,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!action) return false;
     switch (action->kind) {
       case FaultAction::Kind::status:
+        if (action->short_body) {
+          short_answer(action->status,
+                       error_response(request, static_cast<http::status>(action->status),
+                                      action->code, action->message)
+                           .body());
+          return true;
+        }
         reply(error_response(request, static_cast<http::status>(action->status), action->code,
                              action->message));
         return true;
@@ -392,6 +399,22 @@ class Session : public std::enable_shared_from_this<Session> {
         return false;
     }
     return false;
+  }
+
+  // Answers `status` with `body` under a Content-Length 100 bytes longer, then closes the
+  // connection: the client sees an error answer whose body breaks off.
+  void short_answer(int status, std::string body) {
+    auto bytes = std::make_shared<std::string>(
+        "HTTP/1.1 " + std::to_string(status) + " Error\r\nContent-Type: application/json\r\n" +
+        "Content-Length: " + std::to_string(body.size() + 100) + "\r\nConnection: close\r\n\r\n" +
+        body);
+    asio::async_write(stream_.socket(), asio::buffer(*bytes),
+                      [self = shared_from_this(), bytes](beast::error_code, std::size_t) {
+                        beast::error_code ignored;
+                        self->stream_.socket().shutdown(asio::socket_base::shutdown_both, ignored);
+                        self->stream_.socket().close(ignored);
+                        self->state_->gate.leave_request();
+                      });
   }
 
   // Aborts the connection without an answer: SO_LINGER 0 makes the close send an RST.

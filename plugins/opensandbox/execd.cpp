@@ -853,6 +853,13 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       // Cut mid-way (the connection lost, or silent past the idle timeout) after some of the
       // file arrived: ask for the rest, up to operations.retries times. Never a cancellation.
       const long status = head->status.load();
+      if (status >= 400 && e.status() != SBX_STATUS_CANCELLED) {
+        // An error answer whose body broke off: the real execd answers a directory with a 500
+        // whose Content-Length is not its body's. The answer is the error, not the transport.
+        response.status = status;
+        response.body = std::move(error_body);
+        throw execd_error(response, what);
+      }
       const bool cut = (status == 200 || status == 206) && delivered > 0 &&
                        (e.status() == SBX_STATUS_UNAVAILABLE || e.status() == SBX_STATUS_TIMEOUT);
       if (!cut || resumes >= operations_.retries) {

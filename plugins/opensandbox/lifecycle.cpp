@@ -188,6 +188,27 @@ std::string metadata_filter(const KeyValues& pairs) {
   return sdk::http::url_encode(query);
 }
 
+std::optional<ListedSandbox> parse_listed(const json::object& o) {
+  const auto* id = o.if_contains("id");
+  if (!id || !id->is_string() || id->get_string().empty()) return std::nullopt;
+  ListedSandbox out;
+  out.id = std::string(id->get_string());
+  if (const auto* status = o.if_contains("status"); status && status->is_object()) {
+    const auto* state = status->get_object().if_contains("state");
+    if (state && state->is_string()) out.state = std::string(state->get_string());
+  }
+  if (const auto* metadata = o.if_contains("metadata"); metadata && metadata->is_object()) {
+    for (const auto& m : metadata->get_object()) {
+      if (m.value().is_string())
+        out.metadata[std::string(m.key())] = std::string(m.value().get_string());
+    }
+  }
+  if (const auto* created = o.if_contains("createdAt"); created && created->is_string()) {
+    out.created_unix_ms = parse_rfc3339(created->get_string()).value_or(0);
+  }
+  return out;
+}
+
 ListPage parse_list_page(std::string_view body) {
   boost::system::error_code ec;
   const json::value answer = json::parse(body, ec);
@@ -199,25 +220,7 @@ ListPage parse_list_page(std::string_view body) {
   ListPage page;
   for (const auto& item : items->get_array()) {
     if (!item.is_object()) continue;
-    const auto& o = item.get_object();
-    const auto* id = o.if_contains("id");
-    if (!id || !id->is_string() || id->get_string().empty()) continue;
-    ListedSandbox out;
-    out.id = std::string(id->get_string());
-    if (const auto* status = o.if_contains("status"); status && status->is_object()) {
-      const auto* state = status->get_object().if_contains("state");
-      if (state && state->is_string()) out.state = std::string(state->get_string());
-    }
-    if (const auto* metadata = o.if_contains("metadata"); metadata && metadata->is_object()) {
-      for (const auto& m : metadata->get_object()) {
-        if (m.value().is_string())
-          out.metadata[std::string(m.key())] = std::string(m.value().get_string());
-      }
-    }
-    if (const auto* created = o.if_contains("createdAt"); created && created->is_string()) {
-      out.created_unix_ms = parse_rfc3339(created->get_string()).value_or(0);
-    }
-    page.items.push_back(std::move(out));
+    if (auto out = parse_listed(item.get_object())) page.items.push_back(std::move(*out));
   }
   if (const auto* pagination = object->if_contains("pagination");
       pagination && pagination->is_object()) {
@@ -276,6 +279,24 @@ std::string LifecycleClient::state(const std::string& id, std::chrono::milliseco
     throw_answer(response, "OpenSandbox get sandbox " + id);
   }
   return parse_sandbox_status(response.body, "OpenSandbox get sandbox " + id).state;
+}
+
+ListedSandbox LifecycleClient::get(const std::string& id, std::chrono::milliseconds timeout,
+                                   const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.target = "/sandboxes/" + sdk::http::url_encode(id);
+  request.timeout = timeout;
+  const auto response = send(std::move(request), cancel);
+  if (response.status != 200) throw_answer(response, "OpenSandbox get sandbox " + id);
+  boost::system::error_code ec;
+  const json::value answer = json::parse(response.body, ec);
+  std::optional<ListedSandbox> out;
+  if (!ec && answer.is_object()) out = parse_listed(answer.get_object());
+  if (!out) {
+    throw sdk::Error::internal("OpenSandbox get sandbox " + id +
+                               ": the answer is not a sandbox (no id)");
+  }
+  return *out;
 }
 
 void LifecycleClient::status_async(

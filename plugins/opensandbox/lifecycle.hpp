@@ -74,6 +74,10 @@ struct ListedSandbox {
   int64_t created_unix_ms = 0;
 };
 
+// A sandbox object of the lifecycle API (an item of a list, or GET /sandboxes/{id}'s answer);
+// nullopt when it has no id.
+std::optional<ListedSandbox> parse_listed(const boost::json::object& sandbox);
+
 // One page of GET /sandboxes.
 struct ListPage {
   std::vector<ListedSandbox> items;
@@ -101,6 +105,9 @@ class LifecycleClient {
                      const sdk::CancelToken& cancel);
   // GET /sandboxes/{id} → status.state ("" when absent). NOT_FOUND for 404.
   std::string state(const std::string& id, std::chrono::milliseconds timeout,
+                    const sdk::CancelToken& cancel);
+  // GET /sandboxes/{id} → id, state, metadata, createdAt. NOT_FOUND for 404.
+  ListedSandbox get(const std::string& id, std::chrono::milliseconds timeout,
                     const sdk::CancelToken& cancel);
   // GET /sandboxes/{id} without a thread waiting: `done` runs once on the client's loop thread (or
   // on the calling thread when the client is closing) with the status, or with the error.

@@ -52,6 +52,63 @@ KeyValues attribution_metadata(const AttributionConfig& a) {
   return out;
 }
 
+// Metadata the plugin adds so that a bare id connects with what its create knew (decision 216).
+// Label values allow [A-Za-z0-9_.-] and 63 characters: the workdir goes as the hex of its bytes
+// (paths up to 31 bytes), the ports joined by '.'; what does not fit is not carried.
+constexpr const char* kWorkdirKey = "sbx.workdir";
+constexpr const char* kPortsKey = "sbx.ports";
+constexpr size_t kMaxLabelValue = 63;
+
+}  // namespace
+
+std::optional<std::string> workdir_label(std::string_view workdir) {
+  if (workdir.empty() || workdir.size() * 2 > kMaxLabelValue) return std::nullopt;
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char c : workdir) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 0xf];
+  }
+  return out;
+}
+
+std::optional<std::string> workdir_from_label(std::string_view hex) {
+  if (hex.empty() || hex.size() % 2 != 0) return std::nullopt;
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(hex.data() + i, hex.data() + i + 2, value, 16);
+    if (ec != std::errc() || end != hex.data() + i + 2) return std::nullopt;
+    out += static_cast<char>(value);
+  }
+  return out;
+}
+
+namespace {
+
+std::optional<std::string> ports_label(const std::vector<uint16_t>& ports) {
+  std::string out;
+  for (const uint16_t port : ports)
+    out += (out.empty() ? "" : ".") + std::to_string(port);
+  if (out.empty() || out.size() > kMaxLabelValue) return std::nullopt;
+  return out;
+}
+
+// The ports of a descriptor's "ports" array or of the sbx.ports label; nullopt when malformed.
+std::optional<std::vector<uint16_t>> ports_from_label(std::string_view label) {
+  std::vector<uint16_t> out;
+  while (!label.empty()) {
+    const size_t dot = label.find('.');
+    const std::string_view word = label.substr(0, dot);
+    uint16_t port = 0;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), port);
+    if (ec != std::errc() || end != word.data() + word.size() || port == 0) return std::nullopt;
+    out.push_back(port);
+    label = dot == std::string_view::npos ? std::string_view() : label.substr(dot + 1);
+  }
+  return out;
+}
+
 OpenSandbox& as_box(sdk::Sandbox& sandbox) {
   return static_cast<OpenSandbox&>(sandbox);
 }
@@ -170,6 +227,10 @@ json::object create_request(const Config& config, const sdk::Spec& spec,
   json::object metadata;
   for (const auto& [k, v] : merged)
     metadata[k] = sanitize_metadata_value(v);
+  if (const auto workdir = spec.workdir ? workdir_label(*spec.workdir) : std::nullopt) {
+    metadata[kWorkdirKey] = *workdir;
+  }
+  if (const auto ports = ports_label(spec.ports)) metadata[kPortsKey] = *ports;
   body["metadata"] = std::move(metadata);
   if (options.platform) body["platform"] = *options.platform;
   if (!options.volumes.empty()) body["volumes"] = options.volumes;
@@ -273,7 +334,8 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
     if (config_.create.timeout_s) budget = seconds_ms(*config_.create.timeout_s);
     if (spec.ready_timeout) budget = *spec.ready_timeout;
     auto box = std::make_unique<OpenSandbox>(
-        id, connect_execd(id, budget, skip_health_check, true, step, cancel), spec.workdir);
+        id, connect_execd(id, budget, skip_health_check, true, step, cancel), spec.workdir,
+        spec.ports);
     step = "workdir";
     if (spec.workdir) {
       const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
@@ -643,6 +705,12 @@ std::string OpenSandboxProvider::serialize(sdk::Sandbox& sandbox, const sdk::Can
   json::object descriptor{
       {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", box.id()}};
   if (box.workdir()) descriptor["workdir"] = *box.workdir();
+  if (!box.ports().empty()) {
+    json::array ports;
+    for (const uint16_t port : box.ports())
+      ports.emplace_back(port);
+    descriptor["ports"] = std::move(ports);
+  }
   return json::serialize(descriptor);
 }
 
@@ -673,14 +741,36 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
   if (const auto* w = d.if_contains("workdir"); w && w->is_string()) {
     workdir = std::string(w->get_string());
   }
+  std::optional<std::vector<uint16_t>> ports;
+  if (const auto* p = d.if_contains("ports"); p && p->is_array()) {
+    ports.emplace();
+    for (const auto& port : p->get_array()) {
+      if (!port.is_int64() || port.get_int64() < 1 || port.get_int64() > 65535) {
+        throw sdk::Error::invalid_argument("the descriptor's ports are not port numbers");
+      }
+      ports->push_back(static_cast<uint16_t>(port.get_int64()));
+    }
+  }
   const std::string sandbox_id(id->get_string());
-  std::string state;
+  ListedSandbox found;
   sdk::retry(
       config_.operations.retry_policy(),
-      [&] { state = lifecycle_.state(sandbox_id, request_timeout(), cancel); }, cancel);
+      [&] { found = lifecycle_.get(sandbox_id, request_timeout(), cancel); }, cancel);
+  const std::string& state = found.state;
   const auto status = to_sandbox_status(state);
   if (status == sdk::SandboxStatus::stopped || status == sdk::SandboxStatus::error) {
     throw sdk::Error::not_found("OpenSandbox sandbox " + sandbox_id + " is " + state);
+  }
+  // A bare id: what the create left in the sandbox's metadata.
+  if (!d.contains("workdir")) {
+    if (const auto it = found.metadata.find(kWorkdirKey); it != found.metadata.end()) {
+      workdir = workdir_from_label(it->second);
+    }
+  }
+  if (!ports) {
+    if (const auto it = found.metadata.find(kPortsKey); it != found.metadata.end()) {
+      ports = ports_from_label(it->second);
+    }
   }
   // A paused sandbox's execd is frozen (docker pause): its /ping would wait out the budget. Only
   // its endpoint is fetched; the handle knows it paused and refuses commands until resumed.
@@ -689,11 +779,13 @@ sdk::Connected OpenSandboxProvider::connect(const std::string& descriptor,
       connect_execd(sandbox_id, seconds_ms(config_.create.connect_attempt_timeout_s),
                     config_.create.skip_health_check || status == sdk::SandboxStatus::paused, false,
                     step, cancel);
-  auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir);
+  auto box = std::make_unique<OpenSandbox>(sandbox_id, std::move(endpoint), workdir,
+                                           ports.value_or(std::vector<uint16_t>{}));
   box->set_paused(status == sdk::SandboxStatus::paused);
   sdk::Connected out;
   out.sandbox = std::move(box);
   out.workdir = workdir;
+  out.ports = ports.value_or(std::vector<uint16_t>{});
   return out;
 }
 

@@ -25,11 +25,17 @@ namespace sbx::opensandbox {
 // Immutable after create; THREADING: read from any thread.
 class OpenSandbox final : public sdk::Sandbox {
  public:
-  OpenSandbox(std::string id, ExecdEndpoint execd, std::optional<std::string> workdir)
-      : sdk::Sandbox(std::move(id)), execd_(std::move(execd)), workdir_(std::move(workdir)) {}
+  OpenSandbox(std::string id, ExecdEndpoint execd, std::optional<std::string> workdir,
+              std::vector<uint16_t> ports)
+      : sdk::Sandbox(std::move(id)),
+        execd_(std::move(execd)),
+        workdir_(std::move(workdir)),
+        ports_(std::move(ports)) {}
 
   const ExecdEndpoint& execd() const noexcept { return execd_; }
   const std::optional<std::string>& workdir() const noexcept { return workdir_; }
+  // The spec's ports (what sbx.endpoint/1 may be asked for), carried to connected handles.
+  const std::vector<uint16_t>& ports() const noexcept { return ports_; }
   // Whether this handle last saw the sandbox paused (its own pause/resume, or a status read).
   // THREADING: thread-safe.
   bool paused() const noexcept { return paused_.load(); }
@@ -38,8 +44,15 @@ class OpenSandbox final : public sdk::Sandbox {
  private:
   ExecdEndpoint execd_;
   std::optional<std::string> workdir_;
+  std::vector<uint16_t> ports_;
   std::atomic<bool> paused_{false};
 };
+
+// The value of the sbx.workdir metadata a create adds (decision 216): the hex of the workdir's
+// bytes, nullopt when that would pass a label value's 63 characters; and back (nullopt for a
+// value that is not such hex).
+std::optional<std::string> workdir_label(std::string_view workdir);
+std::optional<std::string> workdir_from_label(std::string_view label);
 
 // The seed's state mapping (case-insensitive), plus "paused"/"pausing"/"resuming".
 sdk::SandboxStatus to_sandbox_status(std::string_view state);

@@ -491,6 +491,31 @@ TEST_CASE("a download cut more often than the retries fails, naming the path; no
   CHECK(f.sandboxes_on_server() == 0);
 }
 
+// The real execd answers a directory download with a 500 whose Content-Length is not its body's:
+// the answer is the error, not "connection lost", and nothing is resumed.
+TEST_CASE("an error answer whose body breaks off is reported as the answer, not resumed") {
+  Fixture f(R"([{"route": "GET /files/download",
+                 "actions": [{"status": 500, "code": "RUNTIME_ERROR",
+                              "message": "read /tmp: is a directory", "short_body": true}]}])");
+  auto box = f.create();
+  const fs::path local = f.dir.path / "never.bin";
+  std::string message;
+  try {
+    box.download("/tmp", local);
+  } catch (const sbx::Error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("download of /tmp") != std::string::npos);
+  CHECK(message.find("HTTP 500 RUNTIME_ERROR: read /tmp: is a directory") != std::string::npos);
+  CHECK(message.find("connection lost") == std::string::npos);
+  CHECK_FALSE(fs::exists(local));
+  const std::string route = "GET /sandboxes/" + box.id() + "/proxy/44772/files/download";
+  CHECK(f.request_times(route, true).size() == 1);
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
 TEST_CASE("close of a sandbox the server already deleted succeeds") {
   Fixture f("[]");
   auto box = f.create();
@@ -849,6 +874,13 @@ TEST_CASE(
     const auto other = box.endpoint(8080);
     CHECK(other.url == origin + prefix + "8080");
     CHECK(other.headers == execd.headers);
+    // A handle connected by its bare id, or moved through its descriptor, keeps the ports.
+    auto bare = f.host->provider("os").connect(R"({"sandbox_id":")" + box.id() + R"("})");
+    CHECK(bare.endpoint(8080).url == other.url);
+    auto moved = f.host->provider("os").connect(box.serialize());
+    CHECK(moved.endpoint(8080).url == other.url);
+    bare.detach();
+    moved.detach();
     const auto r =
         request(f.port(), "GET", other.url.substr(origin.size()) + "/", std::nullopt, headers);
     CHECK(r.status == 502);

@@ -293,6 +293,20 @@ TEST_CASE("create request: image, entrypoint, resources, TTL, metadata, extensio
   none.provider_options["snapshot_id"] = "snap-1";
   CHECK(os::create_request(config, none, {}).at("snapshotId") == "snap-1");
   CHECK(!os::create_request(config, none, {}).contains("image"));
+  // The workdir (hex) and the ports ride in the metadata, for a connect by bare id; a workdir too
+  // long for a label value is not carried.
+  none.workdir = "/work";
+  none.ports = {8080, 9090};
+  const auto carried = os::create_request(config, none, {}).at("metadata").as_object();
+  CHECK(carried.at("sbx.workdir") == "2f776f726b");
+  CHECK(carried.at("sbx.ports") == "8080.9090");
+  CHECK(os::workdir_from_label("2f776f726b") == std::optional<std::string>("/work"));
+  CHECK(os::workdir_from_label(*os::workdir_label("/testbed/a_b.c")) ==
+        std::optional<std::string>("/testbed/a_b.c"));
+  CHECK(!os::workdir_from_label("2f7"));  // odd length
+  CHECK(!os::workdir_from_label("zz"));
+  none.workdir = "/" + std::string(31, 'w');
+  CHECK(!os::create_request(config, none, {}).at("metadata").as_object().contains("sbx.workdir"));
 }
 
 TEST_CASE("create request: resource_requests as the seed's example, validated as resources") {
