@@ -74,6 +74,55 @@ std::optional<json::object> string_map(const json::object& body, const char* nam
   return out;
 }
 
+// A Kubernetes label name or value part: alphanumerics at both ends, '-', '_', '.' between.
+bool label_word(std::string_view word, std::size_t max) {
+  const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  if (word.empty() || word.size() > max || !alnum(word.front()) || !alnum(word.back())) {
+    return false;
+  }
+  return std::all_of(word.begin(), word.end(),
+                     [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; });
+}
+
+// A DNS subdomain (a label key's prefix): lowercase alphanumerics and '-', dot-separated labels.
+bool dns_subdomain(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = name.find('.', start);
+    const std::string_view label = name.substr(start, dot - start);
+    const auto ok = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+    if (label.empty() || label.size() > 63 || !ok(label.front()) || !ok(label.back())) {
+      return false;
+    }
+    for (const char c : label)
+      if (!ok(c) && c != '-') return false;
+    if (dot == std::string_view::npos) return true;
+    start = dot + 1;
+  }
+}
+
+// Why a metadata pair breaks the real server's rules (Kubernetes labels; the `opensandbox.io/`
+// prefix reserved), or "" when it does not.
+std::string metadata_problem(std::string_view key, std::string_view value) {
+  const std::size_t slash = key.find('/');
+  const std::string_view prefix = slash == std::string_view::npos ? "" : key.substr(0, slash);
+  const std::string_view name = slash == std::string_view::npos ? key : key.substr(slash + 1);
+  if (prefix == "opensandbox.io") {
+    return "metadata key '" + std::string(key) + "' uses the reserved prefix opensandbox.io/";
+  }
+  if ((slash != std::string_view::npos && !dns_subdomain(prefix)) || !label_word(name, 63)) {
+    return "metadata key '" + std::string(key) +
+           "' is not a valid label key (an optional DNS subdomain prefix and '/', then up to 63 "
+           "characters of [A-Za-z0-9-_.] starting and ending alphanumeric)";
+  }
+  if (!value.empty() && !label_word(value, 63)) {
+    return "metadata value '" + std::string(value.substr(0, 80)) + "' of key '" + std::string(key) +
+           "' is not a valid label value (up to 63 characters of [A-Za-z0-9-_.] starting and "
+           "ending alphanumeric)";
+  }
+  return "";
+}
+
 // The largest resource limits a create may ask for: beyond them the provider's arithmetic
 // (Docker's NanoCPUs and bytes are int64) could overflow, and no host has that much.
 constexpr double kMaxCpu = 65536;                   // cores
@@ -263,6 +312,15 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
                              " seconds (about 31 years), got " + std::to_string(*out.timeout_s) +
                              "."));
     return std::nullopt;
+  }
+  if (out.metadata) {
+    for (const auto& [k, v] : *out.metadata) {
+      if (const std::string problem = metadata_problem(k, v.as_string()); !problem.empty()) {
+        reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_METADATA_LABEL",
+                             problem + "."));
+        return std::nullopt;
+      }
+    }
   }
   if (has_snapshot) return unsupported("snapshotId");
   if (const auto* v = body.if_contains("credentialProxy"); v && !v->is_null()) {

@@ -103,6 +103,14 @@ std::optional<HeadError> parse_head(std::string_view head, Request& out) {
   auto path = percent_decode(raw_path, false);
   if (!path) return HeadError{400, "bad percent-encoding in the path"};
   out.path = std::move(*path);
+  // The real OpenSandbox server hands out a direct endpoint `HOST:PORT/proxy/44772` and execd
+  // serves its routes under that prefix too: `/proxy/44772/ping` is `/ping`.
+  constexpr std::string_view kSelf = "/proxy/44772";
+  if (out.path.starts_with(kSelf) &&
+      (out.path.size() == kSelf.size() || out.path[kSelf.size()] == '/')) {
+    out.path.erase(0, kSelf.size());
+    if (out.path.empty()) out.path = "/";
+  }
   if (qmark != std::string::npos) {
     std::string_view q = std::string_view(out.target).substr(qmark + 1);
     while (!q.empty()) {

@@ -437,6 +437,11 @@ TEST_CASE("GET /ping answers 200 with an empty body; unknown routes are 404") {
   CHECK(r.body.empty());
   CHECK(client.request("GET", "/nope").status == 404);
   CHECK(client.request("PUT", "/command").status == 405);
+  // Under the real server's direct-endpoint prefix, the same routes (as execd serves them).
+  CHECK(client.request("GET", "/proxy/44772/ping").status == 200);
+  CHECK(client.request("GET", "/proxy/44772").status == 404);  // "/": no route
+  CHECK(client.request("GET", "/proxy/447721/ping").status == 404);
+  CHECK(client.request("GET", "/proxy/8080/ping").status == 404);
   struct stat st {};
   REQUIRE(::stat(agent.socket.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);

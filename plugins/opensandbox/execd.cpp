@@ -215,8 +215,9 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     }
   }
 
-  // Aborts the stream and interrupts the command on the server (the interrupt is not waited for;
-  // the server also ends a command whose client went away). Any thread, idempotent.
+  // Aborts the stream and interrupts the command on the server (the run ends without waiting for
+  // the interrupt, which ~ExecdClient waits for; the server also ends a command whose client went
+  // away). Any thread, idempotent.
   void cancel() {
     sdk::http::Call call;
     std::string id;
@@ -649,21 +650,20 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       std::lock_guard lock(client_.interrupts_mutex_);
       ++client_.interrupts_pending_;
     }
-    client_.http_.start(
-        std::move(request), [&client = client_, log = client_.log_, id, sandbox = sandbox_id_](
-                                sdk::http::Response* response, const sdk::Error* error) {
-          {
-            std::lock_guard lock(client.interrupts_mutex_);
-            --client.interrupts_pending_;
-          }
-          client.interrupts_done_.notify_all();
-          if (error) {
-            log.debug("interrupting command ", id, " of sandbox ", sandbox, ": ", error->what());
-          } else if (response->status >= 300 && response->status != 404) {
-            log.debug("interrupting command ", id, " of sandbox ", sandbox, ": HTTP ",
-                      response->status);
-          }
-        });
+    client_.http_.start(std::move(request), [&client = client_, log = client_.log_, id,
+                                             sandbox = sandbox_id_](sdk::http::Response* response,
+                                                                    const sdk::Error* error) {
+      {
+        std::lock_guard lock(client.interrupts_mutex_);
+        --client.interrupts_pending_;
+      }
+      client.interrupts_done_.notify_all();
+      if (error) {
+        log.debug("interrupting command ", id, " of sandbox ", sandbox, ": ", error->what());
+      } else {
+        log.debug("interrupted command ", id, " of sandbox ", sandbox, ": HTTP ", response->status);
+      }
+    });
   }
 
   std::string command_id() {

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -600,6 +601,45 @@ TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so withi
   }
   box.detach();
   CHECK(f.sandboxes_on_server() == 0);
+}
+
+// Ctrl-C on `sbx exec` cancels the command and the process exits: the interrupt must reach the
+// server and be answered before the provider goes. The server holds the interrupt's answer 1 s;
+// the host is destroyed at once (the provider with it, or on the host's janitor thread when a
+// plugin callback held it last), and the interrupt must still complete, not be cut off.
+TEST_CASE("a cancelled command's interrupt is answered although the host goes away at once") {
+  Fixture f(R"([{"route": "DELETE /command", "actions": [{"delay_ms": 1000}]}])");
+  std::string id;
+  {  // the handle and the operation go first: the host's provider lives while they do
+    auto box = f.create();
+    id = box.id();
+    std::mutex m;
+    std::condition_variable printed;
+    bool started = false;
+    sbx::ExecOptions options;
+    options.on_output = [&](sbx::OutputStream, std::string_view) {
+      std::lock_guard lock(m);
+      started = true;
+      printed.notify_all();
+    };
+    auto op = box.exec_async("echo started; sleep 30", options);
+    {
+      std::unique_lock lock(m);
+      REQUIRE(printed.wait_for(lock, 10s, [&] { return started; }));
+    }
+    op.cancel();
+    CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+    box.detach();
+  }
+  f.host.reset();
+  // The plugin logs the interrupt's answer, not a call cut off by its destruction.
+  CHECK(sbx::testing::eventually([&] { return !host_lines("interrupted command ").empty(); }, 10s));
+  CHECK(host_lines("interrupted command ").size() == 1);
+  // An answer (200, or the server's 500 when the stream's end already stopped the command).
+  CHECK(host_lines("of sandbox " + id + ": HTTP ").size() == 1);
+  CHECK(host_lines("interrupting command ").empty());  // no error, no cancellation
+  CHECK(f.request_times("DELETE /sandboxes/" + id + "/proxy/44772/command?id=", true).size() == 1);
+  CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
 }
 
 // The server checks what the request carried: in direct mode a sandbox's execd paths accept only

@@ -357,6 +357,35 @@ TEST_CASE("numbers out of range are refused with the real server's 4xx, nothing 
   CHECK(last_digits.json().at("items").as_array().empty());
 }
 
+// The real server holds metadata to Kubernetes label rules and reserves the opensandbox.io/
+// prefix: 400 SANDBOX::INVALID_METADATA_LABEL, nothing created.
+TEST_CASE("metadata that breaks the label rules is refused with INVALID_METADATA_LABEL") {
+  Fixture f;
+  auto post = [&](const std::string& metadata) {
+    return request(
+        f.port(), "POST", "/v1/sandboxes",
+        R"({"image":{"uri":"local/busybox:latest"},"entrypoint":["tail","-f","/dev/null"],)"
+        R"("resourceLimits":{},"metadata":)" +
+            metadata + "}");
+  };
+  for (const std::string& bad : std::vector<std::string>{
+           R"({"opensandbox.io/owner":"x"})", R"({"team":"has space"})", R"({"team":"-lead"})",
+           R"({"Bad_Prefix.io/k":"v"})", R"({"k":")" + std::string(64, 'v') + R"("})",
+           R"({"":"v"})", R"({"a/b/c":"v"})"}) {
+    CAPTURE(bad);
+    const auto r = post(bad);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_METADATA_LABEL");
+  }
+  CHECK(f.sandboxes_on_disk() == 0);
+  for (const std::string& good : std::vector<std::string>{
+           R"({"team":"infra","example.com/run":"r-1.2_x","empty":""})",
+           R"({"nemo-gym.nvidia.com/team":"t","k":")" + std::string(63, 'v') + R"("})"}) {
+    CAPTURE(good);
+    CHECK(post(good).status == 202);
+  }
+}
+
 TEST_CASE("sbx serve's duration flags out of range are refused before anything starts") {
   for (const auto& [flag, value] :
        std::vector<std::pair<std::string, std::string>>{{"--grace", "1e300"},
