@@ -208,24 +208,32 @@ std::string complete_event(int64_t execution_ms) {
 class LineSplitter {
  public:
   void feed(std::string_view data, std::vector<std::string>& lines) {
-    for (const char c : data) {
-      if (after_cr_ && c == '\n') {
+    while (!data.empty()) {
+      if (after_cr_) {
         after_cr_ = false;
-        continue;
+        if (data.front() == '\n') {  // the rest of a "\r\n"
+          data.remove_prefix(1);
+          continue;
+        }
       }
-      after_cr_ = c == '\r';
-      if (c == '\n' || c == '\r') {
-        lines.push_back(partial_.empty() ? std::string("\n") : std::move(partial_));
-        partial_.clear();
-        continue;
+      // A run of line bytes at once (a long line costs one append per read, not one per byte),
+      // cut where the line would pass kMaxLine.
+      const std::size_t end = std::min(data.find_first_of("\r\n"), data.size());
+      std::string_view run = data.substr(0, end);
+      while (!run.empty()) {
+        if (partial_.size() == kMaxLine) {  // only when the line goes on past the cap
+          lines.push_back(std::move(partial_));
+          partial_.clear();
+        }
+        const std::size_t take = std::min(run.size(), kMaxLine - partial_.size());
+        partial_.append(run.substr(0, take));
+        run.remove_prefix(take);
       }
-      // A piece is sent only when the line goes on past the cap: a line of exactly kMaxLine
-      // bytes is one event, with no empty line after it.
-      if (partial_.size() == kMaxLine) {
-        lines.push_back(std::move(partial_));
-        partial_.clear();
-      }
-      partial_ += c;
+      if (end == data.size()) return;
+      after_cr_ = data[end] == '\r';
+      lines.push_back(partial_.empty() ? std::string("\n") : std::move(partial_));
+      partial_.clear();
+      data.remove_prefix(end + 1);
     }
   }
   void flush(std::vector<std::string>& lines) {

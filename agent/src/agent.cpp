@@ -220,24 +220,32 @@ class LineSplitter {
  public:
   template <typename Emit>
   void feed(std::string_view data, Emit&& emit) {
-    for (const char c : data) {
-      if (after_cr_ && c == '\n') {
+    while (!data.empty()) {
+      if (after_cr_) {
         after_cr_ = false;
-        continue;
+        if (data.front() == '\n') {  // the rest of a "\r\n"
+          data.remove_prefix(1);
+          continue;
+        }
       }
-      after_cr_ = c == '\r';
-      if (c == '\n' || c == '\r') {
-        emit(partial_.empty() ? std::string_view("\n") : std::string_view(partial_));
-        partial_.clear();
-        continue;
+      // A run of line bytes at once (one append per read, not one per byte), cut where the line
+      // would pass kMaxLine.
+      const std::size_t end = std::min(data.find_first_of("\r\n"), data.size());
+      std::string_view run = data.substr(0, end);
+      while (!run.empty()) {
+        if (partial_.size() == kMaxLine) {  // only when the line goes on past the cap
+          emit(std::string_view(partial_));
+          partial_.clear();
+        }
+        const std::size_t take = std::min(run.size(), kMaxLine - partial_.size());
+        partial_.append(run.substr(0, take));
+        run.remove_prefix(take);
       }
-      // A piece is sent only when the line goes on past the cap: a line of exactly kMaxLine
-      // bytes is one event, with no empty line after it.
-      if (partial_.size() == kMaxLine) {
-        emit(std::string_view(partial_));
-        partial_.clear();
-      }
-      partial_ += c;
+      if (end == data.size()) return;
+      after_cr_ = data[end] == '\r';
+      emit(partial_.empty() ? std::string_view("\n") : std::string_view(partial_));
+      partial_.clear();
+      data.remove_prefix(end + 1);
     }
   }
   template <typename Emit>

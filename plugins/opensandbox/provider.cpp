@@ -134,6 +134,14 @@ std::optional<sdk::Error> paused_or_gone(const std::string& id, const std::strin
   }
 }
 
+// A transfer's sandbox path: a relative one is relative to the spec's workdir
+// (docs/sandbox-semantics.md); without a workdir execd resolves it against its own directory.
+std::string sandbox_path(const OpenSandbox& box, const std::string& path) {
+  if (path.empty() || path.front() == '/' || !box.workdir()) return path;
+  const std::string& dir = *box.workdir();
+  return dir + (dir.ends_with('/') ? "" : "/") + path;
+}
+
 // Refuses a transfer or command on a sandbox this handle knows paused.
 void check_not_paused(const OpenSandbox& box) {
   if (box.paused()) {
@@ -544,8 +552,10 @@ void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest
                                  sdk::ByteSource& source, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
   check_not_paused(box);
+  sdk::UploadRequest resolved = request;
+  resolved.remote_path = sandbox_path(box, request.remote_path);
   try {
-    execd_.upload(box.execd(), box.id(), request, source, cancel);
+    execd_.upload(box.execd(), box.id(), resolved, source, cancel);
   } catch (const sdk::Error& e) {
     explain_transfer_error(box.id(), e);
   }
@@ -556,7 +566,7 @@ void OpenSandboxProvider::download(sdk::Sandbox& sandbox, const std::string& rem
   const auto& box = as_box(sandbox);
   check_not_paused(box);
   try {
-    execd_.download(box.execd(), box.id(), remote_path, sink, cancel);
+    execd_.download(box.execd(), box.id(), sandbox_path(box, remote_path), sink, cancel);
   } catch (const sdk::Error& e) {
     explain_transfer_error(box.id(), e);
   }

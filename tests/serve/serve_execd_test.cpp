@@ -222,21 +222,27 @@ TEST_CASE("POST /command: a 1 MiB line is one event, a line of exactly 8 MiB too
   Fixture f;
   f.create();
   constexpr size_t kMiB = 1024 * 1024;
-  auto events = run(f, R"({"command":"head -c 1048576 /dev/zero | tr '\\0' a; echo; echo b"})");
+  // Keep-alive pings may come between the lines when a sanitizer slows the server: left out.
+  const auto run = [&](const std::string& body) {
+    std::vector<json::object> out;
+    for (auto& e : ::run(f, body))
+      if (e.at("type") != "ping") out.push_back(std::move(e));
+    return out;
+  };
+  auto events = run(R"({"command":"head -c 1048576 /dev/zero | tr '\\0' a; echo; echo b"})");
   REQUIRE(types(events) ==
-          std::vector<std::string>{"init", "ping", "stdout", "stdout", "execution_complete"});
-  CHECK(events[2].at("text").as_string().size() == kMiB);
-  CHECK(events[3].at("text") == "b");
+          std::vector<std::string>{"init", "stdout", "stdout", "execution_complete"});
+  CHECK(events[1].at("text").as_string().size() == kMiB);
+  CHECK(events[2].at("text") == "b");
   // 8 MiB and a newline: one event, no empty line after it; 8 MiB + 5 bytes: two pieces.
-  events = run(f, R"({"command":"head -c 8388608 /dev/zero | tr '\\0' a; echo"})");
+  events = run(R"({"command":"head -c 8388608 /dev/zero | tr '\\0' a; echo"})");
+  REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "execution_complete"});
+  CHECK(events[1].at("text").as_string().size() == 8 * kMiB);
+  events = run(R"({"command":"head -c 8388613 /dev/zero | tr '\\0' c; echo"})");
   REQUIRE(types(events) ==
-          std::vector<std::string>{"init", "ping", "stdout", "execution_complete"});
-  CHECK(events[2].at("text").as_string().size() == 8 * kMiB);
-  events = run(f, R"({"command":"head -c 8388613 /dev/zero | tr '\\0' c; echo"})");
-  REQUIRE(types(events) ==
-          std::vector<std::string>{"init", "ping", "stdout", "stdout", "execution_complete"});
-  CHECK(events[2].at("text").as_string().size() == 8 * kMiB);
-  CHECK(events[3].at("text") == "ccccc");
+          std::vector<std::string>{"init", "stdout", "stdout", "execution_complete"});
+  CHECK(events[1].at("text").as_string().size() == 8 * kMiB);
+  CHECK(events[2].at("text") == "ccccc");
   CHECK(f.server->stop() == 0);
 }
 
