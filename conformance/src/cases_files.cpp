@@ -60,6 +60,19 @@ void round_trip(T& t) {
   CHECK_EQ(box.download_bytes("/work/made.txt"), "replaced");
 }
 
+// A relative sandbox path is relative to the spec's workdir, for uploads and downloads as for
+// exec's cwd (docs/sandbox-semantics.md).
+void relative_paths(T& t) {
+  Sandbox box = t.create();
+  // (Commands name relative paths only: they run in the workdir, and host-process providers run
+  // them on the host, where an absolute path is the host's.)
+  box.upload_bytes("relative\n", "sub/rel.txt");
+  CHECK_EQ(box.exec("cat sub/rel.txt").stdout_text, "relative\n");
+  CHECK_EQ(box.download_bytes("/work/sub/rel.txt"), "relative\n");
+  box.exec("printf inside > sub/made.txt");
+  CHECK_EQ(box.download_bytes("sub/made.txt"), "inside");
+}
+
 void modes(T& t) {
   Sandbox box = t.create();
   const fs::path& tmp = t.tmp();
@@ -147,6 +160,9 @@ void add_file_cases(std::vector<Case>& cases) {
                     "0644",
                     ""},
                    modes});
+  cases.push_back({{"files.relative",
+                    "a relative upload or download path is relative to the spec's workdir", ""},
+                   relative_paths});
   cases.push_back({{"files.missing",
                     "downloading a missing file is NotFoundError and leaves no local file", ""},
                    missing_download});
