@@ -48,7 +48,17 @@ sdk::http::Request to(const ExecdEndpoint& endpoint, std::string method, std::st
   return request;
 }
 
+// The pause before submission `attempt` + 1 after one that reached nothing: 0.25 s doubling, at
+// most 2 s (502 resubmissions and operations.command_retries alike).
+std::chrono::milliseconds resubmit_delay(int attempt) {
+  return std::min<std::chrono::milliseconds>(250ms * (1 << std::clamp(attempt - 1, 0, 3)), 2s);
+}
+
 }  // namespace
+
+bool reached_no_answer(const sdk::Error& error) {
+  return error.status() == SBX_STATUS_UNAVAILABLE && error.http_status() == 0;
+}
 
 std::string shell_quote(std::string_view word) {
   std::string out = "'";
@@ -394,19 +404,17 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       verdict = verdict_;
     }
     if (verdict) return finish(nullptr, *verdict);
-    if (error && error->status() == SBX_STATUS_UNAVAILABLE && error->http_status() == 0 &&
-        status_ == 0 && transport_retries_ < client_.operations_.command_retries) {
+    if (error && reached_no_answer(*error) && status_ == 0 &&
+        transport_retries_ < client_.operations_.command_retries) {
       // operations.command_retries: the submission is sent again, though a command whose answer
       // was lost may have started and would then run twice (the user's choice; default 0).
       ++transport_retries_;
       client_.log_.warn("OpenSandbox command run (sandbox_id=", sandbox_id_,
                         ") failed before any answer (", error->what(), "); submitting again (",
                         transport_retries_, "/", client_.operations_.command_retries, ")");
-      const auto delay = std::min<std::chrono::milliseconds>(
-          250ms * (1 << std::min(transport_retries_ - 1, 3)), 2s);
-      return after(delay, [](Run& run) { run.submit(); });
+      return after(resubmit_delay(transport_retries_), [](Run& run) { run.submit(); });
     }
-    if (error && check_ && error->status() == SBX_STATUS_UNAVAILABLE && error->http_status() == 0) {
+    if (error && check_ && reached_no_answer(*error)) {
       // Could not connect, or lost the connection: a sandbox deleted under the handle (its port
       // is closed) or paused says so only through the lifecycle API.
       return ask([original = *error](Run& run, std::optional<sdk::Error> verdict) {
@@ -466,8 +474,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
                          sandbox_id_,
                      sdk::ErrorDetails{.retryable = false, .http_status = 502}));
     }
-    const auto delay =
-        std::min<std::chrono::milliseconds>(250ms * (1 << std::min(attempt - 1, 4)), 2s);
+    const auto delay = resubmit_delay(attempt);
     client_.log_.warn("Backend-connect 502 on command run (sandbox_id=", sandbox_id_,
                       "); submission ", attempt, "/", submissions_, ", again in ", delay.count(),
                       " ms");

@@ -134,6 +134,10 @@ class ExecdClient {
   sdk::http::Client http_;  // last: destroyed first, ending every run while the rest still lives
 };
 
+// Whether a request failed before any answer: it could not connect, or lost its connection (an
+// UNAVAILABLE transport error, no HTTP status). A paused or deleted sandbox looks like this.
+bool reached_no_answer(const sdk::Error& error);
+
 // Quotes a word for a POSIX shell: 'it'\''s'.
 std::string shell_quote(std::string_view word);
 

@@ -278,7 +278,7 @@ SandboxCheckFn OpenSandboxProvider::sandbox_check(const std::string& id) {
 
 void OpenSandboxProvider::explain_transfer_error(const std::string& id,
                                                  const sdk::Error& original) {
-  if (original.status() != SBX_STATUS_UNAVAILABLE || original.http_status() != 0) throw original;
+  if (!reached_no_answer(original)) throw original;
   std::optional<sdk::Error> verdict;
   try {
     const std::string state = lifecycle_.state(id, 5s, {});
