@@ -94,7 +94,7 @@ std::optional<std::string> ports_label(const std::vector<uint16_t>& ports) {
   return out;
 }
 
-// The ports of a descriptor's "ports" array or of the sbx.ports label; nullopt when malformed.
+// The ports of an sbx.ports label ("8080.9090"); nullopt when malformed.
 std::optional<std::vector<uint16_t>> ports_from_label(std::string_view label) {
   std::vector<uint16_t> out;
   while (!label.empty()) {
