@@ -128,7 +128,14 @@ start_dockerd() { # sets dockerd_pid
   # setsid+nohup: the daemon outlives this script and its terminal;
   # 9>&- keeps it from holding our lock.
   # dockerd starts its own containerd when none is running.
-  setsid nohup dockerd >>"${DOCKERD_LOG}" 2>&1 </dev/null 9>&- &
+  # The limits Docker's own systemd unit gives it (LimitNOFILE=infinity,
+  # LimitNPROC=infinity), not whatever this shell inherited: a CI runner's
+  # 1024 open files would leave a busy daemon unable to accept a connection.
+  (
+    ulimit -n "$(cat /proc/sys/fs/nr_open)" 2>/dev/null || ulimit -n 1048576 2>/dev/null || true
+    ulimit -u unlimited 2>/dev/null || true
+    exec setsid nohup dockerd >>"${DOCKERD_LOG}" 2>&1 </dev/null 9>&-
+  ) &
   dockerd_pid=$!
   disown
 }

@@ -72,14 +72,55 @@ if [[ " ${presets[*]} " == *" tsan "* ]]; then
   fi
 fi
 
+# A daemon that stops answering would otherwise cost every Docker test its whole
+# timeout (over an hour in all): every 30 s a watchdog runs a container; after
+# three failures in a row (each bounded at 60 s) it prints what the daemon is
+# waiting on (scripts/docker-diagnose.sh) and ends the preset's ctest.
+watch_docker() { # ctest-pid
+  local ctest_pid=$1 failures=0
+  while kill -0 "${ctest_pid}" 2>/dev/null; do
+    sleep 30
+    if timeout 60 "${docker}" -H unix:///var/run/docker.sock run --rm --network none \
+      --label sbx.watchdog=1 sbx-busybox:latest true >/dev/null 2>&1; then
+      failures=0
+    elif ((++failures >= 3)); then
+      printf '\ntest.sh: ERROR: the Docker daemon ran no container in the last %s attempts; ending the tests\n' \
+        "${failures}" >&2
+      scripts/docker-diagnose.sh "the daemon stopped running containers" >&2
+      kill -TERM -- "-${ctest_pid}" 2>/dev/null
+      return
+    fi
+  done
+}
+
+# ctest in a process group of its own (the watchdog ends the whole group); on a
+# failure, the machine's and the daemon's state are printed after its output.
+run_ctest() { # preset
+  local rc=0 ctest_pid watchdog_pid
+  setsid ctest --preset "$1" --output-on-failure --no-tests=error \
+    --timeout "${ctest_timeout}" --parallel "${ctest_jobs}" &
+  ctest_pid=$!
+  # Interrupted, the tests go too (they no longer share our process group).
+  trap 'kill -TERM -- "-${ctest_pid}" 2>/dev/null; exit 130' INT TERM
+  watch_docker "${ctest_pid}" &
+  watchdog_pid=$!
+  wait "${ctest_pid}" || rc=$?
+  kill "${watchdog_pid}" 2>/dev/null || true
+  wait "${watchdog_pid}" 2>/dev/null || true
+  trap - INT TERM
+  if ((rc != 0)); then
+    scripts/docker-diagnose.sh "ctest (${1}) failed" >&2
+    die "ctest (${1}) failed (exit ${rc})"
+  fi
+}
+
 for preset in "${presets[@]}"; do
   step "configure (${preset})"
   cmake --preset "${preset}" "${launcher[@]}"
   step "build (${preset})"
   cmake --build --preset "${preset}" --parallel "${jobs}"
   step "test (${preset})"
-  ctest --preset "${preset}" --output-on-failure --no-tests=error \
-    --timeout "${ctest_timeout}" --parallel "${ctest_jobs}"
+  run_ctest "${preset}"
   if [[ ${preset} == default ]]; then
     step "the plugin author's kit: install, packages, out-of-tree examples (scripts/kit-test.sh)"
     scripts/kit-test.sh build

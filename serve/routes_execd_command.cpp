@@ -270,6 +270,8 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
 
   int64_t ping_every_ms;  // Options::keepalive_ping
   std::size_t bound;      // Options::stream_buffer
+  // The longest output event this stream has queued (at most a kMaxLine line and its framing).
+  std::atomic<std::size_t> longest{0};
 
   Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every, std::size_t bound)
       : strand(asio::make_strand(ioc)),
@@ -300,14 +302,15 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
       (stream == OutputStream::err ? err : out).feed(data, lines);
     }
     const char* type = stream == OutputStream::err ? "stderr" : "stdout";
-    std::size_t longest = 0;
     for (auto& line : lines) {
       std::string e = text_event(type, std::move(line));
-      longest = std::max(longest, e.size());
+      for (auto seen = longest.load(); e.size() > seen;)
+        if (longest.compare_exchange_weak(seen, e.size())) break;
       if (!send(std::move(e))) return;
     }
-    // The bound is counted beyond the longest event just queued, so a line longer than the bound
-    // (up to kMaxLine) still goes out whole to a client that reads.
+    // The bound is counted beyond the longest event the stream has had, so a line longer than the
+    // bound (up to kMaxLine) goes out whole to a client that reads, and what follows it may wait
+    // while the client is still reading it.
     if (!lines.empty() && sink->queued() > bound + longest) cut();
   }
 
