@@ -1,6 +1,6 @@
 // sbx conformance: the provider conformance suite (conformance) against one provider.
 // Exit status: 0 when every case passed or is not offered, 1 when a case failed, 2 for usage
-// errors (an unknown provider, an --only that selects nothing), 74 when the --junit file cannot be
+// errors (an unknown provider, an --only/--skip that leaves nothing), 74 when the --junit file cannot be
 // written, 125 when the provider cannot be used at all (its plugin does not load).
 
 #include "commands.hpp"
@@ -22,6 +22,7 @@ struct ConformanceFields {
   std::optional<std::string> provider;
   std::optional<std::string> image;
   std::string only;
+  std::string skip;
   std::optional<std::string> junit;
   uint64_t seed = 0;
   bool list = false;
@@ -41,7 +42,7 @@ std::string seconds_text(double s) {
 
 int list_cases(const ConformanceFields& f) {
   for (const auto& c : sbx::conformance::cases()) {
-    if (!sbx::conformance::matches(f.only, c.name)) continue;
+    if (!sbx::conformance::selected_by(f.only, f.skip, c.name)) continue;
     print_line(c.name + "\t" + c.description +
                (c.offered_if.empty() ? "" : " [not offered when: " + c.offered_if + "]"));
   }
@@ -60,6 +61,7 @@ int conformance(ConformanceFields& f, const Global& g) {
   options.provider = *f.provider;
   options.image = f.image;
   options.only = f.only;
+  options.skip = f.skip;
   options.shuffle_seed = f.seed;
   options.on_result = [](const sbx::conformance::CaseResult& r) {
     const std::string outcome(sbx::conformance::to_string(r.outcome));
@@ -114,8 +116,8 @@ Command conformance_command() {
   return make_command<F>({
       .name = "conformance",
       .summary = "Run the provider conformance suite against a provider",
-      .usage = "--provider NAME [--image IMAGE] [--only PATTERN] [--junit FILE] [--seed N] "
-               "[--list]",
+      .usage = "--provider NAME [--image IMAGE] [--only PATTERN] [--skip PATTERN] [--junit FILE] "
+               "[--seed N] [--list]",
       .description =
           "Runs the conformance cases (docs/conformance.md) against one provider: each case\n"
           "makes its own sandboxes. Prints each case (ok, FAILED with what failed, or not\n"
@@ -133,6 +135,9 @@ Command conformance_command() {
                        "Cases to run: a glob over the case name when it holds * ? or [,\n"
                        "else a substring; case-insensitive (e.g. 'exec.*', files)",
                        [](F& f, const Arg& a) { f.only = a.text; }),
+              value<F>("--skip", "PATTERN",
+                       "Cases to leave out of those --only selects: a pattern as for --only",
+                       [](F& f, const Arg& a) { f.skip = a.text; }),
               value<F>("--junit", "FILE", "Also write the results as JUnit XML to FILE",
                        [](F& f, const Arg& a) { f.junit = a.text; }),
               value<F>("--seed", "N", "Run the cases in a random order drawn from N (> 0)",
@@ -141,18 +146,21 @@ Command conformance_command() {
                          if (n <= 0) throw UsageError("--seed must be > 0, got '" + a.text + "'");
                          f.seed = static_cast<uint64_t>(n);
                        }),
-              flag("--list", "List the cases (those --only selects) and exit", &F::list),
+              flag("--list", "List the cases (those --only and --skip select) and exit", &F::list),
           },
       .check =
           [](F& f) {
             if (!f.list && !f.provider) throw UsageError("conformance needs --provider NAME");
-            if (!f.only.empty()) {
+            if (!f.only.empty() || !f.skip.empty()) {
               bool any = false;
               for (const auto& c : sbx::conformance::cases())
-                any = any || sbx::conformance::matches(f.only, c.name);
+                any = any || sbx::conformance::selected_by(f.only, f.skip, c.name);
               if (!any) {
-                throw UsageError("--only '" + f.only +
-                                 "' selects no case (sbx conformance --list shows them)");
+                throw UsageError(f.skip.empty()
+                                     ? "--only '" + f.only +
+                                           "' selects no case (sbx conformance --list shows them)"
+                                     : "--only '" + f.only + "' and --skip '" + f.skip +
+                                           "' leave no case (sbx conformance --list shows them)");
               }
             }
           },

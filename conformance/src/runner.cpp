@@ -208,6 +208,10 @@ bool matches(std::string_view pattern, std::string_view name) {
   return n.find(p) != std::string::npos;
 }
 
+bool selected_by(std::string_view only, std::string_view skip, std::string_view name) {
+  return matches(only, name) && (skip.empty() || !matches(skip, name));
+}
+
 std::string_view to_string(Outcome outcome) noexcept {
   switch (outcome) {
     case Outcome::passed:
@@ -232,11 +236,11 @@ Host::Options suite_host_options(const Options& options) {
 Summary run(const Options& options) {
   std::vector<const Case*> selected;
   for (const auto& c : all_cases()) {
-    if (matches(options.only, c.info.name)) selected.push_back(&c);
+    if (selected_by(options.only, options.skip, c.info.name)) selected.push_back(&c);
   }
   if (selected.empty()) {
-    throw InvalidArgumentError("--only '" + options.only + "' selects no case (sbx conformance " +
-                               "--list shows them)");
+    throw InvalidArgumentError("--only '" + options.only + "' and --skip '" + options.skip +
+                               "' leave no case (sbx conformance --list shows them)");
   }
   if (options.shuffle_seed != 0) {
     std::mt19937_64 random(options.shuffle_seed);

@@ -49,6 +49,16 @@ cat "$work/user.out"
 has "$work/user.out" "not offered exec.user"
 has "$work/user.out" "1 case on provider 'test_processes': 0 passed, 0 failed, 1 not offered"
 
+# --skip leaves cases out of what --only selects.
+"$sbx" conformance --plugin-dir "$plugins" --provider test_processes --only 'exec.*' \
+  --skip 'exec.[a-s]*' > "$work/skip.out" 2>&1 || fail "--skip run exited $?"
+cat "$work/skip.out"
+"$sbx" conformance --list --only 'exec.*' --skip 'exec.[a-s]*' | cut -f1 > "$work/skip-list"
+[ -s "$work/skip-list" ] || fail "--list with --skip listed nothing"
+! grep -q '^exec\.[a-s]' "$work/skip-list" || fail "--list listed a skipped case"
+while read -r name; do has "$work/skip.out" " $name "; done < "$work/skip-list"
+lacks "$work/skip.out" "exec.cancel"
+
 # A random order from a seed runs every selected case, in another order than the suite's.
 "$sbx" conformance --plugin-dir "$plugins" --provider test_processes --only 'exec.*' \
   --seed 7 > "$work/seed.out" 2>&1 || fail "--seed 7 exited $?"

@@ -52,6 +52,11 @@ TEST_CASE("sbx conformance: what it refuses before running anything") {
         "--seed must be a whole number, got 'x'");
   CHECK(usage_error({"conformance", "--provider", "p", "--only", "no.such.*"}) ==
         "--only 'no.such.*' selects no case (sbx conformance --list shows them)");
+  CHECK(usage_error({"conformance", "--provider", "p", "--only", "exec.timeout", "--skip",
+                     "exec.*"}) == "--only 'exec.timeout' and --skip 'exec.*' leave no case "
+                                  "(sbx conformance --list shows them)");
+  CHECK(usage_error({"conformance", "--provider", "p", "--skip", "*"}) ==
+        "--only '' and --skip '*' leave no case (sbx conformance --list shows them)");
   CHECK(usage_error({"conformance", "--provider"}).find("--provider") != std::string::npos);
   CHECK(usage_error({"conformance", "--provider", "p", "extra"}).find("extra") !=
         std::string::npos);
@@ -63,6 +68,17 @@ TEST_CASE("sbx conformance: what it refuses before running anything") {
   CHECK(help.kind == CommandLine::Kind::help);
   const std::string text = command_help(help.command->info);
   CHECK(text.find("1 when one did") != std::string::npos);
+}
+
+TEST_CASE("--skip leaves out what it matches of what --only selects") {
+  using sbx::conformance::selected_by;
+  CHECK(selected_by("", "", "lifecycle.ttl"));
+  CHECK_FALSE(selected_by("", "lifecycle.ttl", "lifecycle.ttl"));
+  CHECK(selected_by("", "lifecycle.ttl", "lifecycle.create"));
+  CHECK_FALSE(selected_by("exec.*", "", "files.modes"));
+  CHECK_FALSE(selected_by("exec.*", "*.timeout", "exec.timeout"));
+  CHECK(selected_by("exec.*", "*.timeout", "exec.cancel"));
+  CHECK_FALSE(selected_by("", "FILES", "files.modes"));  // case-insensitive, as --only
 }
 
 TEST_CASE("case names are unique and selection is a glob or a substring") {

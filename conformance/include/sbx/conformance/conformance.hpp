@@ -40,6 +40,9 @@ const std::vector<CaseInfo>& cases();
 // when the pattern holds one of "*?[", else a substring; both case-insensitive. An empty pattern
 // selects everything.
 bool matches(std::string_view pattern, std::string_view name);
+// Whether a run with --only `only` and --skip `skip` takes the case `name`: `only` matches it
+// (an empty one matches every case) and `skip` does not (an empty one matches none).
+bool selected_by(std::string_view only, std::string_view skip, std::string_view name);
 
 enum class Outcome { passed, failed, not_offered };
 std::string_view to_string(Outcome outcome) noexcept;  // "ok", "FAILED", "not offered"
@@ -68,6 +71,7 @@ struct Options {
   std::string provider;  // a config block name or a provider id
   std::optional<std::string> image;  // image of every sandbox; unset: the provider's default
   std::string only;                  // case selection (matches()); empty: every case
+  std::string skip;                  // cases left out (matches()); empty: none
   uint64_t shuffle_seed = 0;  // 0: the suite's order; else cases in an order drawn from the seed
   std::function<void(const CaseInfo&)> on_start;     // before a case runs
   std::function<void(const CaseResult&)> on_result;  // after it
@@ -75,7 +79,7 @@ struct Options {
 
 // Runs the selected cases. Throws what the host throws when the provider cannot be had at all
 // (an unknown name: InvalidArgumentError; a plugin that does not load: PluginLoadError), and
-// InvalidArgumentError when `only` selects no case; every other failure is a case's result.
+// InvalidArgumentError when `only` and `skip` leave no case; every other failure is a case's result.
 Summary run(const Options& options);
 
 // The summary as a JUnit XML document (one <testsuite>, a <testcase> per case run; a failed case
