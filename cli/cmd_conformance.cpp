@@ -1,7 +1,7 @@
 // sbx conformance: the provider conformance suite (conformance) against one provider.
 // Exit status: 0 when every case passed or is not offered, 1 when a case failed, 2 for usage
-// errors (an unknown provider, an --only/--skip that leaves nothing), 74 when the --junit file cannot be
-// written, 125 when the provider cannot be used at all (its plugin does not load).
+// errors (an unknown provider, an --only/--skip that leaves nothing), 74 when the --junit file
+// cannot be written, 125 when the provider cannot be used at all (its plugin does not load).
 
 #include "commands.hpp"
 #include "shared.hpp"

@@ -52,9 +52,10 @@ TEST_CASE("sbx conformance: what it refuses before running anything") {
         "--seed must be a whole number, got 'x'");
   CHECK(usage_error({"conformance", "--provider", "p", "--only", "no.such.*"}) ==
         "--only 'no.such.*' selects no case (sbx conformance --list shows them)");
-  CHECK(usage_error({"conformance", "--provider", "p", "--only", "exec.timeout", "--skip",
-                     "exec.*"}) == "--only 'exec.timeout' and --skip 'exec.*' leave no case "
-                                  "(sbx conformance --list shows them)");
+  CHECK(usage_error(
+            {"conformance", "--provider", "p", "--only", "exec.timeout", "--skip", "exec.*"}) ==
+        "--only 'exec.timeout' and --skip 'exec.*' leave no case "
+        "(sbx conformance --list shows them)");
   CHECK(usage_error({"conformance", "--provider", "p", "--skip", "*"}) ==
         "--only '' and --skip '*' leave no case (sbx conformance --list shows them)");
   CHECK(usage_error({"conformance", "--provider"}).find("--provider") != std::string::npos);

@@ -79,7 +79,8 @@ struct Options {
 
 // Runs the selected cases. Throws what the host throws when the provider cannot be had at all
 // (an unknown name: InvalidArgumentError; a plugin that does not load: PluginLoadError), and
-// InvalidArgumentError when `only` and `skip` leave no case; every other failure is a case's result.
+// InvalidArgumentError when `only` and `skip` leave no case; every other failure is a case's
+// result.
 Summary run(const Options& options);
 
 // The summary as a JUnit XML document (one <testsuite>, a <testcase> per case run; a failed case
