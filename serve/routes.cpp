@@ -39,9 +39,9 @@ const std::array kRoutes{
     Route{verb::post, "/code/context", Api::execd},
     Route{verb::post, "/code", Api::execd},
     Route{verb::delete_, "/code", Api::execd},
-    Route{verb::post, "/session", Api::execd},
-    Route{verb::post, "/session/{id}/run", Api::execd},
-    Route{verb::delete_, "/session/{id}", Api::execd},
+    Route{verb::post, "/session", Api::execd, false, post_session},
+    Route{verb::post, "/session/{id}/run", Api::execd, true, post_session_run},  // a stream
+    Route{verb::delete_, "/session/{id}", Api::execd, false, delete_session},
     Route{verb::post, "/command", Api::execd, true, post_command},  // an event stream
     Route{verb::delete_, "/command", Api::execd, false, delete_command},
     Route{verb::get, "/command/status/{id}", Api::execd, false, get_command_status},

@@ -389,16 +389,6 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, 
   }
 }
 
-// POST /command's body, read and checked (execd's 400 INVALID_REQUEST_BODY otherwise).
-struct CommandRequest {
-  std::string command;
-  std::optional<std::string> cwd;
-  bool background = false;
-  std::optional<int64_t> timeout_ms;
-  StringMap envs;
-  std::optional<uint32_t> uid, gid;
-};
-
 std::optional<int64_t> integer_of(const json::value& v) {
   if (v.is_int64()) return v.as_int64();
   if (v.is_uint64() && v.as_uint64() <= static_cast<uint64_t>(INT64_MAX)) {
@@ -407,6 +397,7 @@ std::optional<int64_t> integer_of(const json::value& v) {
   return std::nullopt;
 }
 
+// POST /command's body, read and checked (execd's 400 INVALID_REQUEST_BODY otherwise).
 std::optional<CommandRequest> read_command(const Request& request, std::string& why) {
   boost::system::error_code ec;
   const json::value value = json::parse(request.body(), ec);
@@ -656,27 +647,25 @@ void append_log(Command& command, std::string_view data) {
   }
 }
 
-void run_command(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
-                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
-  std::string why;
-  auto parsed = read_command(request, why);
-  if (!parsed) {
-    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY", why));
-    return;
-  }
-  CommandRequest cmd = std::move(*parsed);
+}  // namespace
+
+std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& state,
+                                          const std::shared_ptr<Entry>& entry,
+                                          const Request& request, const Reply& reply,
+                                          const OpenStream& open_stream, CommandRequest cmd,
+                                          const std::string& init_text) {
   switch (state->gate.try_open_stream(state->options.max_streams)) {
     case StopGate::StreamAdmit::ok:
       break;
     case StopGate::StreamAdmit::stopping:
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "the server is stopping"));
-      return;
+      return std::nullopt;
     case StopGate::StreamAdmit::full:
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "too many open command streams (at most " +
                             std::to_string(state->options.max_streams) + "); try again later"));
-      return;
+      return std::nullopt;
   }
   const auto& o = state->options;
   auto command = std::make_shared<Command>();
@@ -776,7 +765,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
         reply(error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
                              "Sandbox " + entry->id + " not found."));
     }
-    return;
+    return std::nullopt;
   }
 
   if (state->options.faults) {  // the fault plan's cut_after_events (faults.hpp)
@@ -785,7 +774,7 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
     }
   }
   if (launch->fg) {
-    launch->fg->send(text_event("init", command->id));
+    launch->fg->send(text_event("init", init_text.empty() ? command->id : init_text));
     launch->fg->send(text_event("ping", "pong"));
     // A client that goes away (or is cut for being slow) cancels the command, waiting or not.
     sink->on_gone([execd, command] { cancel_command(*execd, command); });
@@ -793,12 +782,31 @@ void run_command(const std::shared_ptr<Server::State>& state, const std::shared_
   } else {
     // The stream ends at once, whether it runs or waits; the output goes to the log.
     release_stream(state);
-    sink->send(text_event("init", command->id));
+    sink->send(text_event("init", init_text.empty() ? command->id : init_text));
     sink->send(text_event("ping", "pong"));
     sink->send(complete_event(launch->elapsed_ms()));
     sink->end();
   }
   if (admit == Admit::start) launch->start();
+  return command->id;
+}
+
+bool cancel_command(ExecdState& execd, const std::string& id) {
+  const auto command = find_command(execd, id);
+  return command && cancel_command(execd, command);
+}
+
+namespace {
+
+void run_command(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
+                 const Request& request, const Reply& reply, const OpenStream& open_stream) {
+  std::string why;
+  auto parsed = read_command(request, why);
+  if (!parsed) {
+    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY", why));
+    return;
+  }
+  launch_command(state, entry, request, reply, open_stream, std::move(*parsed));
 }
 
 void interrupt(const std::shared_ptr<Entry>& entry, const Request& request, const Reply& reply) {

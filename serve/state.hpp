@@ -62,6 +62,11 @@ void shutdown_execd(ExecdState& execd);
 // How many of the sandbox's commands still run.
 int running_commands(ExecdState& execd);
 
+// The bash sessions of one sandbox (routes_execd_session.cpp): POST /session's ids, each with
+// its working directory and its latest runs. Thread-safe.
+struct SessionTable;
+std::shared_ptr<SessionTable> new_session_table();
+
 // A response sent in pieces once its head is out: an event stream (chunked) or a download (with a
 // Content-Length). Made by the connection (OpenStream) for one request.
 //
@@ -172,6 +177,8 @@ struct Entry {
   bool store_removed = false;  // guarded by store_mutex
   // Its commands (execd API); shut down by begin_close.
   std::shared_ptr<ExecdState> execd = new_execd_state();
+  // Its bash sessions (execd API); their runs are commands of `execd`.
+  std::shared_ptr<SessionTable> sessions = new_session_table();
 
  private:
   mutable std::mutex box_mutex_;
@@ -359,6 +366,10 @@ void post_command(const Call& call);
 void delete_command(const Call& call);
 void get_command_status(const Call& call);
 void get_command_logs(const Call& call);
+// routes_execd_session.cpp
+void post_session(const Call& call);
+void post_session_run(const Call& call);
+void delete_session(const Call& call);
 // routes_execd_files.cpp
 void get_files_info(const Call& call);
 void get_files_download(const Call& call);
@@ -380,6 +391,27 @@ void start_reload(const std::shared_ptr<Server::State>& state, std::optional<boo
 void stop_admin(Server::State& state);
 // Starts watching Admin::watched (watch.cpp) with State::watch_fd: a change starts a reload.
 void start_watch(const std::shared_ptr<Server::State>& state);
+
+// A command as POST /command's body gives it (routes_execd_command.cpp).
+struct CommandRequest {
+  std::string command;
+  std::optional<std::string> cwd;
+  bool background = false;
+  std::optional<int64_t> timeout_ms;  // none: no limit
+  sbx::StringMap envs;
+  std::optional<uint32_t> uid, gid;
+};
+// Runs `cmd` in the sandbox as POST /command does: admitted (or refused with 429/503), then an
+// event stream through `open_stream` (foreground) or the background log. `init_text`: the text of
+// the stream's init event (empty: the command's id, as POST /command sends). Returns the
+// command's id once admitted; otherwise it has answered through `reply`.
+std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& state,
+                                          const std::shared_ptr<Entry>& entry,
+                                          const Request& request, const Reply& reply,
+                                          const OpenStream& open_stream, CommandRequest cmd,
+                                          const std::string& init_text = {});
+// Cancels the sandbox's command `id` if it runs or waits for a slot; false otherwise. Any thread.
+bool cancel_command(ExecdState& execd, const std::string& id);
 
 // An execd path on the gateway: /sandboxes/{id}/proxy/{port}/{rest} (direct) or the same under /v1
 // (server proxy). `rest` starts with '/'.

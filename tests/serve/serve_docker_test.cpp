@@ -170,5 +170,32 @@ TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, 
   CHECK(info.json().at("/tmp/up/big.bin").at("mode") == 600);
   CHECK(info.json().at("/tmp/up/big.bin").at("size") == static_cast<int64_t>(big.size()));
   CHECK(request(server.port(), "GET", base + "/files/info?path=/tmp/nope").status == 404);
+
+  // A bash session (NeMo Gym's preserve_background_services=True): a service a run starts, its
+  // output redirected, outlives the run and the session; `cd` carries to the next run.
+  const auto session = request(server.port(), "POST", base + "/session", R"({"cwd":"/tmp"})");
+  REQUIRE(session.status == 200);
+  const std::string sid(session.json().at("session_id").as_string());
+  auto run_in = [&](const std::string& command) {
+    StreamClient s(server.port(), "POST", base + "/session/" + sid + "/run",
+                   boost::json::serialize(boost::json::object{{"command", command}}));
+    REQUIRE(s.status() == 200);
+    std::vector<boost::json::object> out;
+    for (auto& e : s.rest())
+      if (e.at("type") == "stdout" || e.at("type") == "error") out.push_back(std::move(e));
+    return out;
+  };
+  events = run_in("mkdir -p svc && cd svc && (sleep 600 </dev/null >/dev/null 2>&1 &"
+                  " echo $! > pid) && echo started");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].at("text") == "started");
+  events = run_in("pwd; kill -0 $(cat pid) && echo running");
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].at("text") == "/tmp/svc");
+  CHECK(events[1].at("text") == "running");
+  CHECK(request(server.port(), "DELETE", base + "/session/" + sid).status == 200);
+  events = run(R"({"command":"kill -0 $(cat /tmp/svc/pid) && echo still running"})");
+  REQUIRE(events.size() == 4);
+  CHECK(events[2].at("text") == "still running");
   CHECK(server.stop() == 0);
 }

@@ -224,6 +224,7 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   }
   std::vector<std::string> env_strings = {"PATH=/usr/local/bin:/usr/bin:/bin",
                                           "HOME=" + sandbox.dir().string(),
+                                          "TMPDIR=" + sandbox.dir().string(),
                                           "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
   sdk::KeyValues env = sandbox.spec().env;
   for (const auto& [k, v] : req.env)
