@@ -20,7 +20,7 @@ const std::array kRoutes{
     Route{verb::post, "/sandboxes", Api::lifecycle, false, post_sandboxes},
     Route{verb::get, "/sandboxes/{id}", Api::lifecycle, false, get_sandbox},
     Route{verb::delete_, "/sandboxes/{id}", Api::lifecycle, false, delete_sandbox},
-    Route{verb::patch, "/sandboxes/{id}/metadata", Api::lifecycle},
+    Route{verb::patch, "/sandboxes/{id}/metadata", Api::lifecycle, false, patch_sandbox_metadata},
     Route{verb::post, "/sandboxes/{id}/snapshots", Api::lifecycle},
     Route{verb::post, "/sandboxes/{id}/pause", Api::lifecycle, false, post_pause},
     Route{verb::post, "/sandboxes/{id}/resume", Api::lifecycle, false, post_resume},

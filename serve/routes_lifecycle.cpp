@@ -475,7 +475,7 @@ void finish_create(const std::shared_ptr<Server::State>& state, uint64_t ticket,
                                             {"reason", "CONTAINER_RUNNING"},
                                             {"message", "Sandbox container started successfully."},
                                             {"lastTransitionAt", format_time(entry->created_at)}}}};
-  if (entry->metadata) body["metadata"] = *entry->metadata;
+  if (auto metadata = entry->metadata()) body["metadata"] = std::move(*metadata);
   if (expires_at) body["expiresAt"] = format_time(*expires_at);
   body["createdAt"] = format_time(entry->created_at);
   body["entrypoint"] = entrypoint_json(*entry);
@@ -515,7 +515,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   auto entry = std::make_shared<Entry>();
   entry->image = read->image;
   entry->entrypoint = read->entrypoint;
-  entry->metadata = read->metadata;
+  entry->set_metadata(read->metadata);
   // As the real server: createdAt is taken when the request is accepted and expiresAt counts
   // from it, so the server's expiry never comes after the provider's own TTL.
   entry->created_at = std::chrono::system_clock::now();
@@ -642,7 +642,7 @@ json::object sandbox_json(const std::shared_ptr<Server::State>& state, const Ent
   json::object body{{"id", entry.id},
                     {"image", json::object{{"uri", entry.image}}},
                     {"status", status_of(status, entry.created_at)}};
-  if (entry.metadata) body["metadata"] = *entry.metadata;
+  if (auto metadata = entry.metadata()) body["metadata"] = std::move(*metadata);
   body["entrypoint"] = entrypoint_json(entry);
   if (expires_at) body["expiresAt"] = format_time(*expires_at);
   body["createdAt"] = format_time(entry.created_at);
@@ -669,6 +669,49 @@ void get(const std::shared_ptr<Server::State>& state, const Request& request, co
           reply(provider_error_response(shape, std::current_exception(), id));
         }
       });
+}
+
+// PATCH /sandboxes/{id}/metadata: a JSON Merge Patch of string values (null removes a key), each
+// pair under the create's rules; answers the sandbox as GET does. Kept in the state directory.
+// The provider's own labels (a container's, fixed at its create) are not changed: the patched
+// metadata is what this server's GET and list answer and filter on.
+void patch_metadata(const std::shared_ptr<Server::State>& state, const Request& request,
+                    const Reply& reply, const std::string& id) {
+  auto entry = find_live(state, id);
+  if (!entry) {
+    reply(not_found(request, id));
+    return;
+  }
+  auto parsed = parse_json_body(request, reply);
+  if (!parsed) return;
+  Invalid invalid;
+  if (!parsed->is_object()) {
+    invalid.add("dict_type", json::array{"body"}, "Input should be a valid dictionary", *parsed);
+  } else {
+    for (const auto& [k, v] : parsed->as_object()) {
+      if (!v.is_string() && !v.is_null()) {
+        invalid.add("string_type", json::array{"body", json::string(k)}, "Input should be a valid string",
+                    v);
+      }
+    }
+  }
+  if (!invalid.detail.empty()) {
+    reply(json_response(request, http::status::unprocessable_entity,
+                        json::object{{"detail", std::move(invalid.detail)}}));
+    return;
+  }
+  const json::object& patch = parsed->as_object();
+  for (const auto& [k, v] : patch) {
+    const std::string problem = metadata_problem(k, v.is_string() ? v.as_string() : "x");
+    if (!problem.empty()) {
+      reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_METADATA_LABEL",
+                           problem + "."));
+      return;
+    }
+  }
+  entry->patch_metadata(patch);
+  store_save(*state, *entry);
+  get(state, request, reply, id);
 }
 
 void remove(const std::shared_ptr<Server::State>& state, const Request& request, const Reply& reply,
@@ -793,10 +836,11 @@ void list(const std::shared_ptr<Server::State>& state, const Request& request, c
 
   retire_expired(state);
   std::vector<std::shared_ptr<Entry>> entries;
-  for (const auto& entry : state->registry.snapshot()) {  // metadata: fixed once it entered
+  for (const auto& entry : state->registry.snapshot()) {
     bool match = true;
+    const auto metadata = entry->metadata();
     for (const auto& [k, v] : wanted) {
-      const json::value* have = entry->metadata ? entry->metadata->if_contains(k) : nullptr;
+      const json::value* have = metadata ? metadata->if_contains(k) : nullptr;
       match = match && have && have->is_string() && have->as_string() == v;
     }
     if (match) entries.push_back(entry);
@@ -914,6 +958,10 @@ void get_sandbox(const Call& call) {
 
 void delete_sandbox(const Call& call) {
   remove(call.state, call.request, call.reply, call.sandbox_id);
+}
+
+void patch_sandbox_metadata(const Call& call) {
+  patch_metadata(call.state, call.request, call.reply, call.sandbox_id);
 }
 
 }  // namespace sbx::serve

@@ -165,7 +165,29 @@ struct Entry {
   std::string id;  // box()->id(), kept: a detached Sandbox has none
   std::string image;
   std::vector<std::string> entrypoint;
-  std::optional<boost::json::object> metadata;
+  // Its metadata (the create's, then as PATCH /sandboxes/{id}/metadata changed it). Any thread.
+  std::optional<boost::json::object> metadata() const {
+    std::lock_guard lock(metadata_mutex_);
+    return metadata_;
+  }
+  void set_metadata(std::optional<boost::json::object> metadata) {
+    std::lock_guard lock(metadata_mutex_);
+    metadata_ = std::move(metadata);
+  }
+  // JSON Merge Patch (RFC 7396) of string values: a string sets its key, null removes it. The
+  // caller has checked `patch`. Returns the metadata after it.
+  boost::json::object patch_metadata(const boost::json::object& patch) {
+    std::lock_guard lock(metadata_mutex_);
+    boost::json::object& m = metadata_ ? *metadata_ : metadata_.emplace();
+    for (const auto& [k, v] : patch) {
+      if (v.is_null()) {
+        m.erase(k);
+      } else {
+        m[k] = v;
+      }
+    }
+    return m;
+  }
   std::chrono::system_clock::time_point created_at;
   // Set by the entry's maker before it enters the registry; from then on guarded by the Registry's
   // mutex: read with Registry::expires_at, changed with Registry::renew.
@@ -183,6 +205,8 @@ struct Entry {
  private:
   mutable std::mutex box_mutex_;
   std::shared_ptr<sbx::Sandbox> box_;
+  mutable std::mutex metadata_mutex_;
+  std::optional<boost::json::object> metadata_;
 };
 
 // The server's io_context, with execution_context::shutdown made callable.
@@ -355,6 +379,7 @@ void get_sandboxes(const Call& call);
 void post_sandboxes(const Call& call);
 void get_sandbox(const Call& call);
 void delete_sandbox(const Call& call);
+void patch_sandbox_metadata(const Call& call);
 // routes_sandbox_ops.cpp
 void post_pause(const Call& call);
 void post_resume(const Call& call);

@@ -91,7 +91,7 @@ json::object to_json(const Entry& entry, std::optional<std::chrono::system_clock
                    {"image", entry.image},
                    {"entrypoint", std::move(entrypoint)},
                    {"createdAtUs", unix_us(entry.created_at)}};
-  if (entry.metadata) out["metadata"] = *entry.metadata;
+  if (auto metadata = entry.metadata()) out["metadata"] = std::move(*metadata);
   if (exp) out["expiresAtUs"] = unix_us(*exp);
   return out;
 }
@@ -105,7 +105,7 @@ std::shared_ptr<Entry> from_json(const json::object& o) {
   entry->image = std::string(o.at("image").as_string());
   for (const auto& word : o.at("entrypoint").as_array())
     entry->entrypoint.emplace_back(word.as_string());
-  if (const auto* m = o.if_contains("metadata")) entry->metadata = m->as_object();
+  if (const auto* m = o.if_contains("metadata")) entry->set_metadata(m->as_object());
   entry->created_at = from_unix_us(o.at("createdAtUs").to_number<int64_t>());
   if (const auto* e = o.if_contains("expiresAtUs")) {
     entry->expires_at = from_unix_us(e->to_number<int64_t>());

@@ -386,6 +386,52 @@ TEST_CASE("metadata that breaks the label rules is refused with INVALID_METADATA
   }
 }
 
+TEST_CASE("PATCH /sandboxes/{id}/metadata: a JSON Merge Patch; GET and list follow; errors") {
+  Fixture f;
+  const std::string id = create(f.port(), R"({"a":"1","b":"2"})");
+  const std::string path = "/v1/sandboxes/" + id + "/metadata";
+  const auto patched =
+      request(f.port(), "PATCH", path, std::string(R"({"b":null,"c":"3","a":"9","gone":null})"));
+  REQUIRE(patched.status == 200);
+  const json::object expected{{"a", "9"}, {"c", "3"}};
+  CHECK(patched.json().at("id") == json::value(id));
+  CHECK(patched.json().at("metadata") == expected);
+  CHECK(patched.json().at("status").at("state") == "Running");
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("metadata") == expected);
+  CHECK(ids_of(request(f.port(), "GET", "/v1/sandboxes?metadata=c%3D3")) ==
+        std::vector<std::string>{id});
+  CHECK(ids_of(request(f.port(), "GET", "/sandboxes?metadata=b%3D2")).empty());
+  // {} changes nothing and answers the sandbox; the root path serves it too.
+  const auto same = request(f.port(), "PATCH", "/sandboxes/" + id + "/metadata", std::string("{}"));
+  REQUIRE(same.status == 200);
+  CHECK(same.json().at("metadata") == expected);
+
+  for (const char* bad :
+       {R"({"opensandbox.io/owner":"x"})", R"({"team":"has space"})", R"({"":"v"})"}) {
+    CAPTURE(bad);
+    const auto r = request(f.port(), "PATCH", path, bad);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "SANDBOX::INVALID_METADATA_LABEL");
+  }
+  for (const std::string& bad : {std::string(R"({"k":5})"), std::string("[]")}) {
+    CAPTURE(bad);
+    const auto r = request(f.port(), "PATCH", path, bad);
+    CHECK(r.status == 422);
+    CHECK(r.json().at("detail").is_array());
+  }
+  CHECK(request(f.port(), "GET", "/v1/sandboxes/" + id).json().at("metadata") == expected);
+  const auto unknown =
+      request(f.port(), "PATCH", "/v1/sandboxes/nope/metadata", std::string(R"({"a":"1"})"));
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json().at("code") == "DOCKER::SANDBOX_NOT_FOUND");
+  // A sandbox created without metadata gets some.
+  const std::string bare = create(f.port(), "{}", "null");
+  const auto added = request(f.port(), "PATCH", "/v1/sandboxes/" + bare + "/metadata",
+                             std::string(R"({"k":"v"})"));
+  REQUIRE(added.status == 200);
+  CHECK(added.json().at("metadata") == json::object{{"k", "v"}});
+}
+
 TEST_CASE("sbx serve's duration flags out of range are refused before anything starts") {
   for (const auto& [flag, value] :
        std::vector<std::pair<std::string, std::string>>{{"--grace", "1e300"},
@@ -666,7 +712,12 @@ TEST_CASE("--state-dir with --keep-on-stop: a restarted server serves the same i
   Fixture f({"--state-dir", state, "--keep-on-stop"});
   const std::string a = create(f.port(), R"({"team":"infra"})");
   const std::string b = create(f.port(), "{}", "null");
+  // A patched metadata is what the state directory keeps.
+  REQUIRE(request(f.port(), "PATCH", "/v1/sandboxes/" + a + "/metadata",
+                  std::string(R"({"team":null,"owner":"me"})"))
+              .status == 200);
   const auto before = request(f.port(), "GET", "/v1/sandboxes/" + a);
+  CHECK(before.json().at("metadata") == json::object{{"owner", "me"}});
   REQUIRE(before.status == 200);
   // One server per state directory.
   std::string output;
