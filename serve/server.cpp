@@ -70,6 +70,11 @@ Server::State::State(sbx::Provider p, Options o)
 
 namespace {
 
+// How much of an upload answered before its body was read is still read (and dropped) so that
+// the client gets the answer: at most this many bytes, for at most this long.
+constexpr std::uint64_t kUploadLingerBytes = 256ull * 1024 * 1024;
+constexpr std::chrono::milliseconds kUploadLingerTime{10000};
+
 // One connection: reads requests one after the other (keep-alive), answers each in order. A
 // request's head is read first: an upload's body is then consumed as it arrives (BodySink), any
 // other body is read whole within Options::body_limit. An answer is one Response (write()) or a
@@ -503,13 +508,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // client read it. So the sending side is shut, and what the client still sends is read into a
   // small scratch buffer and dropped (never kept), for a bounded time and amount, then the socket
   // closes.
+  // An upload's body may be long: it gets up to kUploadLingerBytes and kUploadLingerTime.
   void linger_close() {
     unread_body_ = false;
     beast::error_code ignored;
     stream_.socket().shutdown(asio::socket_base::shutdown_send, ignored);
-    stream_.expires_after(
-        std::min<std::chrono::milliseconds>(state_->options.read_timeout, std::chrono::seconds(2)));
-    linger_left_ = state_->options.body_limit + state_->options.header_limit;
+    const bool upload = linger_bytes_ > 0;
+    stream_.expires_after(std::min<std::chrono::milliseconds>(
+        state_->options.read_timeout, upload ? kUploadLingerTime : std::chrono::seconds(2)));
+    linger_left_ =
+        (upload ? linger_bytes_ : state_->options.body_limit) + state_->options.header_limit;
+    linger_bytes_ = 0;
     linger_read();
   }
   void linger_read() {
@@ -532,6 +541,12 @@ class Session : public std::enable_shared_from_this<Session> {
     spdlog::debug("sbx serve: {} {} (request {}, streamed body)", std::string(head.method_string()),
                   std::string(head.target()), request_id_);
     keep_alive_ = false;  // an upload refused before its body is read leaves the body unread
+    // Answered before its body is read (a sandbox gone, a refusal, a failed file): the client,
+    // which sends the whole body before it reads (httpx, curl), must still get the answer; the
+    // body is read and dropped (linger_close), up to its length and kUploadLinger.
+    unread_body_ = true;
+    const auto length = header_parser_ ? header_parser_->content_length() : boost::none;
+    linger_bytes_ = std::min<std::uint64_t>(length.value_or(kUploadLingerBytes), kUploadLingerBytes);
     if (!authorized(head, reply)) return;
     if (faults && fault_taken(head, reply, [self = shared_from_this(), head]() mutable {
           self->start_upload(std::move(head), false);
@@ -572,6 +587,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& p = *body_parser_;
     if (p.is_done()) {
       stream_.expires_never();
+      unread_body_ = false;
       auto sink = std::move(upload_);
       upload_.reset();
       sink->finish();
@@ -592,6 +608,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!upload_) return;  // answered already (write() dropped it)
     if (ec) {
       spdlog::debug("sbx serve: an upload's body was cut: {}", ec.message());
+      unread_body_ = false;  // nothing more comes
       auto sink = std::move(upload_);
       upload_.reset();
       sink->abort();
@@ -815,6 +832,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   bool unread_body_ = false;     // the answer being written leaves the request's body unread
   std::size_t linger_left_ = 0;  // bytes linger_close() still drops before closing
+  std::uint64_t linger_bytes_ = 0;  // an upload's body left to drop (0: not an upload)
 
   // The stream being answered (strand only, but for what room_mutex_ guards).
   bool streaming_ = false;

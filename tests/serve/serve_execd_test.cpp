@@ -635,6 +635,24 @@ size_t temp_files(const fs::path& dir) {
 
 }  // namespace
 
+// A client that sends its whole upload before reading the answer (as httpx and curl do) must
+// read the 404 of a sandbox that is gone, not a reset connection.
+TEST_CASE("an upload to a sandbox that is gone: the client reads the 404 after sending its body") {
+  Fixture f;
+  f.create();
+  const std::string id = f.id;
+  REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  const std::string body = multipart({{R"({"path":"/up/big.bin"})", std::string(24 << 20, 'z')}});
+  for (const std::string& path : {f.direct("/files/upload"), f.proxied("/files/upload")}) {
+    CAPTURE(path);
+    const auto r = request(f.port(), "POST", path, body,
+                           {{"Content-Type", "multipart/form-data; boundary=" + kBoundary}});
+    CHECK(r.status == 404);
+    CHECK(r.json().at("code") == "DOCKER::SANDBOX_NOT_FOUND");
+  }
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("upload: several pairs, a 20 MiB file, mode; temp files removed") {
   TempDir temps;
   Fixture f({}, {{"TMPDIR", temps.path.string()}});
