@@ -197,5 +197,19 @@ TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, 
   events = run(R"({"command":"kill -0 $(cat /tmp/svc/pid) && echo still running"})");
   REQUIRE(events.size() == 4);
   CHECK(events[2].at("text") == "still running");
+
+  // A command on a paused sandbox is refused at once, in the stream: an error event whose value
+  // is the reason, not an exit code (the SDKs then report no exit code; NeMo Gym maps that to its
+  // 125 "sandbox" error). The real server's execd, frozen by the pause, would not answer at all.
+  REQUIRE(request(server.port(), "POST", "/v1/sandboxes/" + id + "/pause").status == 202);
+  const auto asked = std::chrono::steady_clock::now();
+  events = run(R"({"command":"echo never"})");
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(5));
+  REQUIRE(events.size() == 3);
+  CHECK(events[2].at("type") == "error");
+  const std::string reason(events[2].at("error").at("evalue").as_string());
+  CHECK_MESSAGE(reason.find("paused") != std::string::npos, reason);
+  REQUIRE(request(server.port(), "POST", "/v1/sandboxes/" + id + "/resume").status == 202);
+  CHECK(run(R"({"command":"echo back"})").at(2).at("text") == "back");
   CHECK(server.stop() == 0);
 }
