@@ -184,6 +184,9 @@ TEST_CASE("pause and resume: 202 without a body, GET reports Paused, wrong state
   CHECK(got.json().at("status").at("state") == "Paused");
   CHECK(got.json().at("status").at("reason") == "CONTAINER_PAUSED");
   CHECK(got.json().at("status").at("message") == "Sandbox container is paused.");
+  // As the real server's Docker runtime: lastTransitionAt stays the container's creation time
+  // (the wire transcript's paused sandbox), it does not move with a pause.
+  CHECK(got.json().at("status").at("lastTransitionAt") == got.json().at("createdAt"));
 
   const auto again = request(f.port(), "POST", "/sandboxes/" + id + "/pause");
   CHECK(again.status == 409);
