@@ -160,9 +160,9 @@ void post_session_run(const Call& call) {
   if (const auto* t = body->if_contains("timeout"); t && !t->is_null()) {
     const auto* ms = t->if_int64();
     if (!ms || *ms < 0) {
-      call.reply(
-          execd_error(call.request, http::status::bad_request, "INVALID_REQUEST_BODY",
-                      "invalid request body: timeout must be a non-negative integer (milliseconds)"));
+      call.reply(execd_error(
+          call.request, http::status::bad_request, "INVALID_REQUEST_BODY",
+          "invalid request body: timeout must be a non-negative integer (milliseconds)"));
       return;
     }
     if (*ms > 0) run.timeout_ms = *ms;  // 0: none, as execd

@@ -690,8 +690,8 @@ void patch_metadata(const std::shared_ptr<Server::State>& state, const Request& 
   } else {
     for (const auto& [k, v] : parsed->as_object()) {
       if (!v.is_string() && !v.is_null()) {
-        invalid.add("string_type", json::array{"body", json::string(k)}, "Input should be a valid string",
-                    v);
+        invalid.add("string_type", json::array{"body", json::string(k)},
+                    "Input should be a valid string", v);
       }
     }
   }

@@ -546,7 +546,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // body is read and dropped (linger_close), up to its length and kUploadLinger.
     unread_body_ = true;
     const auto length = header_parser_ ? header_parser_->content_length() : boost::none;
-    linger_bytes_ = std::min<std::uint64_t>(length.value_or(kUploadLingerBytes), kUploadLingerBytes);
+    linger_bytes_ =
+        std::min<std::uint64_t>(length.value_or(kUploadLingerBytes), kUploadLingerBytes);
     if (!authorized(head, reply)) return;
     if (faults && fault_taken(head, reply, [self = shared_from_this(), head]() mutable {
           self->start_upload(std::move(head), false);
@@ -830,8 +831,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string metrics_route_;        // its label, for RequestMetrics
   std::chrono::steady_clock::time_point metrics_start_;
   bool keep_alive_ = true;
-  bool unread_body_ = false;     // the answer being written leaves the request's body unread
-  std::size_t linger_left_ = 0;  // bytes linger_close() still drops before closing
+  bool unread_body_ = false;        // the answer being written leaves the request's body unread
+  std::size_t linger_left_ = 0;     // bytes linger_close() still drops before closing
   std::uint64_t linger_bytes_ = 0;  // an upload's body left to drop (0: not an upload)
 
   // The stream being answered (strand only, but for what room_mutex_ guards).

@@ -185,8 +185,9 @@ TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, 
       if (e.at("type") == "stdout" || e.at("type") == "error") out.push_back(std::move(e));
     return out;
   };
-  events = run_in("mkdir -p svc && cd svc && (sleep 600 </dev/null >/dev/null 2>&1 &"
-                  " echo $! > pid) && echo started");
+  events = run_in(
+      "mkdir -p svc && cd svc && (sleep 600 </dev/null >/dev/null 2>&1 &"
+      " echo $! > pid) && echo started");
   REQUIRE(events.size() == 1);
   CHECK(events[0].at("text") == "started");
   events = run_in("pwd; kill -0 $(cat pid) && echo running");

@@ -254,8 +254,8 @@ TEST_CASE("sessions: state carries across runs; a run's cwd; exit codes; bad bod
   f.create();
   fs::create_directories(f.root / f.id / "work" / "sub");
   fs::create_directories(f.root / f.id / "other");
-  const auto created = request(f.port(), "POST", f.direct("/session"),
-                               std::string(R"({"cwd":"/work"})"));
+  const auto created =
+      request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":"/work"})"));
   REQUIRE(created.status == 200);
   CHECK(keys(created.json().as_object()) == std::vector<std::string>{"session_id"});
   const std::string sid(created.json().at("session_id").as_string());
@@ -293,22 +293,23 @@ TEST_CASE("sessions: state carries across runs; a run's cwd; exit codes; bad bod
   for (const char* bad : {"{", "[]", "{}", R"({"command":""})", R"({"command":1})",
                           R"({"command":"true","timeout":-1})", R"({"command":"true","cwd":1})"}) {
     CAPTURE(bad);
-    const auto r = request(f.port(), "POST", f.direct("/session/" + sid + "/run"), std::string(bad));
+    const auto r =
+        request(f.port(), "POST", f.direct("/session/" + sid + "/run"), std::string(bad));
     CHECK(r.status == 400);
     CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
   }
   CHECK(request(f.port(), "POST", f.direct("/session"), std::string("{")).status == 400);
-  CHECK(request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":7})")).status ==
-        400);
+  CHECK(request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":7})")).status == 400);
   const auto empty = request(f.port(), "POST", f.proxied("/session"), std::string());
   REQUIRE(empty.status == 200);  // an empty body: default options
   const std::string other(empty.json().at("session_id").as_string());
   CHECK(other != sid);
 
   CHECK(request(f.port(), "DELETE", f.direct("/session/" + sid)).status == 200);
-  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
-           {"DELETE", "/session/" + sid}, {"POST", "/session/" + sid + "/run"},
-           {"DELETE", "/session/nope"}}) {
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"DELETE", "/session/" + sid},
+                                                        {"POST", "/session/" + sid + "/run"},
+                                                        {"DELETE", "/session/nope"}}) {
     CAPTURE(path);
     const auto r = request(f.port(), method, f.direct(path), std::string(R"({"command":"true"})"));
     CHECK(r.status == 404);

@@ -222,10 +222,9 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   if (!fs::is_directory(cwd)) {
     return sdk::ExitStatus::sandbox_failure();  // the sandbox cannot start a process there
   }
-  std::vector<std::string> env_strings = {"PATH=/usr/local/bin:/usr/bin:/bin",
-                                          "HOME=" + sandbox.dir().string(),
-                                          "TMPDIR=" + sandbox.dir().string(),
-                                          "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
+  std::vector<std::string> env_strings = {
+      "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sandbox.dir().string(),
+      "TMPDIR=" + sandbox.dir().string(), "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
   sdk::KeyValues env = sandbox.spec().env;
   for (const auto& [k, v] : req.env)
     env[k] = v;
