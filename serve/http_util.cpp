@@ -34,6 +34,14 @@ Response empty_response(const Request& request, http::status status) {
   return response;
 }
 
+std::optional<int64_t> integer_of(const boost::json::value& v) {
+  if (v.is_int64()) return v.as_int64();
+  if (v.is_uint64() && v.as_uint64() <= static_cast<uint64_t>(INT64_MAX)) {
+    return static_cast<int64_t>(v.as_uint64());
+  }
+  return std::nullopt;
+}
+
 Response error_response(const Request& request, http::status status, const std::string& code,
                         const std::string& message) {
   return json_response(request, status, boost::json::object{{"code", code}, {"message", message}});

@@ -389,14 +389,6 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, 
   }
 }
 
-std::optional<int64_t> integer_of(const json::value& v) {
-  if (v.is_int64()) return v.as_int64();
-  if (v.is_uint64() && v.as_uint64() <= static_cast<uint64_t>(INT64_MAX)) {
-    return static_cast<int64_t>(v.as_uint64());
-  }
-  return std::nullopt;
-}
-
 // POST /command's body, read and checked (execd's 400 INVALID_REQUEST_BODY otherwise).
 std::optional<CommandRequest> read_command(const Request& request, std::string& why) {
   boost::system::error_code ec;

@@ -158,7 +158,7 @@ void post_session_run(const Call& call) {
   if (!optional_string(call, *body, "cwd", run_cwd)) return;
   CommandRequest run;
   if (const auto* t = body->if_contains("timeout"); t && !t->is_null()) {
-    const auto* ms = t->if_int64();
+    const auto ms = integer_of(*t);
     if (!ms || *ms < 0) {
       call.reply(execd_error(
           call.request, http::status::bad_request, "INVALID_REQUEST_BODY",

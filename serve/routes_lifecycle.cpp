@@ -702,7 +702,9 @@ void patch_metadata(const std::shared_ptr<Server::State>& state, const Request& 
   }
   const json::object& patch = parsed->as_object();
   for (const auto& [k, v] : patch) {
-    const std::string problem = metadata_problem(k, v.is_string() ? v.as_string() : "x");
+    // A null removes the key: only the key is checked (an empty value passes the value rule).
+    const std::string problem =
+        metadata_problem(k, v.is_string() ? std::string_view(v.as_string()) : std::string_view());
     if (!problem.empty()) {
       reply(error_response(request, http::status::bad_request, "SANDBOX::INVALID_METADATA_LABEL",
                            problem + "."));

@@ -543,7 +543,7 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = false;  // an upload refused before its body is read leaves the body unread
     // Answered before its body is read (a sandbox gone, a refusal, a failed file): the client,
     // which sends the whole body before it reads (httpx, curl), must still get the answer; the
-    // body is read and dropped (linger_close), up to its length and kUploadLinger.
+    // body is read and dropped (linger_close), up to its length and kUploadLingerBytes.
     unread_body_ = true;
     const auto length = header_parser_ ? header_parser_->content_length() : boost::none;
     linger_bytes_ =

@@ -175,8 +175,8 @@ struct Entry {
     metadata_ = std::move(metadata);
   }
   // JSON Merge Patch (RFC 7396) of string values: a string sets its key, null removes it. The
-  // caller has checked `patch`. Returns the metadata after it.
-  boost::json::object patch_metadata(const boost::json::object& patch) {
+  // caller has checked `patch`.
+  void patch_metadata(const boost::json::object& patch) {
     std::lock_guard lock(metadata_mutex_);
     boost::json::object& m = metadata_ ? *metadata_ : metadata_.emplace();
     for (const auto& [k, v] : patch) {
@@ -186,7 +186,6 @@ struct Entry {
         m[k] = v;
       }
     }
-    return m;
   }
   std::chrono::system_clock::time_point created_at;
   // Set by the entry's maker before it enters the registry; from then on guarded by the Registry's
@@ -457,6 +456,8 @@ std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
                                    const Reply& reply);
 
 // Helpers of the route files (http_util.cpp).
+// A JSON number that is a whole number within int64 (JSON integers parse as int64 or uint64).
+std::optional<int64_t> integer_of(const boost::json::value& v);
 Response json_response(const Request& request, http::status status, const boost::json::value& body);
 Response empty_response(const Request& request, http::status status);
 // {"code": code, "message": message}, the lifecycle API's error envelope.
