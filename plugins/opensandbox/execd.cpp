@@ -30,6 +30,9 @@ sdk::http::Response finish(sdk::http::Call& call, const sdk::CancelToken& cancel
   }
 }
 
+// How long a command cancelled before its id came keeps its submission open for the id.
+constexpr std::chrono::milliseconds kInterruptWait = 5s;
+
 std::string what_of(const std::string& operation, const std::string& sandbox_id) {
   return "OpenSandbox " + operation + " (sandbox " + sandbox_id + ")";
 }
@@ -226,12 +229,17 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   }
 
   // Aborts the stream and interrupts the command on the server (the run ends without waiting for
-  // the interrupt, which ~ExecdClient waits for; the server also ends a command whose client went
-  // away). Any thread, idempotent.
+  // the interrupt, which ~ExecdClient waits for). Any thread, idempotent.
+  //
+  // Cancelled while the submission waits for its init event, the command may already run on the
+  // server, and only its id can stop it (execd does not end a command whose client went away): the
+  // run ends now, but the submission is kept open until the id comes (then interrupted, see
+  // on_body) or for kInterruptWait at most.
   void cancel() {
     sdk::http::Call call;
     std::string id;
     bool idle;
+    bool await_id;
     {
       std::lock_guard lock(mutex_);
       if (finished_ || cancelled_) return;
@@ -239,6 +247,17 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       call = call_;
       id = command_id_;
       idle = waiting_ || (checking_ && !in_flight_);
+      await_id = id.empty() && in_flight_ && !waiting_;
+      awaiting_id_ = await_id;
+    }
+    if (await_id) {
+      {
+        // ~ExecdClient waits for this as for an interrupt.
+        std::lock_guard lock(client_.interrupts_mutex_);
+        ++client_.interrupts_pending_;
+      }
+      client_.http_.after(kInterruptWait, [call]() mutable { call.cancel(); });
+      return finish(nullptr, sdk::Error::cancelled());
     }
     call.cancel();
     if (!id.empty()) interrupt(id);
@@ -350,8 +369,20 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     parser_.feed(bytes, [&](const EventStreamParser::Event& event) {
       if (terminal_) return;
       if (event.type == "init") {
-        std::lock_guard lock(mutex_);
-        command_id_ = event.text;
+        bool cancelled;
+        sdk::http::Call call;
+        {
+          std::lock_guard lock(mutex_);
+          command_id_ = event.text;
+          cancelled = cancelled_;
+          call = call_;
+        }
+        if (cancelled) {
+          // cancel() came before the id: stop the command now that it can be named.
+          terminal_ = true;
+          interrupt(event.text);
+          call.cancel();
+        }
       } else if (event.type == "stdout" || event.type == "stderr") {
         const auto stream = event.type == "stdout" ? sdk::StdStream::out : sdk::StdStream::err;
         lines.emplace_back(stream, event.text == "\n" ? event.text : event.text + "\n");
@@ -378,11 +409,20 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   // Loop thread: one submission ended, with `error` or a response.
   void on_finished(const sdk::Error* error) {
     bool cancelled;
+    bool awaited_id;
     {
       std::lock_guard lock(mutex_);
       call_ = {};
       in_flight_ = false;
       cancelled = cancelled_;
+      awaited_id = std::exchange(awaiting_id_, false);
+    }
+    if (awaited_id) {
+      {
+        std::lock_guard lock(client_.interrupts_mutex_);
+        --client_.interrupts_pending_;
+      }
+      client_.interrupts_done_.notify_all();
     }
     if (terminal_ && background_ && last_.type == "execution_complete" && !cancelled) {
       return start_polling();
@@ -703,9 +743,10 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
 
   std::mutex mutex_;  // guards the members below it up to the blank line
   int attempt_ = 0;
-  sdk::http::Call call_;    // the submission in flight; none while waiting between submissions
-  bool in_flight_ = false;  // call_ holds a request not yet finished
-  bool waiting_ = false;    // between two submissions
+  sdk::http::Call call_;      // the submission in flight; none while waiting between submissions
+  bool in_flight_ = false;    // call_ holds a request not yet finished
+  bool waiting_ = false;      // between two submissions
+  bool awaiting_id_ = false;  // cancelled before the init event: the submission waits for the id
   bool cancelled_ = false;
   bool finished_ = false;
   bool checking_ = false;              // check_ asked, its verdict not yet in

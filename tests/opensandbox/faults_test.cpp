@@ -408,6 +408,41 @@ TEST_CASE("background mode: submit, status polls with growing pauses, one log fe
   CHECK(f.sandboxes_on_server() == 0);
 }
 
+// Cancelled before its init event, a command may already run on the server, and only its id can
+// stop it (execd does not stop a command whose client went away; a background command is not
+// meant to stop). The exec ends at once; the submission stays open until the id comes, which is
+// then interrupted, and the provider waits for that interrupt as for any other when it goes.
+TEST_CASE("an exec cancelled before its command id came: the command is interrupted by its id") {
+  for (const bool background : {false, true}) {
+    CAPTURE(background);
+    // The server waits 1 s before it starts the command and answers.
+    Fixture f(R"([{"route": "POST /command", "actions": [{"delay_ms": 1000}]}])",
+              json::object{{"operations", json::object{{"background_exec", background}}}});
+    std::string id;
+    const fs::path marker = f.dir.path / "late-marker";
+    Clock::time_point cancelled_at;
+    {
+      auto box = f.create();
+      id = box.id();
+      auto op = box.exec_async("sleep 2; touch " + marker.string());
+      REQUIRE(sbx::testing::eventually(
+          [&] { return f.count("POST /sandboxes/" + id + "/proxy/44772/command") == 1; }, 10s));
+      cancelled_at = Clock::now();
+      op.cancel();
+      CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+      CHECK(seconds_since(cancelled_at) < 0.5);  // not the server's 1 s
+      box.detach();
+    }
+    f.host.reset();  // waits for the id and its interrupt
+    const std::string interrupt = "DELETE /sandboxes/" + id + "/proxy/44772/command?id=";
+    CHECK(f.request_times(interrupt, true).size() == 1);
+    // The command was stopped: its marker never comes (it would 3 s after the cancel).
+    std::this_thread::sleep_until(cancelled_at + 3500ms);
+    CHECK_FALSE(fs::exists(marker));
+    CHECK(request(f.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  }
+}
+
 TEST_CASE("a command stream cut mid-way fails the exec at once; the next exec works") {
   Fixture f(R"([{"route": "POST /command", "actions": [{"cut_after_events": 3}]}])");
   auto box = f.create();
