@@ -818,9 +818,105 @@ CommandOutcome ExecdClient::run(const ExecdEndpoint& endpoint, const std::string
   return *result->outcome;
 }
 
+// Watches one upload or download for a sandbox that went away behind the handle: paused (its
+// execd takes the connection and never answers) or deleted. The transferring thread calls
+// progress() on every byte moved; the loop's timer asks `check` after 1 s without progress, then
+// after 5, 10, 20, ... up to 60 s, and ends the call with the check's error, which verdict()
+// then gives. Kept alive by its timer and by the check in flight; stop() ends the watch.
+class ExecdClient::TransferWatch final : public std::enable_shared_from_this<TransferWatch> {
+ public:
+  TransferWatch(sdk::http::Client& http, SandboxCheckFn check)
+      : http_(http), check_(std::move(check)) {}
+
+  // Calling thread, once the call is started.
+  void watch(sdk::http::Call call) {
+    {
+      std::lock_guard lock(mutex_);
+      call_ = std::move(call);
+    }
+    progress();
+    arm(1s);
+  }
+  // Any thread.
+  void progress() { last_progress_.store(now_ms()); }
+  // Calling thread: the transfer ended; no check is asked after this.
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    call_ = {};
+  }
+  std::optional<sdk::Error> verdict() {
+    std::lock_guard lock(mutex_);
+    return verdict_;
+  }
+
+ private:
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void arm(std::chrono::milliseconds delay) {
+    http_.after(delay, [weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->on_timer();
+    });
+  }
+
+  // Loop thread.
+  void on_timer() {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopped_) return;
+    }
+    const int64_t due = last_progress_.load() + limit_.count();
+    const int64_t now = now_ms();
+    if (now < due) return arm(std::chrono::milliseconds(due - now + 1));
+    check_([self = shared_from_this()](std::optional<sdk::Error> verdict) {
+      sdk::http::Call call;
+      {
+        std::lock_guard lock(self->mutex_);
+        if (self->stopped_) return;
+        if (verdict) {
+          self->verdict_ = verdict;
+          call = self->call_;
+        }
+      }
+      if (verdict) return call.cancel();
+      // Going on: ask again only after a longer stall. (Any thread: the timer is the loop's.)
+      self->http_.after(0ms, [self] {
+        self->progress();
+        self->limit_ = std::min<std::chrono::milliseconds>(
+            self->limit_ == 1s ? std::chrono::milliseconds(5s) : self->limit_ * 2, 60s);
+        self->arm(self->limit_);
+      });
+    });
+  }
+
+  sdk::http::Client& http_;
+  const SandboxCheckFn check_;
+  std::atomic<int64_t> last_progress_{0};  // steady clock, ms
+  std::chrono::milliseconds limit_{1s};    // loop thread
+  std::mutex mutex_;
+  sdk::http::Call call_;               // guarded by mutex_
+  bool stopped_ = false;               // guarded by mutex_
+  std::optional<sdk::Error> verdict_;  // guarded by mutex_
+};
+
+namespace {
+// Stops a transfer's watch however the transfer ends (a source or sink may throw).
+template <class Watch>
+struct StopWatch {
+  const std::shared_ptr<Watch>& watch;
+  ~StopWatch() {
+    if (watch) watch->stop();
+  }
+};
+}  // namespace
+
 void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
                          const sdk::UploadRequest& request, sdk::ByteSource& source,
-                         const sdk::CancelToken& cancel) {
+                         const sdk::CancelToken& cancel, SandboxCheckFn check) {
   sdk::http::Multipart multipart;
   // execd takes the octal mode written as a decimal number (0644 is 644).
   char mode[16];
@@ -831,20 +927,39 @@ void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandb
                  .filename = "metadata",
                  .content_type = "application/json",
                  .bytes = json::serialize(metadata)});
-  multipart.add(
-      {.name = "file",
-       .filename = request.remote_path,
-       .content_type = "application/octet-stream",
-       .source = [&source](char* buffer, size_t capacity) { return source.read(buffer, capacity); },
-       .size = source.size()});
+  const auto watch = check ? std::make_shared<TransferWatch>(http_, std::move(check)) : nullptr;
+  multipart.add({.name = "file",
+                 .filename = request.remote_path,
+                 .content_type = "application/octet-stream",
+                 .source =
+                     [&source, &watch](char* buffer, size_t capacity) {
+                       if (watch) watch->progress();
+                       return source.read(buffer, capacity);
+                     },
+                 .size = source.size()});
   auto http_request = to(endpoint, "POST", "/files/upload");
   http_request.push_body = true;
   http_request.idle_timeout = seconds_ms(operations_.stream_idle_timeout_s);
+  if (watch) {
+    http_request.on_headers = [watch](long, const sdk::http::Headers&) { watch->progress(); };
+  }
   multipart.prepare_push(http_request);
   sdk::http::Call call = http_.start(std::move(http_request));
+  if (watch) watch->watch(call);
+  const StopWatch<TransferWatch> stop_watch{watch};
   std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
   multipart.pump(call);
-  sdk::http::Response response = finish(call, cancel);
+  sdk::http::Response response;
+  try {
+    response = finish(call, cancel);
+  } catch (const sdk::Error&) {
+    if (watch) {
+      watch->stop();
+      if (auto verdict = watch->verdict()) throw *verdict;
+    }
+    throw;
+  }
+  if (watch) watch->stop();
   if (response.status != 200) {
     throw execd_error(response, what_of("upload to " + request.remote_path, sandbox_id));
   }
@@ -852,7 +967,7 @@ void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandb
 
 void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
                            const std::string& path, sdk::ByteSink& sink,
-                           const sdk::CancelToken& cancel) {
+                           const sdk::CancelToken& cancel, SandboxCheckFn check) {
   const std::string what = what_of("download of " + path, sandbox_id);
   uint64_t delivered = 0;         // bytes handed to the sink
   std::optional<uint64_t> total;  // the file's size, from the first answer's Content-Length
@@ -867,7 +982,9 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       std::atomic<int64_t> length{-1};
     };
     auto head = std::make_shared<Head>();
-    request.on_headers = [head](long code, const sdk::http::Headers& headers) {
+    const auto watch = check ? std::make_shared<TransferWatch>(http_, check) : nullptr;
+    request.on_headers = [head, watch](long code, const sdk::http::Headers& headers) {
+      if (watch) watch->progress();
       for (const auto& [name, value] : headers) {
         if (name.size() == 14 && strncasecmp(name.c_str(), "content-length", 14) == 0) {
           int64_t n = -1;
@@ -878,11 +995,14 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       head->status.store(code);
     };
     sdk::http::Call call = http_.start(std::move(request));
+    if (watch) watch->watch(call);
+    const StopWatch<TransferWatch> stop_watch{watch};
     std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
     std::string chunk, error_body;
     for (bool done = false; !done;) {
       done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
       if (chunk.empty()) continue;
+      if (watch) watch->progress();
       const long status = head->status.load();
       if (status == 200 || status == 206) {
         if (!total && status == 200 && head->length.load() >= 0) {
@@ -895,9 +1015,13 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       }
     }
     sdk::http::Response response;
+    if (watch) watch->stop();
     try {
       response = finish(call, cancel);
     } catch (const sdk::Error& e) {
+      if (watch) {
+        if (auto verdict = watch->verdict()) throw *verdict;
+      }
       // Cut mid-way (the connection lost, or silent past the idle timeout) after some of the
       // file arrived: ask for the rest, up to operations.retries times. Never a cancellation.
       const long status = head->status.load();

@@ -113,16 +113,22 @@ class ExecdClient {
             const sdk::CancelToken& cancel);
 
   // POST /files/upload (multipart, streamed from `source` on the calling thread).
+  // With `check`: a transfer that makes no progress (no byte sent or received) for 1 s, then
+  // 5, 10, 20, ... up to 60 s, asks `check` whether to go on; its error ends the transfer (a
+  // sandbox paused behind the handle takes the connection and never answers).
   void upload(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
               const sdk::UploadRequest& request, sdk::ByteSource& source,
-              const sdk::CancelToken& cancel);
+              const sdk::CancelToken& cancel, SandboxCheckFn check = {});
   // GET /files/download, streamed into `sink` on the calling thread; nothing is written unless
   // the answer is 200. NOT_FOUND for a missing file or sandbox; every error names the path.
+  // `check` as for upload().
   void download(const ExecdEndpoint& endpoint, const std::string& sandbox_id,
-                const std::string& path, sdk::ByteSink& sink, const sdk::CancelToken& cancel);
+                const std::string& path, sdk::ByteSink& sink, const sdk::CancelToken& cancel,
+                SandboxCheckFn check = {});
 
  private:
   class Run;
+  class TransferWatch;
 
   ConnectionConfig connection_;
   OperationConfig operations_;

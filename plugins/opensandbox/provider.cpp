@@ -555,7 +555,7 @@ void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest
   sdk::UploadRequest resolved = request;
   resolved.remote_path = sandbox_path(box, request.remote_path);
   try {
-    execd_.upload(box.execd(), box.id(), resolved, source, cancel);
+    execd_.upload(box.execd(), box.id(), resolved, source, cancel, sandbox_check(box.id()));
   } catch (const sdk::Error& e) {
     explain_transfer_error(box.id(), e);
   }
@@ -566,7 +566,8 @@ void OpenSandboxProvider::download(sdk::Sandbox& sandbox, const std::string& rem
   const auto& box = as_box(sandbox);
   check_not_paused(box);
   try {
-    execd_.download(box.execd(), box.id(), sandbox_path(box, remote_path), sink, cancel);
+    execd_.download(box.execd(), box.id(), sandbox_path(box, remote_path), sink, cancel,
+                    sandbox_check(box.id()));
   } catch (const sdk::Error& e) {
     explain_transfer_error(box.id(), e);
   }

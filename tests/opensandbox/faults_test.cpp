@@ -638,6 +638,42 @@ TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so withi
   CHECK(f.sandboxes_on_server() == 0);
 }
 
+// A paused sandbox's execd takes the connection and never answers (the server holds each transfer
+// 5 s here): an upload or a download asks the lifecycle API after 1 s without progress and fails
+// with the reason, instead of waiting for stream_idle_timeout_s (60 s).
+TEST_CASE("a sandbox paused behind the handle: an upload or a download says so within seconds") {
+  Fixture f(R"([{"route": "POST /files/upload", "actions": [{"pass": true}, {"delay_ms": 5000}]},
+                {"route": "GET /files/download", "actions": [{"delay_ms": 5000}]}])");
+  auto box = f.create();
+  const std::string remote = "paused-transfer.txt";
+  box.upload_bytes("before\n", remote);
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/pause").status == 202);
+  const auto refused = [&](const std::string& what, auto&& transfer) {
+    CAPTURE(what);
+    const auto start = Clock::now();
+    try {
+      transfer();
+      FAIL("a transfer to a sandbox paused behind the handle must fail");
+    } catch (const sbx::Error& e) {
+      CAPTURE(e.what());
+      CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
+      CHECK(std::string(e.what()).find("is Paused") != std::string::npos);
+    }
+    const double took = seconds_since(start);
+    MESSAGE(what, " on a frozen execd refused after ", took, " s");
+    CHECK(took < 4.5);  // before the held answer would have come
+  };
+  refused("upload", [&] { box.upload_bytes("after\n", remote); });
+  const fs::path local = f.dir.path / "paused-download.txt";
+  refused("download", [&] { box.download(remote, local); });
+  CHECK_FALSE(fs::exists(local));
+  REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/resume").status == 202);
+  box.download(remote, local);
+  CHECK(sbx::testing::read_file(local) == "before\n");
+  box.close();
+  CHECK(f.sandboxes_on_server() == 0);
+}
+
 // Ctrl-C on `sbx exec` cancels the command and the process exits: the interrupt must reach the
 // server and be answered before the provider goes. The server holds the interrupt's answer 1 s;
 // the host is destroyed at once (the provider with it, or on the host's janitor thread when a
