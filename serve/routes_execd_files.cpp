@@ -6,6 +6,8 @@
 //                           server's temp space, cancelled when the client hangs up), then sent in
 //                           64 KiB pieces; Range (one range) answers 206, an unsatisfiable one 416
 //   GET  /files/info?path=...    `stat` run in the sandbox, one line per path
+// and what the other file routes (routes_execd_fs.cpp) share: shell_quote, format_time_ns and the
+// FileInfo of a `stat` line (file_info_json).
 //
 // THREADING: the upload's body arrives on the connection's strand (BodySink); provider calls are
 // asynchronous and their continuations (plugin threads) answer through Reply or the ChunkSink.
@@ -27,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -40,6 +43,56 @@ namespace sbx::serve {
 namespace json = boost::json;
 namespace fs = std::filesystem;
 namespace asio = boost::asio;
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+std::string format_time_ns(int64_t unix_s) {
+  const std::time_t secs = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.000000000Z", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+  return buf;
+}
+
+std::optional<json::object> file_info_json(const std::string& path, std::string_view fields) {
+  std::vector<std::string> f;
+  for (std::size_t s = 0;;) {
+    const auto bar = fields.find('|', s);
+    f.emplace_back(
+        fields.substr(s, bar == std::string_view::npos ? std::string_view::npos : bar - s));
+    if (bar == std::string_view::npos) break;
+    s = bar + 1;
+  }
+  if (f.size() != 7) return std::nullopt;
+  std::string type = "other";
+  if (f[0].find("regular") != std::string::npos) type = "file";
+  if (f[0] == "directory") type = "directory";
+  if (f[0] == "symbolic link") type = "symlink";
+  try {
+    return json::object{{"path", path},
+                        {"type", type},
+                        {"size", std::stoll(f[1])},
+                        {"modified_at", format_time_ns(std::stoll(f[2]))},
+                        {"created_at", format_time_ns(std::stoll(f[3]))},
+                        {"owner", f[4]},
+                        {"group", f[5]},
+                        {"mode", std::stoll(f[6])}};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
 
 namespace {
 
@@ -79,28 +132,6 @@ std::string temp_full(const Server::State& state) {
   return "the server's temporary space for transfers is full (at most " +
          std::to_string(state.temp_space.limit()) +
          " bytes at once, serve.temp_limit); try again later";
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-std::string format_time_ns(int64_t unix_s) {
-  const std::time_t secs = static_cast<std::time_t>(unix_s);
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.000000000Z", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-  return buf;
 }
 
 bool is_not_found(std::exception_ptr error) {
@@ -818,9 +849,8 @@ void info(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
     quoted += " " + shell_quote(p);
   }
   // One line per path: type|size|mtime|ctime|uid|gid|octal mode, or "?" when it cannot be stat'ed.
-  const std::string command = "for p in" + quoted +
-                              "; do stat -c '%F|%s|%Y|%Z|%u|%g|%a' -- \"$p\" 2>/dev/null || "
-                              "echo '?'; done";
+  const std::string command = "for p in" + quoted + "; do stat -c '" + kStatFormat +
+                              "' -- \"$p\" 2>/dev/null || echo '?'; done";
   sbx::ExecOptions options;
   options.timeout_s = 60;
   const auto version = request.version();
@@ -857,37 +887,18 @@ void info(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
     }
     json::object body;
     for (std::size_t i = 0; i < paths.size(); ++i) {
-      std::vector<std::string> f;
-      std::size_t s = 0;
-      while (true) {
-        const auto bar = lines[i].find('|', s);
-        f.push_back(lines[i].substr(s, bar == std::string::npos ? std::string::npos : bar - s));
-        if (bar == std::string::npos) break;
-        s = bar + 1;
-      }
-      if (f.size() != 7) {
+      if (std::count(lines[i].begin(), lines[i].end(), '|') != 6) {  // "?": no such path
         reply(execd_error(shape, http::status::not_found, "FILE_NOT_FOUND",
                           file_not_found("stat", paths[i])));
         return;
       }
-      std::string type = "other";
-      if (f[0].find("regular") != std::string::npos) type = "file";
-      if (f[0] == "directory") type = "directory";
-      if (f[0] == "symbolic link") type = "symlink";
-      try {
-        body[paths[i]] = json::object{{"path", paths[i]},
-                                      {"type", type},
-                                      {"size", std::stoll(f[1])},
-                                      {"modified_at", format_time_ns(std::stoll(f[2]))},
-                                      {"created_at", format_time_ns(std::stoll(f[3]))},
-                                      {"owner", f[4]},
-                                      {"group", f[5]},
-                                      {"mode", std::stoll(f[6])}};
-      } catch (const std::exception&) {
+      auto file = file_info_json(paths[i], lines[i]);
+      if (!file) {
         reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
                           "unexpected stat output: " + lines[i]));
         return;
       }
+      body[paths[i]] = std::move(*file);
     }
     Response r = json_response(shape, http::status::ok, body);
     r.set(http::field::content_type, "application/json; charset=utf-8");

@@ -398,6 +398,16 @@ void delete_session(const Call& call);
 void get_files_info(const Call& call);
 void get_files_download(const Call& call);
 std::shared_ptr<BodySink> post_files_upload(const Call& call);  // the body read as it arrives
+// routes_execd_fs.cpp
+void post_directories(const Call& call);
+void delete_directories(const Call& call);
+void get_directories_list(const Call& call);
+void delete_files(const Call& call);
+void post_files_mv(const Call& call);
+void post_files_permissions(const Call& call);
+void get_files_search(const Call& call);
+void post_files_replace(const Call& call);
+void get_execd_metrics(const Call& call);  // execd's GET /metrics, not the server's own
 // routes_metrics.cpp
 void get_metrics(const Call& call);
 void post_metrics_events(const Call& call);  // the SDKs' create-latency telemetry: 204
@@ -454,6 +464,17 @@ Response execd_error(const Request& request, http::status status, const std::str
 std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
                                    const ExecdTarget& target, const Request& request,
                                    const Reply& reply);
+
+// Helpers of the execd file routes (routes_execd_files.cpp).
+// `s` in single quotes for sh (a ' inside as '\''): one word, nothing expanded.
+std::string shell_quote(const std::string& s);
+// Unix seconds as RFC 3339 UTC with Go's nanosecond digits (all zero).
+std::string format_time_ns(int64_t unix_s);
+// `stat -c` (busybox's and GNU's) of a FileInfo: type|size|mtime|ctime|uid|gid|octal mode.
+inline constexpr const char* kStatFormat = "%F|%s|%Y|%Z|%u|%g|%a";
+// execd's FileInfo {path, type, size, modified_at, created_at, owner, group, mode} of `path` from
+// its kStatFormat line; nullopt when the line is not one.
+std::optional<boost::json::object> file_info_json(const std::string& path, std::string_view fields);
 
 // Helpers of the route files (http_util.cpp).
 // A JSON number that is a whole number within int64 (JSON integers parse as int64 or uint64).

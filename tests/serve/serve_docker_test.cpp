@@ -214,3 +214,74 @@ TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, 
   CHECK(run(R"({"command":"echo back"})").at(2).at("text") == "back");
   CHECK(server.stop() == 0);
 }
+
+// The file-system routes' scripts under busybox sh and its tools (serve/routes_execd_fs.cpp):
+// the same answers as over test_processes (serve_execd_test), with absolute paths in the container.
+TEST_CASE("the execd file-system routes on a busybox sandbox: directories, search, mv, replace") {
+  TempDir dir;
+  const fs::path config = dir.path / "sbx.json";
+  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
+  ServeProcess server(config, "docker", dir.path / "serve.log");
+  const auto created =
+      request(server.port(), "POST", "/v1/sandboxes",
+              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+              R"("resourceLimits":{},"timeout":300})");
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  const std::string base = "/sandboxes/" + id + "/proxy/44772";
+  auto paths_of = [](const Response& r) {
+    std::vector<std::string> out;
+    const boost::json::value answer = r.json();
+    for (const auto& v : answer.as_array())
+      out.emplace_back(v.at("path").as_string());
+    return out;
+  };
+
+  CHECK(request(server.port(), "POST", base + "/directories",
+                std::string(R"({"/w/a/b":{"mode":700,"owner":"nobody"},"/w/c":{}})"))
+            .status == 200);
+  StreamClient setup(server.port(), "POST", base + "/command",
+                     R"({"command":"echo x > /w/a/x.txt && echo a.b a.b > /w/a.txt && )"
+                     R"(ln -s /w/a /w/link && printf z > '/w/n\nl'"})");
+  REQUIRE(setup.status() == 200);
+  CHECK(setup.rest().back().at("type") == "execution_complete");
+
+  const auto list = request(server.port(), "GET", base + "/directories/list?path=/w&depth=2");
+  REQUIRE(list.status == 200);
+  CHECK(paths_of(list) ==
+        std::vector<std::string>{"/w/a", "/w/a/b", "/w/a/x.txt", "/w/a.txt", "/w/c", "/w/link"});
+  CHECK(list.json().as_array()[1].at("mode") == 700);
+  CHECK(list.json().as_array()[1].at("owner") == "65534");  // busybox's nobody
+  CHECK(list.json().as_array()[5].at("type") == "symlink");
+  CHECK(request(server.port(), "GET", base + "/directories/list?path=/w/link").status == 400);
+  const auto search = request(server.port(), "GET", base + "/files/search?path=/w&pattern=*.txt");
+  CHECK(paths_of(search) == std::vector<std::string>{"/w/a/x.txt", "/w/a.txt"});
+
+  CHECK(request(server.port(), "POST", base + "/files/mv",
+                std::string(R"([{"src":"/w/a.txt","dest":"/w/m/a.txt"}])"))
+            .status == 200);
+  CHECK(request(server.port(), "POST", base + "/files/permissions",
+                std::string(R"({"/w/m/a.txt":{"mode":640}})"))
+            .status == 200);
+  const auto replaced = request(server.port(), "POST", base + "/files/replace?verbose=true",
+                                std::string(R"({"/w/m/a.txt":{"old":"a.b","new":"c"}})"));
+  CHECK(replaced.body == R"({"/w/m/a.txt":{"replacedCount":2}})");
+  CHECK(request(server.port(), "GET", base + "/files/download?path=/w/m/a.txt").body == "c c\n");
+  const auto info = request(server.port(), "GET", base + "/files/info?path=/w/m/a.txt");
+  CHECK(info.json().at("/w/m/a.txt").at("mode") == 640);
+  const auto in_m = request(server.port(), "GET", base + "/directories/list?path=/w/m");
+  CHECK(paths_of(in_m) == std::vector<std::string>{"/w/m/a.txt"});  // no temp file left
+
+  CHECK(request(server.port(), "DELETE", base + "/files?path=/w/a").status == 500);
+  CHECK(request(server.port(), "DELETE", base + "/files?path=/w/m/a.txt").status == 200);
+  CHECK(request(server.port(), "DELETE", base + "/directories?path=/w/a&path=/w/link").status ==
+        200);
+  const auto after = request(server.port(), "GET", base + "/directories/list?path=/w&depth=3");
+  CHECK(paths_of(after) == std::vector<std::string>{"/w/c", "/w/m"});
+
+  const auto metrics = request(server.port(), "GET", base + "/metrics");
+  REQUIRE(metrics.status == 200);
+  CHECK(metrics.json().at("cpu_count").to_number<double>() >= 1);
+  CHECK(metrics.json().at("mem_total_mib").to_number<double>() > 0);
+  CHECK(server.stop() == 0);
+}

@@ -17,8 +17,11 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -140,7 +143,7 @@ TEST_CASE("GET /ping, an unknown sandbox, another port, an unknown execd route")
   const auto port = request(f.port(), "GET", "/sandboxes/" + f.id + "/proxy/8080/ping");
   CHECK(port.status == 502);
   CHECK(port.json().at("code") == "NOT_SUPPORTED");
-  const auto route = request(f.port(), "GET", f.direct("/metrics"));
+  const auto route = request(f.port(), "GET", f.direct("/code/contexts"));
   CHECK(route.status == 404);
   CHECK(route.json().at("code") == "NOT_SUPPORTED");
   CHECK(f.server->stop() == 0);
@@ -823,6 +826,334 @@ TEST_CASE("GET /files/info: type, size, mode; a missing path is 404 for the call
   CHECK(missing.status == 404);
   CHECK(missing.json().at("code") == "FILE_NOT_FOUND");
   CHECK(request(f.port(), "GET", f.direct("/files/info")).json().at("code") == "MISSING_QUERY");
+  CHECK(f.server->stop() == 0);
+}
+
+namespace {
+
+// The `path` of each FileInfo of a JSON array answer, in order.
+std::vector<std::string> paths_of(const Response& r) {
+  std::vector<std::string> out;
+  const json::value answer = r.json();
+  for (const auto& v : answer.as_array())
+    out.emplace_back(v.at("path").as_string());
+  return out;
+}
+
+// The permission bits of a file in the sandbox's directory, as an octal number written in decimal
+// (0640 -> 640), as execd writes modes.
+int mode_of(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::lstat(p.c_str(), &st) == 0);
+  const unsigned bits = st.st_mode & 07777;
+  return static_cast<int>((bits >> 6 & 7) * 100 + (bits >> 3 & 7) * 10 + (bits & 7));
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+}  // namespace
+
+// test_processes runs these routes' shell commands on the HOST, in the sandbox's directory:
+// every path below is relative (inside that directory), and every symbolic link made points to a
+// relative name in it.
+TEST_CASE("directories: POST makes them with a mode, list by depth in tree order, DELETE") {
+  Fixture f;
+  f.create();
+  const fs::path box = f.root / f.id;
+  const auto made = request(f.port(), "POST", f.direct("/directories"),
+                            std::string(R"({"dirs/a/b":{"mode":700},"dirs/c":{"owner":""}})"));
+  CHECK(made.status == 200);
+  CHECK(made.body.empty());
+  REQUIRE(fs::is_directory(box / "dirs/a/b"));
+  REQUIRE(fs::is_directory(box / "dirs/c"));
+  CHECK(mode_of(box / "dirs/a/b") == 700);
+  // A directory that exists is left as it is (execd's MakeDir).
+  CHECK(request(f.port(), "POST", f.proxied("/directories"),
+                std::string(R"({"dirs/a/b":{"mode":755}})"))
+            .status == 200);
+  CHECK(mode_of(box / "dirs/a/b") == 700);
+  write_text(box / "dirs/a/x.txt", "x");
+  write_text(box / "dirs/a/b/y.txt", "yy");
+  write_text(box / "dirs/a.txt", "a");
+  write_text(box / "dirs/.hidden", "h");
+  write_text(box / "dirs/new\nline", "a name with a line break is left out");
+  fs::create_directory_symlink("a", box / "dirs/link");  // relative: dirs/link -> dirs/a
+
+  // A file where a directory is asked for: 500; bad bodies: 400, nothing made.
+  const auto on_file =
+      request(f.port(), "POST", f.direct("/directories"), std::string(R"({"dirs/a.txt":{}})"));
+  CHECK(on_file.status == 500);
+  CHECK(on_file.json().at("code") == "RUNTIME_ERROR");
+  for (const std::string body : {"nope", "[1]", R"({"d1":{"mode":789}})", R"({"d1":{"owner":5}})",
+                                 R"({"d1":3})", "{\"d1\\nd2\":{}}"}) {
+    CAPTURE(body);
+    const auto r = request(f.port(), "POST", f.direct("/directories"), body);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  }
+  CHECK(!fs::exists(box / "d1"));
+
+  // Lexical order, a directory's entries right after it, links listed and not followed.
+  const auto one = request(f.port(), "GET", f.direct("/directories/list?path=dirs"));
+  REQUIRE(one.status == 200);
+  CHECK(one.headers.at("content-type") == "application/json; charset=utf-8");
+  CHECK(paths_of(one) ==
+        std::vector<std::string>{"dirs/.hidden", "dirs/a", "dirs/a.txt", "dirs/c", "dirs/link"});
+  const json::array entries = one.json().as_array();
+  CHECK(keys(entries[0].as_object()) == std::vector<std::string>{"path", "type", "size",
+                                                                 "modified_at", "created_at",
+                                                                 "owner", "group", "mode"});
+  CHECK(entries[0].at("type") == "file");
+  CHECK(entries[0].at("size") == 1);
+  CHECK(entries[1].at("type") == "directory");
+  CHECK(entries[4].at("type") == "symlink");
+  CHECK(entries[4].at("owner") == json::value(std::to_string(::getuid())));
+  const auto two = request(f.port(), "GET", f.direct("/directories/list?path=dirs/&depth=2"));
+  REQUIRE(two.status == 200);
+  CHECK(paths_of(two) == std::vector<std::string>{"dirs/.hidden", "dirs/a", "dirs/a/b",
+                                                  "dirs/a/x.txt", "dirs/a.txt", "dirs/c",
+                                                  "dirs/link"});
+  CHECK(two.json().as_array()[2].at("mode") == 700);
+  const auto three = request(f.port(), "GET", f.proxied("/directories/list?path=dirs&depth=3"));
+  REQUIRE(three.status == 200);
+  CHECK(paths_of(three) == std::vector<std::string>{"dirs/.hidden", "dirs/a", "dirs/a/b",
+                                                    "dirs/a/b/y.txt", "dirs/a/x.txt", "dirs/a.txt",
+                                                    "dirs/c", "dirs/link"});
+  const auto none = request(f.port(), "GET", f.direct("/directories/list?path=dirs&depth=0"));
+  CHECK(none.status == 200);
+  CHECK(none.body == "[]");
+  // A root that looks like an option or a find expression is a path all the same.
+  write_text(box / "-true/x", "x");
+  CHECK(paths_of(request(f.port(), "GET", f.direct("/directories/list?path=-true"))) ==
+        std::vector<std::string>{"-true/x"});
+  CHECK(paths_of(request(f.port(), "GET", f.direct("/files/search?path=-true"))) ==
+        std::vector<std::string>{"-true/x"});
+  CHECK(request(f.port(), "DELETE", f.direct("/directories?path=-true")).status == 200);
+  CHECK(!fs::exists(box / "-true"));
+
+  // The root: a link 400, a file 400, missing 404; bad queries 400.
+  const std::vector<std::tuple<std::string, int, std::string>> refused{
+      {"path=dirs/link", 400, "INVALID_REQUEST_BODY"},
+      {"path=dirs/a.txt", 400, "INVALID_REQUEST_BODY"},
+      {"path=nope", 404, "FILE_NOT_FOUND"},
+      {"depth=1", 400, "MISSING_QUERY"},
+      {"path=dirs&depth=-1", 400, "INVALID_REQUEST_BODY"},
+      {"path=dirs&depth=x", 400, "INVALID_REQUEST_BODY"},
+      {"path=dirs%0Aa", 400, "INVALID_REQUEST_BODY"}};
+  for (const auto& [query, status, code] : refused) {
+    CAPTURE(query);
+    const auto r = request(f.port(), "GET", f.direct("/directories/list?" + query));
+    CHECK(r.status == status);
+    CHECK(r.json().at("code") == json::value(code));
+  }
+
+  // DELETE removes a link, not what it leads to; a directory with all in it; a missing one is
+  // no error.
+  CHECK(request(f.port(), "DELETE", f.direct("/directories?path=dirs/link")).status == 200);
+  CHECK(!fs::exists(fs::symlink_status(box / "dirs/link")));
+  CHECK(fs::exists(box / "dirs/a/b/y.txt"));
+  const auto removed =
+      request(f.port(), "DELETE", f.direct("/directories?path=dirs/a&path=dirs/nope"));
+  CHECK(removed.status == 200);
+  CHECK(removed.body.empty());
+  CHECK(!fs::exists(box / "dirs/a"));
+  CHECK(fs::exists(box / "dirs/a.txt"));
+  CHECK(request(f.port(), "DELETE", f.direct("/directories")).json().at("code") == "MISSING_QUERY");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("files: search by name, mv, permissions, DELETE of files only") {
+  Fixture f;
+  f.create();
+  const fs::path box = f.root / f.id;
+  write_text(box / "f/one.txt", "1");
+  write_text(box / "f/two.txt", "22");
+  write_text(box / "f/sub/three.txt", "333");
+  write_text(box / "f/sub/four.md", "4444");
+  write_text(box / "f/sub/deep/five.txt", "55555");
+
+  // Search: what is not a directory, whose name matches, in tree order.
+  const auto txt = request(f.port(), "GET", f.direct("/files/search?path=f&pattern=*.txt"));
+  REQUIRE(txt.status == 200);
+  CHECK(paths_of(txt) == std::vector<std::string>{"f/one.txt", "f/sub/deep/five.txt",
+                                                  "f/sub/three.txt", "f/two.txt"});
+  CHECK(txt.json().as_array()[1].at("size") == 5);
+  CHECK(txt.json().as_array()[1].at("type") == "file");
+  const auto all = request(f.port(), "GET", f.proxied("/files/search?path=f/"));
+  REQUIRE(all.status == 200);
+  CHECK(paths_of(all) == std::vector<std::string>{"f/one.txt", "f/sub/deep/five.txt",
+                                                  "f/sub/four.md", "f/sub/three.txt", "f/two.txt"});
+  const auto md = request(f.port(), "GET", f.direct("/files/search?path=f&pattern=**/*.md"));
+  CHECK(paths_of(md) == std::vector<std::string>{"f/sub/four.md"});
+  CHECK(request(f.port(), "GET", f.direct("/files/search?path=f&pattern=*.none")).body == "[]");
+  CHECK(request(f.port(), "GET", f.direct("/files/search?path=nope")).json().at("code") ==
+        "FILE_NOT_FOUND");
+  CHECK(request(f.port(), "GET", f.direct("/files/search?pattern=*")).json().at("code") ==
+        "MISSING_QUERY");
+
+  // mv: the destination's directory is made; an existing destination 500; a missing source 404.
+  const auto moved = request(f.port(), "POST", f.direct("/files/mv"),
+                             std::string(R"([{"src":"f/one.txt","dest":"f/moved/one.txt"}])"));
+  CHECK(moved.status == 200);
+  CHECK(moved.body.empty());
+  CHECK(!fs::exists(box / "f/one.txt"));
+  CHECK(read_file(box / "f/moved/one.txt") == "1");
+  const auto taken = request(f.port(), "POST", f.direct("/files/mv"),
+                             std::string(R"([{"src":"f/two.txt","dest":"f/moved/one.txt"}])"));
+  CHECK(taken.status == 500);
+  CHECK(taken.json().at("code") == "RUNTIME_ERROR");
+  CHECK(read_file(box / "f/two.txt") == "22");
+  CHECK(read_file(box / "f/moved/one.txt") == "1");
+  const auto lost = request(f.port(), "POST", f.proxied("/files/mv"),
+                            std::string(R"([{"src":"f/none.txt","dest":"f/x.txt"}])"));
+  CHECK(lost.status == 404);
+  CHECK(lost.json().at("code") == "FILE_NOT_FOUND");
+  for (const std::string body :
+       {"{}", R"([{"src":"f/two.txt"}])", R"([{"src":"","dest":"x"}])", "[1]", "not json"}) {
+    CAPTURE(body);
+    const auto r = request(f.port(), "POST", f.direct("/files/mv"), body);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  }
+  CHECK(read_file(box / "f/two.txt") == "22");
+
+  // permissions: the mode, an owner by name (our own; an unknown one is logged, not an error).
+  const passwd* me = ::getpwuid(::getuid());
+  REQUIRE(me);
+  const auto chmod = request(
+      f.port(), "POST", f.direct("/files/permissions"),
+      json::serialize(json::object{{"f/two.txt", {{"mode", 600}, {"owner", me->pw_name}}},
+                                   {"f/sub/four.md", {{"mode", 750}, {"owner", "no-such-user"}}}}));
+  CHECK(chmod.status == 200);
+  CHECK(mode_of(box / "f/two.txt") == 600);
+  CHECK(mode_of(box / "f/sub/four.md") == 750);
+  const auto info = request(f.port(), "GET", f.direct("/files/info?path=f/two.txt"));
+  CHECK(info.json().at("f/two.txt").at("mode") == 600);
+  const auto missing = request(f.port(), "POST", f.direct("/files/permissions"),
+                               std::string(R"({"f/none.txt":{"mode":644}})"));
+  CHECK(missing.status == 500);
+  CHECK(missing.json().at("code") == "RUNTIME_ERROR");
+  const auto bad_mode = request(f.port(), "POST", f.direct("/files/permissions"),
+                                std::string(R"({"f/two.txt":{"mode":"644"}})"));
+  CHECK(bad_mode.status == 400);
+  CHECK(bad_mode.json().at("code") == "INVALID_REQUEST_BODY");
+  CHECK(mode_of(box / "f/two.txt") == 600);
+
+  // DELETE /files: files only; a missing one is no error; a directory is 500.
+  const auto gone = request(f.port(), "DELETE", f.direct("/files?path=f/two.txt&path=f/none.txt"));
+  CHECK(gone.status == 200);
+  CHECK(!fs::exists(box / "f/two.txt"));
+  const auto dir = request(f.port(), "DELETE", f.proxied("/files?path=f/sub"));
+  CHECK(dir.status == 500);
+  CHECK(dir.json().at("code") == "RUNTIME_ERROR");
+  CHECK(fs::exists(box / "f/sub/three.txt"));
+  CHECK(request(f.port(), "DELETE", f.direct("/files")).json().at("code") == "MISSING_QUERY");
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("POST /files/replace: literal, counted, in place (mode and inode kept); errors first") {
+  TempDir temps;
+  Fixture f({}, {{"TMPDIR", temps.path.string()}});
+  f.create();
+  const fs::path box = f.root / f.id;
+  write_text(box / "r/a.txt", "a.b a.b a*b\n");
+  fs::permissions(box / "r/a.txt",
+                  fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  write_text(box / "r/b.txt", "nothing here");
+  // A match across the server's 64 KiB pieces, NUL bytes, a replacement longer than the match.
+  std::string big(65534, 'x');
+  big += std::string("NE\0EDLE", 7) + std::string(100000, 'y') + std::string("NE\0EDLE", 7);
+  write_text(box / "r/big.bin", big);
+  struct stat before {};
+  REQUIRE(::stat((box / "r/a.txt").c_str(), &before) == 0);
+
+  const auto counted = request(
+      f.port(), "POST", f.direct("/files/replace?verbose=true"),
+      std::string(R"({"r/a.txt":{"old":"a.b","new":"X"},"r/b.txt":{"old":"zzz","new":"y"}})"));
+  REQUIRE(counted.status == 200);
+  CHECK(counted.body == R"({"r/a.txt":{"replacedCount":2},"r/b.txt":{"replacedCount":0}})");
+  CHECK(read_file(box / "r/a.txt") == "X X a*b\n");
+  CHECK(read_file(box / "r/b.txt") == "nothing here");
+  struct stat after {};
+  REQUIRE(::stat((box / "r/a.txt").c_str(), &after) == 0);
+  CHECK(after.st_ino == before.st_ino);
+  CHECK(mode_of(box / "r/a.txt") == 640);
+
+  const auto quiet = request(
+      f.port(), "POST", f.proxied("/files/replace"),
+      json::serialize(json::object{
+          {"r/big.bin", {{"old", std::string("NE\0EDLE", 7)}, {"new", "a longer needle"}}}}));
+  CHECK(quiet.status == 200);
+  CHECK(quiet.body.empty());
+  std::string expected(65534, 'x');
+  expected += "a longer needle" + std::string(100000, 'y') + "a longer needle";
+  CHECK(read_file(box / "r/big.bin") == expected);
+
+  // Every path is checked before any file changes: a missing one 404, a directory 500.
+  const auto missing = request(
+      f.port(), "POST", f.direct("/files/replace"),
+      std::string(R"({"r/a.txt":{"old":"X","new":"Y"},"r/none.txt":{"old":"X","new":"Y"}})"));
+  CHECK(missing.status == 404);
+  CHECK(missing.json().at("code") == "FILE_NOT_FOUND");
+  const auto dir =
+      request(f.port(), "POST", f.direct("/files/replace"),
+              std::string(R"({"r/a.txt":{"old":"X","new":"Y"},"r":{"old":"X","new":"Y"}})"));
+  CHECK(dir.status == 500);
+  CHECK(dir.json().at("code") == "RUNTIME_ERROR");
+  CHECK(read_file(box / "r/a.txt") == "X X a*b\n");
+  for (const std::string body :
+       {R"({"r/a.txt":{"old":"","new":"Y"}})", R"({"r/a.txt":{"new":"Y"}})",
+        R"({"r/a.txt":{"old":1}})", R"(["r/a.txt"])", "{"}) {
+    CAPTURE(body);
+    const auto r = request(f.port(), "POST", f.direct("/files/replace"), body);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  }
+  CHECK(read_file(box / "r/a.txt") == "X X a*b\n");
+  // Nothing left behind: the server's temp files, the temp file next to the replaced one.
+  CHECK(sbx::testing::eventually([&] { return temp_files(temps.path) == 0; }));
+  std::vector<std::string> in_r;
+  for (const auto& e : fs::directory_iterator(box / "r"))
+    in_r.push_back(e.path().filename().string());
+  std::sort(in_r.begin(), in_r.end());
+  CHECK(in_r == std::vector<std::string>{"a.txt", "b.txt", "big.bin"});
+  CHECK(f.server->stop() == 0);
+}
+
+TEST_CASE("GET /metrics under the execd path: the sandbox's CPU and memory, as execd writes them") {
+  Fixture f;
+  f.create();
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = request(f.port(), "GET", f.direct("/metrics"));
+  REQUIRE(r.status == 200);
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(900));  // sampled
+  CHECK(r.headers.at("content-type") == "application/json; charset=utf-8");
+  const auto m = r.json().as_object();
+  CHECK(keys(m) == std::vector<std::string>{"cpu_count", "cpu_used_pct", "mem_total_mib",
+                                            "mem_used_mib", "timestamp"});
+  CHECK(m.at("cpu_count").to_number<double>() >= 1);
+  CHECK(m.at("cpu_count").is_int64());  // written as Go writes a whole float64: 2, not 2E0
+  CHECK(r.body.find("E") == std::string::npos);
+  const double pct = m.at("cpu_used_pct").to_number<double>();
+  CHECK(pct >= 0);
+  CHECK(pct <= 100);
+  const double total = m.at("mem_total_mib").to_number<double>();
+  const double used = m.at("mem_used_mib").to_number<double>();
+  CHECK(total > 16);
+  CHECK(used > 0);
+  CHECK(used <= total);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  CHECK(std::abs(m.at("timestamp").as_int64() - now) < 60000);
+  // The server's own GET /metrics is still its Prometheus text, and counts the execd route.
+  const auto own = request(f.port(), "GET", "/metrics");
+  CHECK(own.status == 200);
+  CHECK(own.body.find("sbx_serve_requests_total{route=\"GET /metrics\",code=\"200\"} 1\n") !=
+        std::string::npos);
   CHECK(f.server->stop() == 0);
 }
 
