@@ -33,10 +33,13 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
+#include <vector>
 
 namespace sbx::serve {
 
@@ -659,6 +662,70 @@ struct StagingWatch : std::enable_shared_from_this<StagingWatch> {
   }
 };
 
+// Line mode of a download (newer execd): `offset` (1-based, default 1) and `limit` (default: to
+// the end) select whole lines; each keeps its newline, a last line without one comes as it is.
+struct LineSlice {
+  uint64_t offset = 1;
+  std::optional<uint64_t> limit;
+};
+
+// The query's line slice, nullopt when it names neither; `why` is set for a bad value.
+std::optional<LineSlice> parse_line_slice(const Request& request, std::string& why) {
+  const auto offsets = query_values(request, "offset");
+  const auto limits = query_values(request, "limit");
+  if (offsets.empty() && limits.empty()) return std::nullopt;
+  const auto positive = [&](const std::vector<std::string>& values, const char* name,
+                            uint64_t& out) {
+    if (values.empty()) return true;
+    const std::string& v = values.front();
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || end != v.data() + v.size() || n < 1) {
+      why = std::string("query parameter '") + name + "' must be an integer of at least 1, not '" +
+            v + "'";
+      return false;
+    }
+    out = n;
+    return true;
+  };
+  LineSlice slice;
+  uint64_t limit = 0;
+  if (!positive(offsets, "offset", slice.offset) || !positive(limits, "limit", limit)) {
+    return LineSlice{};
+  }
+  if (!limits.empty()) slice.limit = limit;
+  return slice;
+}
+
+// The bytes [first, first + length) of the lines `slice` selects in the open file `fd` of `size`
+// bytes (read in 64 KiB pieces); false if the file cannot be read.
+bool find_lines(int fd, uint64_t size, const LineSlice& slice, uint64_t& first, uint64_t& length) {
+  // Where the first line wanted starts, and where the first line after them starts.
+  std::optional<uint64_t> start = slice.offset == 1 ? std::optional<uint64_t>(0) : std::nullopt;
+  std::optional<uint64_t> end;
+  uint64_t line = 1;  // the line being read
+  std::vector<char> buffer(64 * 1024);
+  for (uint64_t at = 0; at < size && !end;) {
+    const ssize_t n = ::pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    const char* p = buffer.data();
+    const char* const stop = p + n;
+    while (!end && (p = static_cast<const char*>(std::memchr(p, '\n', stop - p)))) {
+      ++p;
+      ++line;
+      const uint64_t next = at + static_cast<uint64_t>(p - buffer.data());
+      if (line == slice.offset) start = next;
+      if (slice.limit && line == slice.offset + *slice.limit) end = next;
+    }
+    at += static_cast<uint64_t>(n);
+  }
+  first = start.value_or(size);
+  const uint64_t last = end.value_or(size);
+  length = last > first ? last - first : 0;
+  return true;
+}
+
 // "bytes=a-b" / "bytes=a-" / "bytes=-n" of a file of `size` bytes: [first, last], or nullopt when
 // unsatisfiable; `ignored` when the header is not one range we understand (the whole file then).
 struct Range {
@@ -724,6 +791,17 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     return;
   }
   const std::string path = paths.front();
+  std::string why;
+  const std::optional<LineSlice> lines = parse_line_slice(request, why);
+  if (!why.empty()) {
+    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY", why));
+    return;
+  }
+  if (lines && request.find(http::field::range) != request.end()) {
+    reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY",
+                      "offset/limit and the Range header cannot be used together"));
+    return;
+  }
   std::shared_ptr<Staging> file;
   try {
     file = std::make_shared<Staging>(state);
@@ -751,7 +829,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     watch->hung_up = true;
     watch->op.cancel();
   });
-  op.then([state, id = entry->id, file, watch, path, range, version, reply,
+  op.then([state, id = entry->id, file, watch, path, range, lines, version, reply,
            open_stream](sbx::Operation<void>& done) {
     watch->stop();
     Request shape;
@@ -811,9 +889,19 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
                                                  std::to_string(size));
       }
     }
-    if (head.result() == http::status::ok) head.set(http::field::accept_ranges, "bytes");
-    head.set(http::field::content_disposition, "attachment; filename=\"" + base_name(path) + "\"");
-    head.set(http::field::content_type, "application/octet-stream");
+    if (lines) {
+      if (!find_lines(file->fd, size, *lines, first, length)) {
+        reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
+                          "cannot read the downloaded file"));
+        return;
+      }
+      head.set(http::field::content_type, "text/plain; charset=utf-8");
+    } else {
+      if (head.result() == http::status::ok) head.set(http::field::accept_ranges, "bytes");
+      head.set(http::field::content_disposition,
+               "attachment; filename=\"" + base_name(path) + "\"");
+      head.set(http::field::content_type, "application/octet-stream");
+    }
     head.content_length(length);
     auto pump = std::make_shared<Pump>();
     pump->file = file;

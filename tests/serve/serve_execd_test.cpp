@@ -783,6 +783,50 @@ TEST_CASE("download: whole file, Range 206 / 416, missing file 404, missing path
   CHECK(f.server->stop() == 0);
 }
 
+TEST_CASE("download by lines: offset and limit select whole lines as text/plain") {
+  Fixture f;
+  f.create();
+  // Three lines and a last one without its newline; a 64 KiB line makes the scan cross pieces.
+  const std::string wide(70 * 1024, 'w');
+  const std::string text = "one\ntwo\n" + wide + "\nlast";
+  REQUIRE(upload(f, multipart({{R"({"path":"/lines/text.txt"})", text}})).status == 200);
+  const auto lines = [&](const std::string& query) {
+    return request(f.port(), "GET", f.direct("/files/download?path=/lines/text.txt" + query));
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"&offset=1&limit=1", "one\n"},
+      {"&offset=2&limit=1", "two\n"},
+      {"&offset=2", "two\n" + wide + "\nlast"},
+      {"&limit=2", "one\ntwo\n"},
+      {"&offset=3&limit=5", wide + "\nlast"},
+      {"&offset=4&limit=1", "last"},
+      {"&offset=5", ""},
+      {"&offset=100&limit=2", ""}};
+  for (const auto& [query, body] : cases) {
+    CAPTURE(query);
+    const auto r = lines(query);
+    CHECK(r.status == 200);
+    CHECK(r.body == body);
+    CHECK(r.headers.at("content-type") == "text/plain; charset=utf-8");
+    CHECK(r.headers.count("content-disposition") == 0);
+  }
+  for (const std::string bad : {"&offset=0", "&limit=0", "&offset=-1", "&limit=x", "&offset=1.5"}) {
+    CAPTURE(bad);
+    const auto r = lines(bad);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  }
+  const auto with_range =
+      request(f.port(), "GET", f.direct("/files/download?path=/lines/text.txt&offset=1"),
+              std::nullopt, {{"Range", "bytes=0-1"}});
+  CHECK(with_range.status == 400);
+  CHECK(lines("&offset=1&limit=1").status == 200);
+  CHECK(
+      request(f.port(), "GET", f.direct("/files/download?path=/lines/nope.txt&offset=1")).status ==
+      404);
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("a download whose client goes away leaves no temp file") {
   TempDir temps;
   Fixture f({}, {{"TMPDIR", temps.path.string()}});
