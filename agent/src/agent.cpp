@@ -30,6 +30,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -443,6 +444,7 @@ class Server {
   void on_pipe(Command& cmd, int stream, bool final_drain);
   void kill_group(Command& cmd);
   void kill_tagged(const std::string& id) const;
+  void add_env_file(const std::function<void(const std::string&, const std::string&)>& set) const;
   void on_exit(pid_t pid, int status);
   void finish(Command& cmd, int status);
   void fail_start(Command& cmd, const std::string& why);
@@ -1500,6 +1502,92 @@ ChildFailure enter_child(const ChildUser& user) {
   return {-1, 0};
 }
 
+namespace {
+
+// The value of `name` in an environment of "NAME=value" entries, or nullopt.
+std::optional<std::string> env_value(const std::vector<std::string>& env, std::string_view name) {
+  for (const auto& e : env) {
+    if (e.size() > name.size() && e[name.size()] == '=' && e.starts_with(name)) {
+      return e.substr(name.size() + 1);
+    }
+  }
+  return std::nullopt;
+}
+
+// $NAME and ${NAME} in `value` replaced by their values in `env` (empty when unset), as Go's
+// os.ExpandEnv does; a `$` followed by neither is dropped with what os.ExpandEnv drops.
+std::string expand_env(std::string_view value, const std::vector<std::string>& env) {
+  const auto is_name = [](char c) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  };
+  std::string out;
+  for (std::size_t i = 0; i < value.size();) {
+    if (value[i] != '$' || i + 1 == value.size()) {
+      out += value[i++];
+      continue;
+    }
+    std::string_view name;
+    if (value[i + 1] == '{') {
+      const auto close = value.find('}', i + 2);
+      if (close == std::string_view::npos) {  // Go: a bad syntax eats the rest
+        break;
+      }
+      name = value.substr(i + 2, close - i - 2);
+      i = close + 1;
+    } else {
+      std::size_t end = i + 1;
+      while (end < value.size() && is_name(value[end]))
+        ++end;
+      if (end == i + 1) {  // "$" then a character that starts no name: both dropped
+        i += 2;
+        continue;
+      }
+      name = value.substr(i + 1, end - i - 1);
+      i = end;
+    }
+    out += env_value(env, name).value_or("");
+  }
+  return out;
+}
+
+}  // namespace
+
+// execd's EXECD_ENVS: when the agent's environment names a file there, its KEY=VALUE lines are
+// each command's environment over the agent's and under the request's. Read for every command
+// (a command may have written it for the next), at most 1 MiB; blank lines, `#` comments and
+// lines without `=` or with an empty key are skipped; a value in matching quotes loses them;
+// $NAME and ${NAME} expand from the agent's environment.
+void Server::add_env_file(
+    const std::function<void(const std::string&, const std::string&)>& set) const {
+  const auto path = env_value(base_env_, "EXECD_ENVS");
+  if (!path || path->empty()) return;
+  const std::optional<std::string> text = read_file(*path, 1024 * 1024);
+  if (!text) return;
+  std::size_t start = 0;
+  while (start < text->size()) {
+    auto eol = text->find('\n', start);
+    if (eol == std::string::npos) eol = text->size();
+    std::string_view line(text->data() + start, eol - start);
+    start = eol + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t'))
+      line.remove_prefix(1);
+    if (line.empty() || line.front() == '#') continue;
+    const auto eq = line.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    std::string_view key = line.substr(0, eq);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t'))
+      key.remove_suffix(1);
+    std::string_view value = line.substr(eq + 1);
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+        value.back() == value.front()) {
+      value = value.substr(1, value.size() - 2);
+    }
+    if (key.empty()) continue;
+    set(std::string(key), expand_env(value, base_env_));
+  }
+}
+
 std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req) {
   // Everything the child needs is built here, before fork: the child only makes system calls.
   std::vector<std::string> env = base_env_;
@@ -1513,6 +1601,7 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     }
     env.push_back(prefix + value);
   };
+  add_env_file(set_env);
   if (req.identity) set_env("HOME", req.identity->home);
   set_env(std::string(kExecIdVar), cmd.id);  // the tag kill_tagged() finds
   for (const auto& [k, v] : req.envs)

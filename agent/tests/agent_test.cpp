@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -517,6 +518,30 @@ TEST_CASE("env and cwd: the request's envs over the agent's, in the requested di
   CHECK(client.request("POST", "/command", "{not json").status == 400);
   CHECK(client.request("POST", "/command", "{\"command\":\"\"}").status == 400);
   CHECK(client.request("POST", "/command", command_body("true", ",\"timeout\":-1")).status == 400);
+}
+
+TEST_CASE("EXECD_ENVS: the file's lines under the request's envs, read for every command") {
+  TempDir dir;
+  const std::string file = dir.path + "/envs";
+  {
+    std::ofstream out(file);
+    out << "# a comment\nFROM_FILE=file\nEXPANDED=$BASE_DIR/bin:${BASE_DIR}\nMALFORMED\n"
+           "EMPTY=\nQUOTED=\"a b\"\nOVERRIDE=file\n=nokey\n";
+  }
+  Agent agent(
+      dir, {},
+      {"PATH=/usr/bin:/bin", "BASE_DIR=/opt/base", "EXECD_ENVS=" + file, "SBX_AGENT_TOKEN="});
+  Client client(agent.socket);
+  start(client, command_body("echo \"$FROM_FILE|$EXPANDED|${EMPTY-unset}|$QUOTED|$OVERRIDE|"
+                             "${MALFORMED-unset}\"",
+                             ",\"envs\":{\"OVERRIDE\":\"request\"}"));
+  CHECK(texts(rest(client), "stdout") ==
+        std::vector<std::string>{"file|/opt/base/bin:/opt/base||a b|request|unset"});
+  // A command writes the file; the next one sees it.
+  start(client, command_body("echo 'FROM_FILE=again' > \"$EXECD_ENVS\""));
+  rest(client);
+  start(client, command_body("echo \"$FROM_FILE\""));
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"again"});
 }
 
 TEST_CASE("without PATH in its environment the agent gives commands a default one") {

@@ -25,6 +25,14 @@ case $0 in
 esac
 listen=tcp:0.0.0.0:44772           # execd's port: the server publishes it and proxies to it
 
+# As execd's bootstrap: EXECD_ENVS names a file whose KEY=VALUE lines every command gets (the
+# agent reads it for each command, under the request's envs), /opt/opensandbox/.env unless the
+# sandbox's env names another; it is made empty when missing (where that cannot be, commands run
+# without it).
+EXECD_ENVS=${EXECD_ENVS:-$here/.env}
+[ -e "$EXECD_ENVS" ] || { : > "$EXECD_ENVS"; } 2>/dev/null || true
+export EXECD_ENVS
+
 if [ "$#" -gt 0 ]; then
   exec "$here/execd" --listen "$listen" -- "$@"
 fi

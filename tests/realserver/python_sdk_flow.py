@@ -35,6 +35,7 @@ from runner import case, check, check_eq, run  # noqa: E402
 from opensandbox import Sandbox, SandboxManager  # noqa: E402
 from opensandbox.config import ConnectionConfig  # noqa: E402
 from opensandbox.exceptions import SandboxApiException  # noqa: E402
+from opensandbox.models.execd import RunCommandOpts  # noqa: E402
 from opensandbox.models.sandboxes import SandboxFilter  # noqa: E402
 
 IMAGE = "sbx-busybox:latest"
@@ -157,6 +158,20 @@ async def write_and_read_files(state: State):
     execution = await box.commands.run("cat /tmp/flow/hello.txt; wc -c < /tmp/flow/bytes.bin")
     check_eq([m.text.strip() for m in execution.logs.stdout], ["hello file", str(len(every_byte))],
              "the files seen by a command")
+
+
+@case
+async def execd_envs_file(state: State):
+    # The bootstrap names the file in EXECD_ENVS; a command writes a line, the next sees it, and a
+    # request's envs win over the file's.
+    commands = state.box().commands
+    execution = await commands.run('echo "FROM_FILE=file" >> "$EXECD_ENVS"; echo "$EXECD_ENVS"')
+    check_eq([m.text for m in execution.logs.stdout], ["/opt/opensandbox/.env"], "EXECD_ENVS")
+    execution = await commands.run('echo "$FROM_FILE"')
+    check_eq([m.text for m in execution.logs.stdout], ["file"], "a variable from the file")
+    execution = await commands.run('echo "$FROM_FILE"',
+                                   opts=RunCommandOpts(envs={"FROM_FILE": "request"}))
+    check_eq([m.text for m in execution.logs.stdout], ["request"], "the request's envs over the file's")
 
 
 @case
