@@ -404,11 +404,31 @@ std::optional<CommandRequest> read_command(const Request& request, std::string& 
   const json::object& body = value.as_object();
   CommandRequest out;
   const auto* command = body.if_contains("command");
-  if (!command || !command->is_string() || command->as_string().empty()) {
+  const auto* argv = body.if_contains("argv");
+  if (argv && !argv->is_null()) {
+    // The agent's extension (agent/README.md): the program and its arguments, without a shell.
+    // The provider's exec takes a shell command: each word is quoted, and `exec` runs the program
+    // in the shell's place (the shell's PATH lookup is execvp's).
+    if (!argv->is_array() || argv->as_array().empty()) {
+      why = "invalid request body: argv must be a non-empty array of strings";
+      return std::nullopt;
+    }
+    out.command = "exec";
+    for (const auto& word : argv->as_array()) {
+      if (!word.is_string() || (out.command == "exec" && word.as_string().empty())) {
+        why =
+            "invalid request body: argv must be a non-empty array of strings, the first "
+            "non-empty";
+        return std::nullopt;
+      }
+      out.command += " " + shell_quote(std::string(word.as_string()));
+    }
+  } else if (!command || !command->is_string() || command->as_string().empty()) {
     why = "invalid request body: command is required (a non-empty string)";
     return std::nullopt;
+  } else {
+    out.command = std::string(command->as_string());
   }
-  out.command = std::string(command->as_string());
   if (const auto* cwd = body.if_contains("cwd"); cwd && !cwd->is_null()) {
     if (!cwd->is_string()) {
       why = "invalid request body: cwd must be a string";

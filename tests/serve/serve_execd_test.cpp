@@ -175,6 +175,29 @@ TEST_CASE("POST /command: exit 3 with stderr, as the transcript") {
   CHECK(f.server->stop() == 0);
 }
 
+TEST_CASE("POST /command: argv runs the program with its arguments as given, no shell between") {
+  Fixture f;
+  f.create();
+  // Words a shell would expand, split or end on come through as they are; argv wins over command.
+  const auto events = run(
+      f,
+      R"({"argv":["printf","%s|","a b","$HOME","x'y","*","; echo injected",""],"command":"exit 9"})");
+  REQUIRE(types(events) ==
+          std::vector<std::string>{"init", "ping", "stdout", "execution_complete"});
+  CHECK(events[2].at("text") == "a b|$HOME|x'y|*|; echo injected||");
+  const auto refused = [&](const std::string& body) {
+    CAPTURE(body);
+    const auto r = request(f.port(), "POST", f.direct("/command"), body);
+    CHECK(r.status == 400);
+    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+  };
+  refused(R"({"argv":[]})");
+  refused(R"({"argv":"printf"})");
+  refused(R"({"argv":["printf",1]})");
+  refused(R"({"argv":["","x"]})");
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("POST /command: two lines, env and a partial line, blank lines and \\r, via the proxy") {
   Fixture f;
   f.create();
