@@ -322,11 +322,87 @@ Mount read_mount(const boost::json::object& object, const std::string& path) {
   return mount;
 }
 
+// OpenSandbox's Volume (sandbox-lifecycle.yml), as `sbx serve` passes a create's `volumes`:
+// {name, host: {path} | pvc: {claimName, ...} | ossfs: {...}, mountPath, readOnly?, subPath?}.
+// A host path (plus subPath) is a bind mount, a pvc a Docker named volume (Docker makes a missing
+// one, as the real server's Docker runtime does with createIfNotExists); ossfs has no Docker
+// equivalent here. The create's policy then judges the mount as any other.
+Mount read_opensandbox_volume(const boost::json::object& object, const std::string& path) {
+  ObjectReader reader(object, path);
+  const auto name = reader.string("name");
+  const auto mount_path = reader.string("mountPath");
+  const bool read_only = reader.boolean("readOnly", false);
+  const auto sub_path = reader.string("subPath");
+  auto host = reader.object("host");
+  auto pvc = reader.object("pvc");
+  const bool ossfs = reader.value("ossfs") != nullptr;
+  const auto dns_label = [](const std::string& s) {
+    if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+    return std::all_of(s.begin(), s.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+    });
+  };
+  if (!name || !dns_label(*name)) {
+    reader.fail("name", "is required: a DNS label (lowercase letters, digits, '-'; at most 63)");
+  }
+  if (!mount_path || !is_absolute(*mount_path)) {
+    reader.fail("mountPath", "is required and must be absolute");
+  }
+  if (int(host.has_value()) + int(pvc.has_value()) + int(ossfs) != 1) {
+    reader.fail("host", "exactly one backend must be given: host, pvc or ossfs");
+  }
+  if (ossfs) reader.fail("ossfs", "is not supported by local_docker (use host or pvc)");
+  if (sub_path) {
+    bool dotdot = sub_path->empty() || sub_path->front() == '/';
+    for (size_t start = 0; !dotdot && start <= sub_path->size();) {
+      const size_t slash = std::min(sub_path->find('/', start), sub_path->size());
+      dotdot = sub_path->substr(start, slash - start) == "..";
+      start = slash + 1;
+    }
+    if (dotdot) reader.fail("subPath", "must be a relative path without '..'");
+  }
+  Mount mount;
+  mount.target = *mount_path;
+  mount.read_only = read_only;
+  if (host) {
+    const auto host_path = host->string("path");
+    if (!host_path || !is_absolute(*host_path)) {
+      host->fail("path", "is required and must be absolute");
+    }
+    host->finish();
+    mount.source = *host_path;
+    if (sub_path) mount.source += (mount.source.ends_with('/') ? "" : "/") + *sub_path;
+  } else {
+    const auto claim = pvc->string("claimName");
+    if (!claim || claim->empty() || claim->front() == '/') {
+      pvc->fail("claimName", "is required: the name of a Docker volume");
+    }
+    if (!pvc->boolean("createIfNotExists", true)) {
+      pvc->fail("createIfNotExists",
+                "false is not supported by local_docker (Docker makes a "
+                "missing named volume)");
+    }
+    if (pvc->boolean("deleteOnSandboxTermination", false)) {
+      pvc->fail("deleteOnSandboxTermination", "true is not supported by local_docker");
+    }
+    // Kubernetes provisioning hints: the spec says Docker volumes ignore them.
+    (void)pvc->value("storageClass");
+    (void)pvc->value("storage");
+    (void)pvc->value("accessModes");
+    pvc->finish();
+    if (sub_path) reader.fail("subPath", "on a pvc volume is not supported by local_docker");
+    mount.source = *claim;
+  }
+  reader.finish();
+  return mount;
+}
+
 void read_volumes(const boost::json::value& value, const std::string& path, SandboxOptions& out) {
   if (!value.is_array()) {
     throw sdk::Error::invalid_argument(path +
-                                       ": expected an array of \"src:dst[:ro|rw]\" strings "
-                                       "or {source, target, read_only} objects, got " +
+                                       ": expected an array of \"src:dst[:ro|rw]\" strings, "
+                                       "{source, target, read_only} objects or OpenSandbox "
+                                       "Volume objects, got " +
                                        std::string(sdk::json::kind_name(value)));
   }
   const auto& items = value.get_array();
@@ -334,6 +410,9 @@ void read_volumes(const boost::json::value& value, const std::string& path, Sand
     const std::string item_path = sdk::json::path_index(path, i);
     if (items[i].is_string()) {
       out.binds.push_back(read_bind(items[i].get_string(), item_path));
+    } else if (items[i].is_object() && (items[i].get_object().contains("mountPath") ||
+                                        items[i].get_object().contains("name"))) {
+      out.mounts.push_back(read_opensandbox_volume(items[i].get_object(), item_path));
     } else if (items[i].is_object()) {
       out.mounts.push_back(read_mount(items[i].get_object(), item_path));
     } else {

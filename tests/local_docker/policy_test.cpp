@@ -151,6 +151,87 @@ TEST_CASE("named volumes only when the config allows them") {
   CHECK(ldtest::docker().send("DELETE", "/volumes/" + name).status == 204);
 }
 
+// OpenSandbox's Volume shape (what `sbx serve` passes from a create's `volumes`): a host path with
+// its subPath is a bind, a pvc a named volume, each under the same policy as the other forms.
+TEST_CASE(
+    "OpenSandbox-shaped volumes: host with subPath, pvc; the policy holds; bad shapes named") {
+  namespace json = boost::json;
+  sbx::testing::TempDir allowed("sbx-ld-policy-os");
+  fs::create_directories(allowed.path / "data" / "sub");
+  std::ofstream(allowed.path / "data" / "sub" / "file.txt") << "from host";
+  const auto host_volume = [&](const std::string& path, json::object extra = {}) {
+    json::object v{{"name", "data"}, {"host", json::object{{"path", path}}}, {"mountPath", "/d"}};
+    for (const auto& [k, x] : extra)
+      v[k] = x;
+    return v;
+  };
+  // Refused by default, as any host path.
+  const Refusal by_default =
+      refusal(provider(), json::array{host_volume((allowed.path / "data").string())});
+  CHECK(by_default.status == SBX_STATUS_PERMISSION_DENIED);
+  CHECK(contains(by_default.message, "create.allowed_host_paths"));
+
+  sbx::Host host(allowing({allowed.path.string()}));
+  const sbx::Provider p = provider_with(host);
+  {
+    auto spec = ldtest::spec();
+    spec.provider_options["volumes"] = json::array{
+        host_volume((allowed.path / "data").string(), {{"subPath", "sub"}, {"readOnly", true}})};
+    sbx::Sandbox box = p.create(spec);
+    CHECK(box.exec("cat /d/file.txt").stdout_text == "from host");
+    CHECK(box.exec("touch /d/new 2>/dev/null").return_code != 0);  // read-only
+    box.close();
+  }
+  // A subPath that climbs out is invalid before any policy; so are the other bad shapes.
+  const std::vector<std::pair<json::value, std::string>> bad{
+      {host_volume((allowed.path / "data").string(), {{"subPath", "../../etc"}}), "subPath"},
+      {host_volume((allowed.path / "data").string(), {{"subPath", "/etc"}}), "subPath"},
+      {host_volume("relative"), "path"},
+      {json::object{
+           {"name", "Bad_Name"}, {"host", json::object{{"path", "/x"}}}, {"mountPath", "/d"}},
+       "name"},
+      {json::object{{"name", "n"}, {"host", json::object{{"path", "/x"}}}, {"mountPath", "d"}},
+       "mountPath"},
+      {json::object{{"name", "n"}, {"mountPath", "/d"}}, "exactly one backend"},
+      {json::object{{"name", "n"},
+                    {"host", json::object{{"path", "/x"}}},
+                    {"pvc", json::object{{"claimName", "v"}}},
+                    {"mountPath", "/d"}},
+       "exactly one backend"},
+      {json::object{{"name", "n"}, {"ossfs", json::object{{"bucket", "b"}}}, {"mountPath", "/d"}},
+       "not supported by local_docker"},
+      {json::object{{"name", "n"},
+                    {"pvc", json::object{{"claimName", "v"}, {"createIfNotExists", false}}},
+                    {"mountPath", "/d"}},
+       "createIfNotExists"},
+      {json::object{{"name", "n"},
+                    {"pvc", json::object{{"claimName", "v"}}},
+                    {"mountPath", "/d"},
+                    {"subPath", "s"}},
+       "subPath"},
+      {host_volume("/x", {{"unknown", 1}}), "unknown"}};
+  for (const auto& [volume, why] : bad) {
+    CAPTURE(json::serialize(volume));
+    const Refusal r = refusal(p, json::array{volume});
+    CHECK(r.status == SBX_STATUS_INVALID_ARGUMENT);
+    CHECK(contains(r.message, why));
+  }
+
+  // A pvc is a named volume: refused unless the config allows them, then made by Docker.
+  const std::string name = "sbx-test-os-volume-" + ldtest::unique();
+  const json::object pvc{{"name", "cache"},
+                         {"pvc", json::object{{"claimName", name}, {"storage", "1Gi"}}},
+                         {"mountPath", "/v"}};
+  CHECK(refusal(provider(), json::array{pvc}).status == SBX_STATUS_PERMISSION_DENIED);
+  sbx::Host named(options_with(R"({"create": {"allow_named_volumes": true}})"));
+  auto spec = ldtest::spec();
+  spec.provider_options["volumes"] = json::array{pvc};
+  sbx::Sandbox box = provider_with(named).create(spec);
+  CHECK(box.exec("echo kept > /v/f && cat /v/f").stdout_text == "kept\n");
+  box.close();
+  CHECK(ldtest::docker().send("DELETE", "/volumes/" + name).status == 204);
+}
+
 TEST_CASE("no request sets Docker's loosening settings: each is PERMISSION_DENIED, named") {
   for (const char* key : {"privileged",
                           "cap_add",
