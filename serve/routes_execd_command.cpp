@@ -415,10 +415,13 @@ std::optional<CommandRequest> read_command(const Request& request, std::string& 
     }
     out.command = "exec";
     for (const auto& word : argv->as_array()) {
-      if (!word.is_string() || (out.command == "exec" && word.as_string().empty())) {
+      // The program may not start with '-': the shell's exec would read it as an option.
+      const bool first = out.command == "exec";
+      if (!word.is_string() ||
+          (first && (word.as_string().empty() || word.as_string().front() == '-'))) {
         why =
             "invalid request body: argv must be a non-empty array of strings, the first "
-            "non-empty";
+            "non-empty and not starting with '-'";
         return std::nullopt;
       }
       out.command += " " + shell_quote(std::string(word.as_string()));

@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -703,6 +704,12 @@ bool find_lines(int fd, uint64_t size, const LineSlice& slice, uint64_t& first, 
   // Where the first line wanted starts, and where the first line after them starts.
   std::optional<uint64_t> start = slice.offset == 1 ? std::optional<uint64_t>(0) : std::nullopt;
   std::optional<uint64_t> end;
+  // The first line not wanted; 0: none (no limit, or the sum passes uint64: no file has that
+  // many lines).
+  const uint64_t stop_line =
+      slice.limit && *slice.limit <= std::numeric_limits<uint64_t>::max() - slice.offset
+          ? slice.offset + *slice.limit
+          : 0;
   uint64_t line = 1;  // the line being read
   std::vector<char> buffer(64 * 1024);
   for (uint64_t at = 0; at < size && !end;) {
@@ -716,7 +723,7 @@ bool find_lines(int fd, uint64_t size, const LineSlice& slice, uint64_t& first, 
       ++line;
       const uint64_t next = at + static_cast<uint64_t>(p - buffer.data());
       if (line == slice.offset) start = next;
-      if (slice.limit && line == slice.offset + *slice.limit) end = next;
+      if (stop_line != 0 && line == stop_line) end = next;
     }
     at += static_cast<uint64_t>(n);
   }

@@ -97,9 +97,9 @@ struct Ctx {
   }
 };
 
-// Not empty, no line break: the scripts answer in lines.
+// Not empty, no line break (the scripts answer in lines), no NUL (it would end the script).
 bool usable_path(const std::string& path) {
-  return !path.empty() && path.find_first_of("\n\r") == std::string::npos;
+  return !path.empty() && path.find_first_of(std::string_view("\n\r\0", 3)) == std::string::npos;
 }
 
 // The `path` query values, each usable; nullopt after answering 400.
@@ -396,7 +396,10 @@ void delete_directories(const Call& call) {
   if (!paths) return;
   std::string script;
   for (std::size_t i = 0; i < paths->size(); ++i)
-    script += "rm -rf -- " + shell_quote((*paths)[i]) + fail_at(i, 1) + "\n";
+    // Without its trailing slash: `rm -rf LINK/` would empty the directory a link leads to (GNU),
+    // where execd (os.RemoveAll of the cleaned path) removes the link.
+    script +=
+        "rm -rf -- " + shell_quote(without_trailing_slash((*paths)[i])) + fail_at(i, 1) + "\n";
   run_script(ctx, std::move(script), [ctx, paths = *paths](const sbx::ExecResult& result) {
     if (result.return_code != 0) {
       const auto i = failed_index(result, paths.size());
@@ -523,7 +526,9 @@ void post_files_mv(const Call& call) {
       return;
     }
     const std::size_t i = moves.size();
-    const std::string qs = shell_quote(from), qd = shell_quote(to);
+    // Cleaned as execd cleans them: a trailing slash would make mv act on a link's target.
+    const std::string qs = shell_quote(without_trailing_slash(from)),
+                      qd = shell_quote(without_trailing_slash(to));
     script += "[ -e " + qs + " ]" + fail_at(i, 3) + "\n" +                          //
               "mkdir -p -- " + shell_quote(parent_of(to)) + fail_at(i, 1) + "\n" +  //
               "if [ -e " + qd + " ]; then echo " + std::to_string(i) + "; exit 2; fi\n" + "mv -- " +

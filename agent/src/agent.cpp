@@ -1514,38 +1514,48 @@ std::optional<std::string> env_value(const std::vector<std::string>& env, std::s
   return std::nullopt;
 }
 
-// $NAME and ${NAME} in `value` replaced by their values in `env` (empty when unset), as Go's
-// os.ExpandEnv does; a `$` followed by neither is dropped with what os.ExpandEnv drops.
+// $NAME and ${NAME} in `value` replaced by their values in `env` (empty when unset), by the rules
+// of Go's os.ExpandEnv, which execd applies: a name is letters, digits and '_', or one special
+// character (a digit, *#$@!?-); "${}" and an unclosed "${" are dropped; a '$' before anything
+// else, or last, stays.
 std::string expand_env(std::string_view value, const std::vector<std::string>& env) {
-  const auto is_name = [](char c) {
+  const auto is_alnum = [](char c) {
     return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
   };
+  const auto is_special = [](char c) {
+    return std::string_view("*#$@!?-").find(c) != std::string_view::npos || (c >= '0' && c <= '9');
+  };
   std::string out;
-  for (std::size_t i = 0; i < value.size();) {
+  std::size_t i = 0;
+  while (i < value.size()) {
     if (value[i] != '$' || i + 1 == value.size()) {
       out += value[i++];
       continue;
     }
+    const std::string_view rest = value.substr(i + 1);
     std::string_view name;
-    if (value[i + 1] == '{') {
-      const auto close = value.find('}', i + 2);
-      if (close == std::string_view::npos) {  // Go: a bad syntax eats the rest
-        break;
+    std::size_t used = 0;  // of `rest`
+    if (rest.front() == '{') {
+      if (rest.size() > 2 && is_special(rest[1]) && rest[2] == '}') {
+        name = rest.substr(1, 1);
+        used = 3;
+      } else if (const auto close = rest.find('}'); close == std::string_view::npos) {
+        used = 1;  // "${" unclosed: dropped, the rest kept
+      } else {
+        name = rest.substr(1, close - 1);  // empty for "${}": dropped
+        used = close + 1;
       }
-      name = value.substr(i + 2, close - i - 2);
-      i = close + 1;
+    } else if (is_special(rest.front())) {
+      name = rest.substr(0, 1);
+      used = 1;
     } else {
-      std::size_t end = i + 1;
-      while (end < value.size() && is_name(value[end]))
-        ++end;
-      if (end == i + 1) {  // "$" then a character that starts no name: both dropped
-        i += 2;
-        continue;
-      }
-      name = value.substr(i + 1, end - i - 1);
-      i = end;
+      while (used < rest.size() && is_alnum(rest[used]))
+        ++used;
+      name = rest.substr(0, used);
+      if (used == 0) out += '$';  // not followed by a name: kept
     }
-    out += env_value(env, name).value_or("");
+    if (!name.empty()) out += env_value(env, name).value_or("");
+    i += 1 + used;
   }
   return out;
 }

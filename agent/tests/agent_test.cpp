@@ -526,17 +526,17 @@ TEST_CASE("EXECD_ENVS: the file's lines under the request's envs, read for every
   {
     std::ofstream out(file);
     out << "# a comment\nFROM_FILE=file\nEXPANDED=$BASE_DIR/bin:${BASE_DIR}\nMALFORMED\n"
-           "EMPTY=\nQUOTED=\"a b\"\nOVERRIDE=file\n=nokey\n";
+           "EMPTY=\nQUOTED=\"a b\"\nOVERRIDE=file\n=nokey\nODD=a$/b$1x${}y${z\n";
   }
   Agent agent(
       dir, {},
       {"PATH=/usr/bin:/bin", "BASE_DIR=/opt/base", "EXECD_ENVS=" + file, "SBX_AGENT_TOKEN="});
   Client client(agent.socket);
   start(client, command_body("echo \"$FROM_FILE|$EXPANDED|${EMPTY-unset}|$QUOTED|$OVERRIDE|"
-                             "${MALFORMED-unset}\"",
+                             "${MALFORMED-unset}|$ODD\"",
                              ",\"envs\":{\"OVERRIDE\":\"request\"}"));
   CHECK(texts(rest(client), "stdout") ==
-        std::vector<std::string>{"file|/opt/base/bin:/opt/base||a b|request|unset"});
+        std::vector<std::string>{"file|/opt/base/bin:/opt/base||a b|request|unset|a$/bxyz"});
   // A command writes the file; the next one sees it.
   start(client, command_body("echo 'FROM_FILE=again' > \"$EXECD_ENVS\""));
   rest(client);

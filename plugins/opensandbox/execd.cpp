@@ -32,6 +32,8 @@ sdk::http::Response finish(sdk::http::Call& call, const sdk::CancelToken& cancel
 
 // How long a command cancelled before its id came keeps its submission open for the id.
 constexpr std::chrono::milliseconds kInterruptWait = 5s;
+// The bound on one interrupt (DELETE /command?id=).
+constexpr std::chrono::milliseconds kInterruptTimeout = 5s;
 
 std::string what_of(const std::string& operation, const std::string& sandbox_id) {
   return "OpenSandbox " + operation + " (sandbox " + sandbox_id + ")";
@@ -156,10 +158,12 @@ ExecdClient::ExecdClient(const ConnectionConfig& connection, const OperationConf
       http_(client_options(connection, "")) {}
 
 ExecdClient::~ExecdClient() {
+  // An id may come up to kInterruptWait after a cancel; its interrupt then has kInterruptTimeout.
+  constexpr auto limit = kInterruptWait + kInterruptTimeout;
   std::unique_lock lock(interrupts_mutex_);
-  if (!interrupts_done_.wait_for(lock, 5s, [&] { return interrupts_pending_ == 0; })) {
-    log_.warn("opensandbox: ", interrupts_pending_,
-              " command interrupt(s) unanswered after 5 s; those commands may still run");
+  if (!interrupts_done_.wait_for(lock, limit, [&] { return interrupts_pending_ == 0; })) {
+    log_.warn("opensandbox: ", interrupts_pending_, " command interrupt(s) unanswered after ",
+              limit.count() / 1000, " s; those commands may still run");
   }
 }
 
@@ -219,6 +223,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       std::lock_guard lock(mutex_);
       ++attempt_;
     }
+    begin_request();
     track(client_.http_.start(
         std::move(request),
         [self](sdk::http::Response*, const sdk::Error* e) { self->on_finished(e); }));
@@ -248,15 +253,18 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       id = command_id_;
       idle = waiting_ || (checking_ && !in_flight_);
       await_id = id.empty() && in_flight_ && !waiting_;
-      awaiting_id_ = await_id;
+      if (await_id) {
+        // ~ExecdClient waits for this as for an interrupt; counted before on_finished can see
+        // awaiting_id_ and uncount it.
+        std::lock_guard count(client_.interrupts_mutex_);
+        ++client_.interrupts_pending_;
+        awaiting_id_ = true;
+      }
     }
     if (await_id) {
-      {
-        // ~ExecdClient waits for this as for an interrupt.
-        std::lock_guard lock(client_.interrupts_mutex_);
-        ++client_.interrupts_pending_;
-      }
-      client_.http_.after(kInterruptWait, [call]() mutable { call.cancel(); });
+      client_.http_.after(kInterruptWait, [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->abort_request();
+      });
       return finish(nullptr, sdk::Error::cancelled());
     }
     call.cancel();
@@ -521,19 +529,33 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     after(delay, [](Run& run) { run.submit(); });
   }
 
-  // Remembers the request in flight, for cancel(); cancels it at once when cancel() ran while it
-  // was being started.
+  // Before a request starts: in flight until its end (on_finished, ended_by_cancel), which may
+  // come before track() when the request fails at once.
+  void begin_request() {
+    std::lock_guard lock(mutex_);
+    in_flight_ = true;
+  }
+
+  // Remembers the request started after begin_request(), for cancel(), unless it already ended;
+  // cancels it at once when cancel() ran while it was being started (and waits for no id).
   void track(sdk::http::Call call) {
-    bool cancelled;
+    bool cancel_now;
     {
       std::lock_guard lock(mutex_);
-      if (!finished_) {
-        call_ = call;
-        in_flight_ = true;
-      }
-      cancelled = cancelled_;
+      if (in_flight_) call_ = call;
+      cancel_now = cancelled_ && !awaiting_id_;
     }
-    if (cancelled) call.cancel();
+    if (cancel_now) call.cancel();
+  }
+
+  // The request in flight is ended (kInterruptWait passed without the id).
+  void abort_request() {
+    sdk::http::Call call;
+    {
+      std::lock_guard lock(mutex_);
+      call = call_;
+    }
+    call.cancel();
   }
 
   // Runs `step` on the loop after `delay`, unless the run ended meanwhile (cancel() ends it).
@@ -577,6 +599,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     } else if (client_.connection_.request_timeout_s) {
       request.timeout = seconds_ms(*client_.connection_.request_timeout_s);
     }
+    begin_request();
     track(client_.http_.start(std::move(request),
                               [self](sdk::http::Response* response, const sdk::Error* error) {
                                 self->on_status(response, error);
@@ -650,6 +673,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
         self->error_body_.append(bytes);
       }
     };
+    begin_request();
     track(client_.http_.start(
         std::move(request),
         [self](sdk::http::Response*, const sdk::Error* error) { self->on_log(error); }));
@@ -692,7 +716,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
 
   void interrupt(const std::string& id) {
     auto request = to(endpoint_, "DELETE", "/command?id=" + sdk::http::url_encode(id));
-    request.timeout = 5s;
+    request.timeout = kInterruptTimeout;
     {
       std::lock_guard lock(client_.interrupts_mutex_);
       ++client_.interrupts_pending_;
@@ -875,21 +899,27 @@ class ExecdClient::TransferWatch final : public std::enable_shared_from_this<Tra
     check_([self = shared_from_this()](std::optional<sdk::Error> verdict) {
       sdk::http::Call call;
       {
+        // Under the lock: once stop() has returned, the client (and http_) may be gone.
         std::lock_guard lock(self->mutex_);
         if (self->stopped_) return;
-        if (verdict) {
-          self->verdict_ = verdict;
-          call = self->call_;
+        if (!verdict) {
+          // Going on: ask again only after a longer stall (on the loop, the timer's thread).
+          self->http_.after(0ms, [self] {
+            {
+              std::lock_guard relock(self->mutex_);
+              if (self->stopped_) return;
+            }
+            self->progress();
+            self->limit_ = std::min<std::chrono::milliseconds>(
+                self->limit_ == 1s ? std::chrono::milliseconds(5s) : self->limit_ * 2, 60s);
+            self->arm(self->limit_);
+          });
+          return;
         }
+        self->verdict_ = verdict;
+        call = self->call_;
       }
-      if (verdict) return call.cancel();
-      // Going on: ask again only after a longer stall. (Any thread: the timer is the loop's.)
-      self->http_.after(0ms, [self] {
-        self->progress();
-        self->limit_ = std::min<std::chrono::milliseconds>(
-            self->limit_ == 1s ? std::chrono::milliseconds(5s) : self->limit_ * 2, 60s);
-        self->arm(self->limit_);
-      });
+      call.cancel();
     });
   }
 
@@ -953,7 +983,7 @@ void ExecdClient::upload(const ExecdEndpoint& endpoint, const std::string& sandb
   try {
     response = finish(call, cancel);
   } catch (const sdk::Error&) {
-    if (watch) {
+    if (watch && !cancel.stop_requested()) {  // the caller's cancellation wins
       watch->stop();
       if (auto verdict = watch->verdict()) throw *verdict;
     }
@@ -1019,7 +1049,7 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
     try {
       response = finish(call, cancel);
     } catch (const sdk::Error& e) {
-      if (watch) {
+      if (watch && !cancel.stop_requested()) {  // the caller's cancellation wins
         if (auto verdict = watch->verdict()) throw *verdict;
       }
       // Cut mid-way (the connection lost, or silent past the idle timeout) after some of the

@@ -195,6 +195,7 @@ TEST_CASE("POST /command: argv runs the program with its arguments as given, no 
   refused(R"({"argv":"printf"})");
   refused(R"({"argv":["printf",1]})");
   refused(R"({"argv":["","x"]})");
+  refused(R"({"argv":["-x"]})");
   CHECK(f.server->stop() == 0);
 }
 
@@ -824,7 +825,8 @@ TEST_CASE("download by lines: offset and limit select whole lines as text/plain"
       {"&offset=3&limit=5", wide + "\nlast"},
       {"&offset=4&limit=1", "last"},
       {"&offset=5", ""},
-      {"&offset=100&limit=2", ""}};
+      {"&offset=100&limit=2", ""},
+      {"&offset=3&limit=18446744073709551615", wide + "\nlast"}};
   for (const auto& [query, body] : cases) {
     CAPTURE(query);
     const auto r = lines(query);
@@ -1019,9 +1021,15 @@ TEST_CASE("directories: POST makes them with a mode, list by depth in tree order
 
   // DELETE removes a link, not what it leads to; a directory with all in it; a missing one is
   // no error.
+  // Also with a trailing slash, which `rm -rf` would follow (GNU rm empties the target).
+  fs::create_directory_symlink("a", box / "dirs/link2");
+  CHECK(request(f.port(), "DELETE", f.direct("/directories?path=dirs/link2/")).status == 200);
+  CHECK(!fs::exists(fs::symlink_status(box / "dirs/link2")));
+  CHECK(fs::exists(box / "dirs/a/b/y.txt"));
   CHECK(request(f.port(), "DELETE", f.direct("/directories?path=dirs/link")).status == 200);
   CHECK(!fs::exists(fs::symlink_status(box / "dirs/link")));
   CHECK(fs::exists(box / "dirs/a/b/y.txt"));
+  CHECK(request(f.port(), "DELETE", f.direct("/directories?path=dirs%00x")).status == 400);
   const auto removed =
       request(f.port(), "DELETE", f.direct("/directories?path=dirs/a&path=dirs/nope"));
   CHECK(removed.status == 200);
