@@ -102,6 +102,28 @@ bool usable_path(const std::string& path) {
   return !path.empty() && path.find_first_of(std::string_view("\n\r\0", 3)) == std::string::npos;
 }
 
+// `path` without trailing slashes ("/" stays), as execd cleans it.
+std::string without_trailing_slash(std::string path) {
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
+  return path;
+}
+
+// The one `path` query value of a listing or a search, usable, without its trailing slash;
+// nullopt after answering 400.
+std::optional<std::string> query_root(const Call& call, const Ctx& ctx) {
+  const auto paths = query_values(call.request, "path");
+  if (paths.empty() || paths.front().empty()) {
+    ctx.error(http::status::bad_request, "MISSING_QUERY", "missing query parameter 'path'");
+    return std::nullopt;
+  }
+  if (!usable_path(paths.front())) {
+    ctx.bad_request("invalid path: " + paths.front());
+    return std::nullopt;
+  }
+  return without_trailing_slash(paths.front());
+}
+
 // The `path` query values, each usable; nullopt after answering 400.
 std::optional<std::vector<std::string>> query_paths(const Call& call, const Ctx& ctx) {
   auto paths = query_values(call.request, "path");
@@ -242,13 +264,6 @@ void run_script(const Ctx& ctx, std::string script,
     }
     done(result);
   });
-}
-
-// `path` without trailing slashes ("/" stays), as execd cleans it.
-std::string without_trailing_slash(std::string path) {
-  while (path.size() > 1 && path.back() == '/')
-    path.pop_back();
-  return path;
 }
 
 // The directory `path` is in ("." for a bare name), as Go's filepath.Dir.
@@ -419,16 +434,9 @@ void delete_directories(const Call& call) {
 
 void get_directories_list(const Call& call) {
   const Ctx ctx(call);
-  const auto paths = query_values(call.request, "path");
-  if (paths.empty() || paths.front().empty()) {
-    ctx.error(http::status::bad_request, "MISSING_QUERY", "missing query parameter 'path'");
-    return;
-  }
-  if (!usable_path(paths.front())) {
-    ctx.bad_request("invalid path: " + paths.front());
-    return;
-  }
-  const std::string root = without_trailing_slash(paths.front());
+  const auto found = query_root(call, ctx);
+  if (!found) return;
+  const std::string& root = *found;
   int depth = 1;
   if (const auto depths = query_values(call.request, "depth"); !depths.empty()) {
     const std::string& text = depths.front();
@@ -624,16 +632,9 @@ void post_files_permissions(const Call& call) {
 
 void get_files_search(const Call& call) {
   const Ctx ctx(call);
-  const auto paths = query_values(call.request, "path");
-  if (paths.empty() || paths.front().empty()) {
-    ctx.error(http::status::bad_request, "MISSING_QUERY", "missing query parameter 'path'");
-    return;
-  }
-  if (!usable_path(paths.front())) {
-    ctx.bad_request("invalid path: " + paths.front());
-    return;
-  }
-  const std::string root = without_trailing_slash(paths.front());
+  const auto found = query_root(call, ctx);
+  if (!found) return;
+  const std::string& root = *found;
   const auto patterns = query_values(call.request, "pattern");
   std::string pattern = patterns.empty() || patterns.front().empty() ? "**" : patterns.front();
   if (!usable_path(pattern)) {
