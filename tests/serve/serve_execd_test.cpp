@@ -175,6 +175,18 @@ TEST_CASE("POST /command: exit 3 with stderr, as the transcript") {
   CHECK(f.server->stop() == 0);
 }
 
+// GNU tools close stdout and stderr at exit, before they end: the command's own exit status
+// counts, not a kill after its output ended (test_processes once answered 137 here under load).
+TEST_CASE("POST /command: a command that closes its output, then exits, keeps its exit status") {
+  Fixture f;
+  f.create();
+  const auto events = run(f, R"({"command":"echo out; exec >&- 2>&-; sleep 0.3; exit 3"})");
+  REQUIRE(!events.empty());
+  CHECK(events.back().at("type") == "error");
+  CHECK(events.back().at("error").at("evalue") == "3");
+  CHECK(f.server->stop() == 0);
+}
+
 TEST_CASE("POST /command: argv runs the program with its arguments as given, no shell between") {
   Fixture f;
   f.create();

@@ -31,6 +31,7 @@
 #include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,6 +301,28 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
       } else if (n == 0 || errno != EINTR) {
         pipe.reset();
       }
+    }
+  }
+  // Both pipes ended, but the command may not have: GNU tools close stdout and stderr at exit,
+  // before they end. Killing the group now would turn such an exit into SIGKILL's 137 (it did,
+  // under load), so the command's own end is waited for, within its timeout and cancellation.
+  if (!timed_out && !cancelled) {
+    const Fd exited(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    while (exited.fd >= 0) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        timed_out = true;
+        break;
+      }
+      const int wait_ms = static_cast<int>(std::min<int64_t>(
+          1000, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1));
+      pollfd fds[2] = {{exited.fd, POLLIN, 0}, {wake.fd, POLLIN, 0}};
+      if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) break;
+      if (fds[1].revents & POLLIN) {
+        cancelled = true;
+        break;
+      }
+      if (fds[0].revents & POLLIN) break;
     }
   }
   ::kill(-pid, SIGKILL);  // nothing of the command outlives the exec
