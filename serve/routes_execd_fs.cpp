@@ -348,6 +348,34 @@ std::optional<json::array> entries_of(const Ctx& ctx, const std::string& root,
 
 }  // namespace
 
+// The body {"PATH": {owner?, group?, mode?}, ...} of POST /directories and POST
+// /files/permissions, in the body's order, each path usable; nullopt after answering 400.
+std::optional<std::vector<std::pair<std::string, Permission>>> permission_body(const Call& call,
+                                                                               const Ctx& ctx) {
+  const auto body = body_json(call, ctx);
+  if (!body) return std::nullopt;
+  if (!body->is_object()) {
+    ctx.bad_request(invalid_body("the body must be an object {path: {owner, group, mode}}"));
+    return std::nullopt;
+  }
+  std::vector<std::pair<std::string, Permission>> items;
+  for (const auto& [key, value] : body->as_object()) {
+    std::string why;
+    auto perm = read_permission(value, why);
+    if (!perm) {
+      ctx.bad_request(why);
+      return std::nullopt;
+    }
+    std::string path(key);
+    if (!usable_path(path)) {
+      ctx.bad_request("invalid path: " + path);
+      return std::nullopt;
+    }
+    items.emplace_back(std::move(path), std::move(*perm));
+  }
+  return items;
+}
+
 // ----------------------------------------------------------------------------------------------
 // POST /directories {"DIR": {owner?, group?, mode?}}: `mkdir -p` of each, in the body's order; a
 // directory that did not exist gets the mode (chmod) and the owner (chown), one that did is left
@@ -355,31 +383,16 @@ std::optional<json::array> entries_of(const Ctx& ctx, const std::string& root,
 
 void post_directories(const Call& call) {
   const Ctx ctx(call);
-  const auto body = body_json(call, ctx);
-  if (!body) return;
-  if (!body->is_object()) {
-    ctx.bad_request(invalid_body("the body must be an object {path: {owner, group, mode}}"));
-    return;
-  }
+  const auto items = permission_body(call, ctx);
+  if (!items) return;
   std::vector<std::string> dirs;
   std::string script;
-  for (const auto& [key, value] : body->as_object()) {
-    const std::string dir(key);
-    std::string why;
-    const auto perm = read_permission(value, why);
-    if (!perm) {
-      ctx.bad_request(why);
-      return;
-    }
-    if (!usable_path(dir)) {
-      ctx.bad_request("invalid path: " + dir);
-      return;
-    }
+  for (const auto& [dir, permission] : *items) {
     const std::string q = shell_quote(dir);
     std::string made = "mkdir -p -- " + q;
-    if (!perm->mode.empty()) made += " && chmod " + perm->mode + " -- " + q;
-    if (!perm->chown.empty())
-      made += " && { chown -- " + shell_quote(perm->chown) + " " + q + " || :; }";
+    if (!permission.mode.empty()) made += " && chmod " + permission.mode + " -- " + q;
+    if (!permission.chown.empty())
+      made += " && { chown -- " + shell_quote(permission.chown) + " " + q + " || :; }";
     script += "if [ -e " + q + " ]; then mkdir -p -- " + q + "; else " + made + "; fi" +
               fail_at(dirs.size(), 1) + "\n";
     dirs.push_back(dir);
@@ -574,32 +587,18 @@ void post_files_mv(const Call& call) {
 
 void post_files_permissions(const Call& call) {
   const Ctx ctx(call);
-  const auto body = body_json(call, ctx);
-  if (!body) return;
-  if (!body->is_object()) {
-    ctx.bad_request(invalid_body("the body must be an object {path: {owner, group, mode}}"));
-    return;
-  }
+  const auto items = permission_body(call, ctx);
+  if (!items) return;
   std::vector<std::string> paths;
   std::string script;
-  for (const auto& [key, value] : body->as_object()) {
-    const std::string path(key);
-    std::string why;
-    const auto perm = read_permission(value, why);
-    if (!perm) {
-      ctx.bad_request(why);
-      return;
-    }
-    if (!usable_path(path)) {
-      ctx.bad_request("invalid path: " + path);
-      return;
-    }
+  for (const auto& [path, permission] : *items) {
     const std::size_t i = paths.size();
     const std::string q = shell_quote(path);
     script += "{ [ -e " + q + " ] || [ -L " + q + " ]; }" + fail_at(i, 3) + "\n";
-    if (!perm->mode.empty()) script += "chmod " + perm->mode + " -- " + q + fail_at(i, 1) + "\n";
-    if (!perm->chown.empty())
-      script += "chown -- " + shell_quote(perm->chown) + " " + q + " || :\n";
+    if (!permission.mode.empty())
+      script += "chmod " + permission.mode + " -- " + q + fail_at(i, 1) + "\n";
+    if (!permission.chown.empty())
+      script += "chown -- " + shell_quote(permission.chown) + " " + q + " || :\n";
     paths.push_back(path);
   }
   if (paths.empty()) {

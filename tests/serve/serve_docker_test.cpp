@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <set>
 
 using namespace serve_test;
@@ -24,6 +25,26 @@ std::vector<std::string> serve_ids(const fs::path& config) {
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
+
+// `sbx serve` over local_docker, and one busybox sandbox created through it (sleeping 600 s,
+// a 300 s TTL).
+struct BusyboxSandbox {
+  TempDir dir;
+  std::optional<ServeProcess> server;
+  std::string id;
+
+  BusyboxSandbox() {
+    const fs::path config = dir.path / "sbx.json";
+    std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
+    server.emplace(config, "docker", dir.path / "serve.log");
+    const auto created =
+        request(server->port(), "POST", "/v1/sandboxes",
+                R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
+                R"("resourceLimits":{},"timeout":300})");
+    REQUIRE(created.status == 202);
+    id = std::string(created.json().at("id").as_string());
+  }
+};
 
 }  // namespace
 
@@ -95,16 +116,9 @@ TEST_CASE("no client mounts the host: host paths, named volumes and Docker setti
 }
 
 TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, info") {
-  TempDir dir;
-  const fs::path config = dir.path / "sbx.json";
-  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
-  ServeProcess server(config, "docker", dir.path / "serve.log");
-  const auto created =
-      request(server.port(), "POST", "/v1/sandboxes",
-              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
-              R"("resourceLimits":{},"timeout":300})");
-  REQUIRE(created.status == 202);
-  const std::string id(created.json().at("id").as_string());
+  BusyboxSandbox box;
+  ServeProcess& server = *box.server;
+  const std::string& id = box.id;
   const std::string base = "/sandboxes/" + id + "/proxy/44772";
 
   auto run = [&](const std::string& body) {
@@ -218,16 +232,9 @@ TEST_CASE("the execd API on a local_docker sandbox: commands, upload, download, 
 // The file-system routes' scripts under busybox sh and its tools (serve/routes_execd_fs.cpp):
 // the same answers as over test_processes (serve_execd_test), with absolute paths in the container.
 TEST_CASE("the execd file-system routes on a busybox sandbox: directories, search, mv, replace") {
-  TempDir dir;
-  const fs::path config = dir.path / "sbx.json";
-  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
-  ServeProcess server(config, "docker", dir.path / "serve.log");
-  const auto created =
-      request(server.port(), "POST", "/v1/sandboxes",
-              R"({"image":{"uri":"sbx-busybox:latest"},"entrypoint":["sleep","600"],)"
-              R"("resourceLimits":{},"timeout":300})");
-  REQUIRE(created.status == 202);
-  const std::string id(created.json().at("id").as_string());
+  BusyboxSandbox box;
+  ServeProcess& server = *box.server;
+  const std::string& id = box.id;
   const std::string base = "/sandboxes/" + id + "/proxy/44772";
   auto paths_of = [](const Response& r) {
     std::vector<std::string> out;
