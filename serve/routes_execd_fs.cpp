@@ -14,8 +14,8 @@
 //   DELETE /files?path=            rm -f, each path; a missing one is skipped, a directory is 500
 //   POST   /files/mv               [{src, dest}]: mv, the destination's directory made first
 //   POST   /files/permissions      {"PATH": {owner?, group?, mode?}}: chmod, chown
-//   GET    /files/search?path=&pattern=     find -name + stat: [FileInfo] of what is not a
-//                                  directory
+//   GET    /files/search?path=&pattern=     find -name (each {a,b} alternative) + stat:
+//                                  [FileInfo] of what is not a directory
 //   POST   /files/replace[?verbose=true]    {"PATH": {old, new}}: literal replacement, the file
 //                                  through the server (download, replace, upload, cat)
 //   GET    /metrics                /proc/stat twice, a second apart, and /proc/meminfo
@@ -625,9 +625,96 @@ void post_files_permissions(const Call& call) {
 // ----------------------------------------------------------------------------------------------
 // GET /files/search?path=DIR&pattern=GLOB (default "**"): what is not a directory under DIR
 // (links not followed) whose NAME matches GLOB, as [FileInfo] in tree order. execd matches the
-// base name with doublestar; here it is find's -name (fnmatch: *, ?, [...]; a leading "**/" is
-// dropped, since it may match no directory at all; {a,b} alternatives are not supported).
-// DIR missing: 404.
+// base name with doublestar; here it is find's -name (fnmatch: *, ?, [...]) of each alternative
+// doublestar's {a,b} groups give (expanded here, nested groups too, at most kMaxAlternatives; an
+// unclosed group is execd's 500 "invalid pattern"); a leading "**/" is dropped, since it may
+// match no directory at all. DIR missing: 404.
+
+namespace {
+
+constexpr std::size_t kMaxAlternatives = 1024;
+
+// Expands a doublestar pattern's {a,b,...} groups into the plain patterns they stand for, in
+// order ("x{a,b{c,d}}" is x a, x bc, x bd). A backslash keeps the next character and a bracket
+// class its braces and commas; outside a group ',' and '}' are plain characters. nullopt: a group
+// is not closed, or there are more than kMaxAlternatives patterns.
+class Alternatives {
+ public:
+  static std::optional<std::vector<std::string>> expand(std::string_view pattern) {
+    Alternatives parser(pattern);
+    auto out = parser.sequence(false);
+    if (!out || parser.at_ < pattern.size()) return std::nullopt;
+    return out;
+  }
+
+ private:
+  explicit Alternatives(std::string_view p) : p_(p) {}
+
+  // Pieces up to the end, or (in a group) up to its next ',' or '}'.
+  std::optional<std::vector<std::string>> sequence(bool in_group) {
+    std::vector<std::string> out{""};
+    while (at_ < p_.size()) {
+      const char c = p_[at_];
+      if (in_group && (c == ',' || c == '}')) break;
+      if (c == '{') {
+        ++at_;
+        auto group = alternatives();
+        if (!group) return std::nullopt;
+        std::vector<std::string> product;
+        for (const auto& head : out) {
+          for (const auto& tail : *group) {
+            if (product.size() == kMaxAlternatives) return std::nullopt;
+            product.push_back(head + tail);
+          }
+        }
+        out = std::move(product);
+        continue;
+      }
+      const std::string_view piece = literal();
+      for (auto& o : out)
+        o += piece;
+    }
+    return out;
+  }
+
+  // After a '{': the alternatives up to its '}'.
+  std::optional<std::vector<std::string>> alternatives() {
+    std::vector<std::string> out;
+    for (;;) {
+      auto one = sequence(true);
+      if (!one) return std::nullopt;
+      for (auto& o : *one) {
+        if (out.size() == kMaxAlternatives) return std::nullopt;
+        out.push_back(std::move(o));
+      }
+      if (at_ == p_.size()) return std::nullopt;  // not closed
+      if (p_[at_++] == '}') return out;
+    }
+  }
+
+  // One character, an escaped pair or a whole bracket class (an unclosed '[' is one character).
+  std::string_view literal() {
+    const std::size_t start = at_;
+    if (p_[at_] == '\\' && at_ + 1 < p_.size()) {
+      at_ += 2;
+    } else if (p_[at_] == '[') {
+      std::size_t i = at_ + 1;
+      if (i < p_.size() && (p_[i] == '!' || p_[i] == '^')) ++i;
+      if (i < p_.size() && p_[i] == ']') ++i;  // a ']' first is a member
+      while (i < p_.size() && p_[i] != ']')
+        i += p_[i] == '\\' && i + 1 < p_.size() ? 2 : 1;
+      at_ = i < p_.size() ? i + 1 : at_ + 1;
+    } else {
+      ++at_;
+    }
+    return p_.substr(start, at_ - start);
+  }
+
+  std::string_view p_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
 
 void get_files_search(const Call& call) {
   const Ctx ctx(call);
@@ -642,10 +729,20 @@ void get_files_search(const Call& call) {
   }
   while (pattern.rfind("**/", 0) == 0 && pattern.size() > 3)
     pattern.erase(0, 3);
+  const auto names = Alternatives::expand(pattern);
+  if (!names) {
+    ctx.runtime_error("error searching files. invalid pattern " + pattern +
+                      ": syntax error in pattern (an unclosed {, or more than " +
+                      std::to_string(kMaxAlternatives) + " alternatives)");
+    return;
+  }
+  std::string match;
+  for (const auto& name : *names)
+    match += (match.empty() ? "" : " -o ") + std::string("-name ") + shell_quote(name);
   const std::string q = shell_quote(root);
   const std::string script = "if [ ! -e " + q + " ]; then exit 3; fi\n" + "find " +
                              shell_quote(find_start(root)) + " " + kPruneLineBreaks +
-                             " ! -type d -name " + shell_quote(pattern) + " " + find_stat() + "\n";
+                             " ! -type d \\( " + match + " \\) " + find_stat() + "\n";
   run_script(ctx, script, [ctx, root](const sbx::ExecResult& result) {
     if (result.return_code == 3) {
       ctx.not_found("file not found. stat " + root + ": no such file or directory");

@@ -263,6 +263,10 @@ TEST_CASE("the execd file-system routes on a busybox sandbox: directories, searc
   CHECK(request(server.port(), "GET", base + "/directories/list?path=/w/link").status == 400);
   const auto search = request(server.port(), "GET", base + "/files/search?path=/w&pattern=*.txt");
   CHECK(paths_of(search) == std::vector<std::string>{"/w/a/x.txt", "/w/a.txt"});
+  // {a,b} alternatives through busybox find's \( -name A -o -name B \).
+  const auto alts =
+      request(server.port(), "GET", base + "/files/search?path=/w&pattern=%7Bx.*,link%7D");
+  CHECK(paths_of(alts) == std::vector<std::string>{"/w/a/x.txt", "/w/link"});
 
   CHECK(request(server.port(), "POST", base + "/files/mv",
                 std::string(R"([{"src":"/w/a.txt","dest":"/w/m/a.txt"}])"))

@@ -1083,6 +1083,21 @@ TEST_CASE("files: search by name, mv, permissions, DELETE of files only") {
   const auto md = request(f.port(), "GET", f.direct("/files/search?path=f&pattern=**/*.md"));
   CHECK(paths_of(md) == std::vector<std::string>{"f/sub/four.md"});
   CHECK(request(f.port(), "GET", f.direct("/files/search?path=f&pattern=*.none")).body == "[]");
+  // doublestar's {a,b} alternatives, nested, beside classes whose braces are plain characters.
+  const auto alts = request(f.port(), "GET",
+                            f.direct("/files/search?path=f&pattern=%7B*.md,t%7Bwo,hree%7D.*%7D"));
+  REQUIRE(alts.status == 200);
+  CHECK(paths_of(alts) ==
+        std::vector<std::string>{"f/sub/four.md", "f/sub/three.txt", "f/two.txt"});
+  write_text(box / "f/{x}.txt", "braces");
+  const auto literal =
+      request(f.port(), "GET", f.direct("/files/search?path=f&pattern=%5B%7B%5Dx%5B%7D%5D.txt"));
+  CHECK(paths_of(literal) == std::vector<std::string>{"f/{x}.txt"});
+  const auto unclosed = request(f.port(), "GET", f.direct("/files/search?path=f&pattern=%7Ba,b"));
+  CHECK(unclosed.status == 500);
+  CHECK(std::string(unclosed.json().at("message").as_string()).find("invalid pattern {a,b") !=
+        std::string::npos);
+  fs::remove(box / "f/{x}.txt");
   CHECK(request(f.port(), "GET", f.direct("/files/search?path=nope")).json().at("code") ==
         "FILE_NOT_FOUND");
   CHECK(request(f.port(), "GET", f.direct("/files/search?pattern=*")).json().at("code") ==
