@@ -58,7 +58,7 @@ const std::array kRoutes{
     Route{verb::post, "/directories", Api::execd, false, post_directories},
     Route{verb::delete_, "/directories", Api::execd, false, delete_directories},
     Route{verb::get, "/metrics", Api::execd, false, get_execd_metrics},
-    Route{verb::get, "/metrics/watch", Api::execd},
+    Route{verb::get, "/metrics/watch", Api::execd, false, get_execd_metrics_watch},
     // sbx serve's own.
     Route{verb::get, "/metrics", Api::server, false, get_metrics},
     Route{verb::post, "/metrics/events", Api::server, false, post_metrics_events},

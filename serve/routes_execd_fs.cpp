@@ -1,4 +1,5 @@
 // The execd file-system routes beyond upload, download and info, and execd's own GET /metrics
+// and GET /metrics/watch
 // (docs/serve.md "The execd API on the gateway"). Each call runs ONE shell script in the sandbox
 // through Sandbox::exec_async (bounded by kExecTimeoutS) and shapes its output into execd's
 // answer; only POST /files/replace does more (below). The scripts are plain POSIX sh, run alike
@@ -19,6 +20,7 @@
 //   POST   /files/replace[?verbose=true]    {"PATH": {old, new}}: literal replacement, the file
 //                                  through the server (download, replace, upload, cat)
 //   GET    /metrics                /proc/stat twice, a second apart, and /proc/meminfo
+//   GET    /metrics/watch          the same, read after read, one JSON line each on one stream
 //
 // A script that fails says which item failed by printing its index as its last line and exiting
 // with a code that names the failure (fail_at). owner/group are names for chown in the sandbox;
@@ -34,6 +36,9 @@
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/json.hpp>
 
 #include <sys/stat.h>
@@ -48,11 +53,13 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 namespace sbx::serve {
 
 namespace json = boost::json;
+namespace asio = boost::asio;
 namespace fs = std::filesystem;
 
 namespace {
@@ -1122,17 +1129,35 @@ std::string go_number(double v) {
   return ec == std::errc() ? std::string(buf, end) : "0";
 }
 
-}  // namespace
-
-void get_execd_metrics(const Call& call) {
-  const Ctx ctx(call);
+// Reads the sandbox's metrics (the read takes a second); `done` gets execd's JSON object, or
+// why not, once, on a plugin thread (or at once when the exec cannot start). The read's
+// operation, to cancel it (empty when it could not start).
+sbx::Operation<sbx::ExecResult> read_metrics(
+    const std::shared_ptr<Entry>& entry,
+    std::function<void(std::optional<std::string> body, const std::string& error)> done) {
   const int64_t timestamp = std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
   const std::string script =
       "head -n 1 /proc/stat && sleep 1 && head -n 1 /proc/stat &&\n"
       "{ nproc 2>/dev/null || grep -c '^cpu[0-9]' /proc/stat; } && cat /proc/meminfo\n";
-  run_script(ctx, script, [ctx, timestamp](const sbx::ExecResult& result) {
+  sbx::ExecOptions options;
+  options.timeout_s = kExecTimeoutS;
+  sbx::Operation<sbx::ExecResult> op;
+  try {
+    op = entry->box()->exec_async(script, std::move(options));
+  } catch (const std::exception& e) {
+    done(std::nullopt, e.what());
+    return {};
+  }
+  op.then([timestamp, done = std::move(done)](sbx::Operation<sbx::ExecResult>& finished) {
+    sbx::ExecResult result;
+    try {
+      result = finished.get();
+    } catch (const std::exception& e) {
+      done(std::nullopt, e.what());
+      return;
+    }
     const auto lines = lines_of(result.stdout_text);
     const auto first = lines.size() > 3 ? cpu_times(lines[0]) : std::nullopt;
     const auto second = lines.size() > 3 ? cpu_times(lines[1]) : std::nullopt;
@@ -1146,8 +1171,9 @@ void get_execd_metrics(const Call& call) {
       double kb = 0;
       if (value >> kb) mem[lines[i].substr(0, colon)] = kb;
     }
-    if (result.return_code != 0 || !first || !second || cpus <= 0 || !mem.count("MemTotal")) {
-      ctx.runtime_error("error reading runtime metrics. " + said(result));
+    if (result.timed_out() || result.error_type || result.return_code != 0 || !first || !second ||
+        cpus <= 0 || !mem.count("MemTotal")) {
+      done(std::nullopt, said(result));
       return;
     }
     const double total = second->first - first->first;
@@ -1156,17 +1182,134 @@ void get_execd_metrics(const Call& call) {
     const double mem_total = mem["MemTotal"];
     double used = mem_total - mem["MemFree"] - mem["Buffers"] - mem["Cached"] - mem["SReclaimable"];
     if (used < 0) used = mem_total - mem["MemFree"];
-    const std::string body = "{\"cpu_count\":" + go_number(cpus) +
-                             ",\"cpu_used_pct\":" + go_number(pct) +
-                             ",\"mem_total_mib\":" + go_number(mem_total / 1024) +
-                             ",\"mem_used_mib\":" + go_number(used / 1024) +
-                             ",\"timestamp\":" + std::to_string(timestamp) + "}";
+    done("{\"cpu_count\":" + go_number(cpus) + ",\"cpu_used_pct\":" + go_number(pct) +
+             ",\"mem_total_mib\":" + go_number(mem_total / 1024) + ",\"mem_used_mib\":" +
+             go_number(used / 1024) + ",\"timestamp\":" + std::to_string(timestamp) + "}",
+         {});
+  });
+  return op;
+}
+
+}  // namespace
+
+void get_execd_metrics(const Call& call) {
+  const Ctx ctx(call);
+  read_metrics(ctx.entry, [ctx](std::optional<std::string> body, const std::string& error) {
+    if (!body) {
+      ctx.runtime_error("error reading runtime metrics. " + error);
+      return;
+    }
     Response r{http::status::ok, ctx.version};
     r.set(http::field::content_type, "application/json; charset=utf-8");
-    r.body() = body;
+    r.body() = std::move(*body);
     r.prepare_payload();
     ctx.reply(std::move(r));
   });
+}
+
+// ----------------------------------------------------------------------------------------------
+// GET /metrics/watch: execd's metrics stream, one JSON object and a newline per read (execd
+// writes no `data:` framing under its text/event-stream type), a read after the other, so a line
+// comes each second; a read that fails gives {"error": "..."} and the next read a second later,
+// as execd. The stream ends when the client goes away (the read in flight is cancelled), when the
+// sandbox leaves the server (deleted, expired) or when the server stops; a client that lets more
+// than kWatchBacklog bytes wait is cut. Not counted as a command stream (--max-streams): a watch
+// holds no slot in the sandbox, one read at a time.
+
+namespace {
+
+constexpr std::size_t kWatchBacklog = 64 * 1024;
+
+class MetricsWatch : public std::enable_shared_from_this<MetricsWatch> {
+ public:
+  MetricsWatch(const Call& call, std::shared_ptr<ChunkSink> sink)
+      : state_(call.state),
+        entry_(call.entry),
+        sink_(std::move(sink)),
+        timer_(asio::make_strand(state_->ioc)) {}
+
+  void start() {
+    sink_->on_gone([self = shared_from_this()] { self->end(); });
+    read();
+  }
+
+ private:
+  // Any thread.
+  void read() {
+    if (sink_->gone() || state_->gate.stopping() || state_->registry.find(entry_->id) != entry_) {
+      end();
+      return;
+    }
+    const auto started = std::chrono::steady_clock::now();
+    auto op = read_metrics(entry_, [self = shared_from_this(), started](
+                                       std::optional<std::string> body, const std::string& error) {
+      self->sent(body ? std::move(*body)
+                      : json::serialize(
+                            json::object{{"error", "error reading runtime metrics. " + error}}),
+                 started);
+    });
+    std::unique_lock lock(mutex_);
+    if (!ended_) {
+      reading_ = std::move(op);
+      return;
+    }
+    lock.unlock();
+    op.cancel();
+  }
+
+  // A read's line: sent, then the next read, at least a second after this one started.
+  void sent(std::string line, std::chrono::steady_clock::time_point started) {
+    {
+      std::lock_guard lock(mutex_);
+      if (ended_) return;
+    }
+    if (sink_->queued() > kWatchBacklog) {
+      spdlog::warn("sbx serve: cutting a metrics watch: its client let more than {} bytes wait",
+                   kWatchBacklog);
+      sink_->abort();
+      end();
+      return;
+    }
+    sink_->send(std::move(line) + "\n");
+    asio::post(timer_.get_executor(), [self = shared_from_this(), started] {
+      self->timer_.expires_at(started + std::chrono::seconds(1));
+      self->timer_.async_wait([self](boost::system::error_code ec) {
+        if (!ec) self->read();
+      });
+    });
+  }
+
+  // Once: the read in flight cancelled, the timer stopped, the stream ended. Any thread.
+  void end() {
+    sbx::Operation<sbx::ExecResult> op;
+    {
+      std::lock_guard lock(mutex_);
+      if (ended_) return;
+      ended_ = true;
+      op = std::move(reading_);
+    }
+    if (op.valid()) op.cancel();
+    asio::post(timer_.get_executor(), [self = shared_from_this()] { self->timer_.cancel(); });
+    sink_->end();
+  }
+
+  const std::shared_ptr<Server::State> state_;
+  const std::shared_ptr<Entry> entry_;
+  const std::shared_ptr<ChunkSink> sink_;
+  asio::steady_timer timer_;  // on its own strand
+  std::mutex mutex_;          // guards what follows
+  bool ended_ = false;
+  sbx::Operation<sbx::ExecResult> reading_;
+};
+
+}  // namespace
+
+void get_execd_metrics_watch(const Call& call) {
+  Response head{http::status::ok, call.request.version()};
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.set("X-Accel-Buffering", "no");
+  std::make_shared<MetricsWatch>(call, call.open_stream(std::move(head), true))->start();
 }
 
 }  // namespace sbx::serve

@@ -408,6 +408,7 @@ void post_files_permissions(const Call& call);
 void get_files_search(const Call& call);
 void post_files_replace(const Call& call);
 void get_execd_metrics(const Call& call);  // execd's GET /metrics, not the server's own
+void get_execd_metrics_watch(const Call& call);
 // routes_metrics.cpp
 void get_metrics(const Call& call);
 void post_metrics_events(const Call& call);  // the SDKs' create-latency telemetry: 204

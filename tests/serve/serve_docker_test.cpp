@@ -294,5 +294,13 @@ TEST_CASE("the execd file-system routes on a busybox sandbox: directories, searc
   REQUIRE(metrics.status == 200);
   CHECK(metrics.json().at("cpu_count").to_number<double>() >= 1);
   CHECK(metrics.json().at("mem_total_mib").to_number<double>() > 0);
+  StreamClient watch(server.port(), "GET", base + "/metrics/watch");
+  REQUIRE(watch.status() == 200);
+  for (int i = 0; i < 2; ++i) {
+    const auto line = watch.next_line();
+    REQUIRE(line);
+    CHECK(json::parse(*line).at("cpu_count").to_number<double>() >= 1);
+  }
+  watch.disconnect();
   CHECK(server.stop() == 0);
 }

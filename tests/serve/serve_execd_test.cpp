@@ -1268,6 +1268,76 @@ TEST_CASE("GET /metrics under the execd path: the sandbox's CPU and memory, as e
 
 namespace {
 
+// Processes running with their working directory in `dir` (test_processes runs a sandbox's
+// commands there).
+int processes_in(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::error_code ec;
+    const auto cwd = fs::read_symlink(e.path() / "cwd", ec);
+    if (!ec && cwd.string().starts_with(dir.string())) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "GET /metrics/watch: a JSON line each second until the client, the sandbox or the server "
+    "goes") {
+  Fixture f;
+  f.create();
+  const fs::path box = f.root / f.id;
+  fs::create_directories(box / "w");
+  {
+    StreamClient watch(f.port(), "GET", f.direct("/metrics/watch"));
+    REQUIRE(watch.status() == 200);
+    CHECK(watch.headers().at("content-type") == "text/event-stream");
+    CHECK(watch.headers().at("cache-control") == "no-cache");
+    std::vector<int64_t> stamps;
+    for (int i = 0; i < 3; ++i) {
+      const auto line = watch.next_line();
+      REQUIRE(line);
+      CAPTURE(*line);
+      const auto m = json::parse(*line).as_object();  // execd's framing: no "data:", one line
+      CHECK(keys(m) == std::vector<std::string>{"cpu_count", "cpu_used_pct", "mem_total_mib",
+                                                "mem_used_mib", "timestamp"});
+      CHECK(m.at("mem_total_mib").to_number<double>() > 16);
+      stamps.push_back(m.at("timestamp").as_int64());
+    }
+    // Each read spans a second, one after the other.
+    CHECK(stamps[1] - stamps[0] >= 900);
+    CHECK(stamps[2] - stamps[1] >= 900);
+    // A client that goes: the read in flight is cancelled, no read after it.
+    watch.disconnect();
+  }
+  CHECK(sbx::testing::eventually([&] { return processes_in(box) == 0; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a next read would have begun
+  CHECK(processes_in(box) == 0);
+
+  // The sandbox deleted under a watch: the stream ends (its chunked end, not a cut).
+  StreamClient watch(f.port(), "GET", f.direct("/metrics/watch"));
+  REQUIRE(watch.status() == 200);
+  REQUIRE(watch.next_line());
+  CHECK(request(f.port(), "DELETE", "/sandboxes/" + f.id).status == 204);
+  int more = 0;
+  while (watch.next_line())
+    ++more;
+  CHECK(more <= 1);  // the read in flight may still answer
+
+  // The server's stop ends a watch too (it does not wait for its grace period).
+  f.create();
+  StreamClient last(f.port(), "GET", f.direct("/metrics/watch"));
+  REQUIRE(last.next_line());
+  const auto stopping = std::chrono::steady_clock::now();
+  CHECK(f.server->stop() == 0);
+  CHECK(std::chrono::steady_clock::now() - stopping < std::chrono::seconds(10));
+  while (last.next_line()) {
+  }
+}
+
+namespace {
+
 // The server process's peak resident memory (VmHWM), in KiB.
 long peak_rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");

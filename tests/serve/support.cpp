@@ -378,6 +378,18 @@ std::vector<boost::json::object> StreamClient::rest() {
   return out;
 }
 
+std::optional<std::string> StreamClient::next_line() {
+  while (true) {
+    const auto end = pending_.find('\n');
+    if (end != std::string::npos) {
+      std::string line = pending_.substr(0, end);
+      pending_.erase(0, end + 1);
+      return line;
+    }
+    if (!fill()) return std::nullopt;
+  }
+}
+
 std::string StreamClient::body() {
   while (fill()) {
   }

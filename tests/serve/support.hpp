@@ -124,6 +124,9 @@ class StreamClient {
   std::optional<boost::json::object> next_event();
   // Every event up to the end of the response.
   std::vector<boost::json::object> rest();
+  // The next line of the body, without its '\n' (GET /metrics/watch), or nullopt once the
+  // response ended (a last line without '\n' is not returned).
+  std::optional<std::string> next_line();
   // The whole body of an answer that is not a stream (read to its end).
   std::string body();
   const std::vector<std::string>& raw_events() const { return raw_; }
