@@ -1,7 +1,7 @@
 # The sbx CMake package inside the sbx build. The top-level CMakeLists.txt copies this file to
 # CMAKE_FIND_PACKAGE_REDIRECTS_DIR, where find_package(sbx) looks before anywhere else, so that a
 # project of this build (sdk/examples/*) finds this build's targets, not an installed sbx, with the
-# same find_package(sbx 1.1 CONFIG REQUIRED COMPONENTS ...) it uses against an install. The
+# same find_package(sbx 1.2 CONFIG REQUIRED COMPONENTS ...) it uses against an install. The
 # version file next to it is written by write_basic_package_version_file, as for the install.
 # sbx_add_plugin() is already defined (sdk/cmake/SbxAddPlugin.cmake). Only targets defined before
 # the find_package call are found: sdk/ comes first, core/ after the examples.

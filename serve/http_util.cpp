@@ -50,6 +50,10 @@ Response error_response(const Request& request, http::status status, const std::
 Response provider_error_response(const Request& request, std::exception_ptr error,
                                  const std::string& sandbox_id) {
   const sbx::Error e = sbx::to_error(error);
+  if (e.create_failure() && e.reason() == SBX_REASON_IMAGE_PULL_FAILED) {
+    return error_response(request, http::status::internal_server_error,
+                          "DOCKER::SANDBOX_IMAGE_PULL_FAILED", e.what());
+  }
   switch (e.status()) {
     case SBX_STATUS_NOT_FOUND:
       if (!e.create_failure()) {

@@ -303,9 +303,11 @@ Error plugin_error(const Generation& g, const sbx_error* error, const char* call
         "defines {}",
         describe(g), call, error->struct_size, offsetof(sbx_error, request_id) + sizeof(sbx_str)));
   }
-  return Error(error->status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error->status,
-               base::utf8::sanitize(base::copy_of(error->message)), error->retryable,
-               error->http_status, base::utf8::sanitize(base::copy_of(error->request_id)));
+  Error e(error->status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error->status,
+          base::utf8::sanitize(base::copy_of(error->message)), error->retryable, error->http_status,
+          base::utf8::sanitize(base::copy_of(error->request_id)));
+  e.set_reason(reason_of(*error));  // ABI 1.2's, when the plugin's struct has it
+  return e;
 }
 
 }  // namespace sbx::detail

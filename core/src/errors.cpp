@@ -27,6 +27,7 @@ namespace {
 template <class E>
 [[noreturn]] void raise(const Error& source) {
   E error(source.what(), source.retryable(), source.http_status(), source.request_id());
+  error.set_reason(source.reason());
   error.set_local_errno(source.local_errno());
   if (source.create_failure()) error.set_create_failure();
   throw error;
@@ -38,6 +39,7 @@ template <class E>
   if (e.create_failure() && e.status() != SBX_STATUS_CANCELLED &&
       e.status() != SBX_STATUS_CREATE_VERIFICATION_FAILED) {
     CreateError error(e.status(), e.what(), e.retryable(), e.http_status(), e.request_id());
+    error.set_reason(e.reason());
     error.set_local_errno(e.local_errno());
     throw error;
   }
@@ -72,12 +74,25 @@ template <class E>
 }  // namespace
 
 Error to_error(const sbx_error& error) {
-  // ABI 1.0 defines every field; a smaller struct keeps what it has.
-  return Error(error.status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error.status,
-               SBX_HAS_FIELD(&error, sbx_error, message) ? base::copy_of(error.message) : "",
-               SBX_HAS_FIELD(&error, sbx_error, retryable) && error.retryable,
-               SBX_HAS_FIELD(&error, sbx_error, http_status) ? error.http_status : 0,
-               SBX_HAS_FIELD(&error, sbx_error, request_id) ? base::copy_of(error.request_id) : "");
+  // ABI 1.0 defines every field but `reason` (1.2); a smaller struct keeps what it has.
+  Error e(error.status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : error.status,
+          SBX_HAS_FIELD(&error, sbx_error, message) ? base::copy_of(error.message) : "",
+          SBX_HAS_FIELD(&error, sbx_error, retryable) && error.retryable,
+          SBX_HAS_FIELD(&error, sbx_error, http_status) ? error.http_status : 0,
+          SBX_HAS_FIELD(&error, sbx_error, request_id) ? base::copy_of(error.request_id) : "");
+  e.set_reason(reason_of(error));
+  return e;
+}
+
+std::string reason_of(const sbx_error& error) {
+  if (!SBX_HAS_FIELD(&error, sbx_error, reason) || error.reason.len > 128) return {};
+  std::string reason = base::copy_of(error.reason);
+  for (const char c : reason) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == ':' || c == '/' || c == '-';
+    if (!ok) return {};
+  }
+  return reason;
 }
 
 Error to_error(const std::exception_ptr& exception) {

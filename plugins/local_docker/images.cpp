@@ -70,11 +70,14 @@ class PullProgress {
   Clock::time_point last_info_{};
 };
 
+// A pull that failed: its status (a missing image NOT_FOUND, a refusal PERMISSION_DENIED...),
+// and the reason SBX_REASON_IMAGE_PULL_FAILED whatever the status.
 sdk::Error pull_error(long status, std::string_view body, const ImageRef& image) {
   const sdk::Error base = api_error(status, body, "pulling image " + image.name + " failed");
-  if (status == 404 || status == 401 || status == 403) return base;  // the specific statuses
   sdk::ErrorDetails details = base.details();
-  return sdk::Error(SBX_STATUS_CREATE_FAILED, base.what(), details);
+  details.reason = SBX_REASON_IMAGE_PULL_FAILED;
+  const bool specific = status == 404 || status == 401 || status == 403;
+  return sdk::Error(specific ? base.status() : SBX_STATUS_CREATE_FAILED, base.what(), details);
 }
 
 void pull(DockerApi& api, const ImageRef& image, const std::optional<std::string>& registry_auth,
@@ -96,8 +99,9 @@ void pull(DockerApi& api, const ImageRef& image, const std::optional<std::string
   if (response.status != 200) throw pull_error(response.status, body.error_body(), image);
   progress.finish();
   if (progress.error()) {
-    throw sdk::Error::create_failed("pulling image " + image.name +
-                                    " failed: " + shorten(*progress.error()));
+    throw sdk::Error(SBX_STATUS_CREATE_FAILED,
+                     "pulling image " + image.name + " failed: " + shorten(*progress.error()),
+                     sdk::ErrorDetails{.reason = SBX_REASON_IMAGE_PULL_FAILED});
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
   log.info("pulled image ", image.name, " in ", ms.count(), " ms");

@@ -90,9 +90,13 @@ sdk::Error to_error(const ApiError& error, const std::string& what, bool retryab
   if (!error.code.empty()) message += " " + error.code;
   if (!error.message.empty()) message += ": " + error.message;
   if (!error.request_id.empty()) message += " (request id " + error.request_id + ")";
+  // The server's code as the reason, the one it shares with sbx by its well-known name.
   sdk::ErrorDetails details{.retryable = retryable,
                             .http_status = static_cast<int32_t>(error.status),
-                            .request_id = error.request_id};
+                            .request_id = error.request_id,
+                            .reason = error.code.ends_with("IMAGE_PULL_FAILED")
+                                          ? std::string(SBX_REASON_IMAGE_PULL_FAILED)
+                                          : error.code};
   sbx_status status = SBX_STATUS_INTERNAL;
   if (error.status == 404) {
     status = SBX_STATUS_NOT_FOUND;

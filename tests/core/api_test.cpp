@@ -329,8 +329,9 @@ TEST_CASE("a download to a FIFO is written into it: no temporary file, no rename
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
 }
 
-TEST_CASE("a download into a FIFO whose reader stalls is abandoned at the idle deadline; the "
-          "plugin's thread is not left blocked") {
+TEST_CASE(
+    "a download into a FIFO whose reader stalls is abandoned at the idle deadline; the "
+    "plugin's thread is not left blocked") {
   sbx::testing::TempDir dir("sbx-download-stall");
   sbx::Host::Options options;
   options.config = sbx::Config::parse(
@@ -457,8 +458,8 @@ TEST_CASE("serialize and connect (sbx.connect/1): a second host reaches the same
   // Another host, with its own provider instance (of the same root).
   sbx::Host::Options options;
   options.config = sbx::Config::parse(
-      R"({"providers": {"p": {"plugin": "test_processes", "config": {"root": ")" +
-      f.root.string() + R"("}}}})");
+      R"({"providers": {"p": {"plugin": "test_processes", "config": {"root": ")" + f.root.string() +
+      R"("}}}})");
   options.plugin_dirs = {SBX_TEST_PLUGIN_DIR};
   options.use_default_plugin_dirs = false;
   sbx::Host second(std::move(options));
@@ -513,6 +514,31 @@ TEST_CASE("every failure of create is a CreateError with its reason") {
   auto op = f.provider().create_async({});
   op.cancel();
   CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+}
+
+TEST_CASE(
+    "an error's reason (ABI 1.2): read only from a writer that has it, and only if matchable") {
+  sbx_error e{};
+  e.struct_size = sizeof e;
+  e.status = SBX_STATUS_CREATE_FAILED;
+  e.message = {"pull failed", 11};
+  e.reason = {SBX_REASON_IMAGE_PULL_FAILED, std::strlen(SBX_REASON_IMAGE_PULL_FAILED)};
+  CHECK(sbx::to_error(e).reason() == "image_pull_failed");
+  // It survives the rethrow as the status's subclass.
+  const auto thrown = sbx::testing::error_of<sbx::CreateError>([&] { sbx::throw_error(e); });
+  CHECK(thrown.reason() == "image_pull_failed");
+  // A 1.1 writer's struct ends before `reason`: whatever lies beyond is not read.
+  e.struct_size = offsetof(sbx_error, reason);
+  CHECK(sbx::to_error(e).reason().empty());
+  e.struct_size = sizeof e;
+  for (const std::string& bad : {std::string("has space"), std::string("new\nline"),
+                                 std::string(129, 'a'), std::string("caf\xc3\xa9")}) {
+    e.reason = {bad.data(), bad.size()};
+    CHECK(sbx::to_error(e).reason().empty());
+  }
+  const std::string backend = "DOCKER::SANDBOX_NOT_FOUND";
+  e.reason = {backend.data(), backend.size()};
+  CHECK(sbx::to_error(e).reason() == backend);
 }
 
 TEST_CASE("bad local inputs are clear errors") {

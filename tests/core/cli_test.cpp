@@ -117,7 +117,7 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
   const Run text = run_cli("plugins");
   CHECK(text.exit_code == 0);
   CHECK(has(text.out, "test_processes.so"));
-  CHECK(has(text.out, "plugin:    test_processes 0.1.0 (ABI 1.1)"));
+  CHECK(has(text.out, "plugin:    test_processes 0.1.0 (ABI 1.2)"));
 
   const Run json = run_cli("plugins --json");
   REQUIRE(json.exit_code == 0);
@@ -126,7 +126,7 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
   for (const auto& p : parsed) {
     if (p.at("name") == "test_processes") {
       found = true;
-      CHECK(p.at("abi_version") == "1.1");
+      CHECK(p.at("abi_version") == "1.2");
       const auto& kind = p.at("providers").as_array().at(0);
       CHECK(kind.at("id") == "test_processes");
       CHECK(kind.at("config_schema").at("type") == "object");  // the schema, as JSON

@@ -61,7 +61,8 @@ TEST_CASE("bad plugin files are refused with clear messages") {
   const std::string wrong_abi = error_of(plugins, "wrong_abi.so");
   CHECK(contains(wrong_abi, "wrong_abi.so"));
   CHECK(contains(wrong_abi, "plugin ABI version 2.0"));
-  CHECK(contains(wrong_abi, "host's ABI version 1.1"));
+  CHECK(contains(wrong_abi, "host's ABI version " + std::to_string(SBX_ABI_VERSION_MAJOR) + "." +
+                                std::to_string(SBX_ABI_VERSION_MINOR)));
 
   // Listing reads descriptors only; init runs when the plugin is used.
   CHECK(error_of(plugins, "init_fails.so").empty());
@@ -163,7 +164,8 @@ TEST_CASE("a plugin file named in a config block is loaded directly") {
   } catch (const sbx::PluginLoadError& e) {
     CHECK(contains(e.what(), "wrong_abi.so"));
     CHECK(contains(e.what(), "2.0"));
-    CHECK(contains(e.what(), "1.1"));
+    CHECK(contains(e.what(), std::to_string(SBX_ABI_VERSION_MAJOR) + "." +
+                                 std::to_string(SBX_ABI_VERSION_MINOR)));  // this host's
   }
 }
 

@@ -499,10 +499,23 @@ TEST_CASE("a pull that fails: a clear error, nothing left behind") {
   const std::string error = what_of([&] { provider().create(t.spec); });
   CHECK(contains(error, "pulling image " + *t.spec.image));
   CHECK(contains(error, "not found"));
+  // The reason says it was the pull, whatever the status (ABI 1.2; sbx serve answers the real
+  // server's DOCKER::SANDBOX_IMAGE_PULL_FAILED from it).
+  const auto reason_of = [&] {
+    try {
+      provider().create(t.spec);
+    } catch (const sbx::Error& e) {
+      CHECK(e.create_failure());
+      return e.reason();
+    }
+    return std::string("(created)");
+  };
+  CHECK(reason_of() == SBX_REASON_IMAGE_PULL_FAILED);
   // A registry that is not there at all.
   t.spec.image = "127.0.0.1:5999/sbx/busybox:latest";
   t.spec.provider_options["image_pull_policy"] = "Always";
   CHECK_THROWS_AS(provider().create(t.spec), sbx::CreateError);
+  CHECK(reason_of() == SBX_REASON_IMAGE_PULL_FAILED);
   CHECK(t.left().empty());
 }
 

@@ -443,6 +443,16 @@ TEST_CASE("create retries: classified by type, status and server code") {
   CHECK(!answer(500, "DOCKER::SANDBOX_IMAGE_PULL_FAILED"));  // the real server's missing image
 }
 
+TEST_CASE("the server's code is the error's reason; a failed pull its well-known name") {
+  const auto pull =
+      os::to_error({500, "DOCKER::SANDBOX_IMAGE_PULL_FAILED", "m", "rid"}, "create", false);
+  CHECK(pull.reason() == SBX_REASON_IMAGE_PULL_FAILED);
+  CHECK(pull.request_id() == "rid");
+  CHECK(os::to_error({400, "SANDBOX::INVALID_METADATA_LABEL", "m", ""}, "create", false).reason() ==
+        "SANDBOX::INVALID_METADATA_LABEL");
+  CHECK(os::to_error({502, "", "bad gateway", ""}, "create", true).reason().empty());
+}
+
 TEST_CASE("API error bodies: both envelopes") {
   sbx::sdk::http::Response r;
   r.status = 404;

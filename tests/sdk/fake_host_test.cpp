@@ -109,6 +109,13 @@ class ClockProvider final : public BlockingProvider {
                 const CancelToken&) override {
     std::lock_guard lock(mutex_);
     const auto it = files_.find(box.id() + ":" + path);
+    if (path == "/reasoned") {
+      throw Error(SBX_STATUS_UNAVAILABLE, "a reasoned failure",
+                  ErrorDetails{.retryable = true,
+                               .http_status = 503,
+                               .request_id = "req-1",
+                               .reason = "backend:BUSY"});
+    }
     if (it == files_.end()) throw Error::not_found("no such file: " + path);
     sink.write(it->second);
   }
@@ -224,6 +231,16 @@ TEST_CASE("fake host: blocking helpers drive a provider through the ABI and reco
   CHECK(missing.completed);
   REQUIRE(missing.error);
   CHECK(missing.error->status == SBX_STATUS_NOT_FOUND);
+  CHECK(missing.error->reason.empty());
+  // Every detail of an sdk::Error crosses the ABI, the reason (1.2) too.
+  const DoneOutcome reasoned = provider.download(box, "/reasoned", back);
+  REQUIRE(reasoned.error);
+  CHECK(reasoned.error->status == SBX_STATUS_UNAVAILABLE);
+  CHECK(reasoned.error->message == "a reasoned failure");
+  CHECK(reasoned.error->retryable);
+  CHECK(reasoned.error->http_status == 503);
+  CHECK(reasoned.error->request_id == "req-1");
+  CHECK(reasoned.error->reason == "backend:BUSY");
 
   CHECK(provider.status(box) == SBX_SANDBOX_RUNNING);
   CHECK(provider.close(box).ok());

@@ -86,6 +86,30 @@ TEST_CASE("create, get and delete a local_docker sandbox through sbx serve") {
   CHECK(!contains(serve_ids(config), second_id));
 }
 
+TEST_CASE(
+    "an image that cannot be pulled: the real server's 500 DOCKER::SANDBOX_IMAGE_PULL_FAILED") {
+  TempDir dir;
+  const fs::path config = dir.path / "sbx.json";
+  std::ofstream(config) << R"({"providers": {"docker": {"plugin": "local_docker"}}})";
+  ServeProcess server(config, "docker", dir.path / "serve.log");
+  // Missing from the local registry (the plugin's NOT_FOUND), and a registry that is not there
+  // (its CREATE_FAILED): the same answer, from the error's reason (ABI 1.2).
+  for (const std::string& image : {"127.0.0.1:5000/sbx/never-pushed-" + server.run_id() + ":latest",
+                                   std::string("127.0.0.1:5999/sbx/busybox:latest")}) {
+    CAPTURE(image);
+    const auto r = request(server.port(), "POST", "/v1/sandboxes",
+                           R"({"image":{"uri":")" + image +
+                               R"("},"entrypoint":["sleep","600"],"resourceLimits":{},)"
+                               R"("extensions":{"imagePullPolicy":"Always"}})");
+    CHECK(r.status == 500);
+    CHECK(r.json().at("code") == "DOCKER::SANDBOX_IMAGE_PULL_FAILED");
+    CHECK(std::string(r.json().at("message").as_string()).find("pulling image " + image) !=
+          std::string::npos);
+  }
+  CHECK(labelled_ids(config, "docker", "sbx.run=" + server.run_id()).empty());
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("no client mounts the host: host paths, named volumes and Docker settings refused") {
   TempDir dir;
   const fs::path config = dir.path / "sbx.json";

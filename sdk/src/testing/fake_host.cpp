@@ -56,7 +56,10 @@ sbx_opt_i64 optional_i64(const std::optional<int64_t>& v) {
 }
 
 ErrorInfo copy(const sbx_error& e) {
-  return ErrorInfo{e.status, copy(e.message), e.retryable, e.http_status, copy(e.request_id)};
+  return ErrorInfo{
+      e.status,           copy(e.message),
+      e.retryable,        e.http_status,
+      copy(e.request_id), SBX_HAS_FIELD(&e, sbx_error, reason) ? copy(e.reason) : std::string()};
 }
 
 FakeHost* owner(const sbx_host* host) {

@@ -30,7 +30,8 @@ void with_c_error(const Error& error, F&& fn) noexcept {
                     to_sbx(message),
                     error.retryable(),
                     error.http_status(),
-                    error.request_id().empty() ? sbx_str{nullptr, 0} : to_sbx(error.request_id())};
+                    error.request_id().empty() ? sbx_str{nullptr, 0} : to_sbx(error.request_id()),
+                    error.reason().empty() ? sbx_str{nullptr, 0} : to_sbx(error.reason())};
   fn(&c);
 }
 
@@ -145,9 +146,13 @@ sbx_operation* start_operation(const sbx_provider* p, const char* what, const Ca
     op = new OpT(cb, std::forward<OpArgs>(op_args)...);
   } catch (...) {
     static const char kMessage[] = "out of memory starting the operation";
-    const sbx_error e{
-        sizeof(sbx_error), SBX_STATUS_RESOURCE_EXHAUSTED, {kMessage, sizeof(kMessage) - 1}, true, 0,
-        {nullptr, 0}};
+    const sbx_error e{sizeof(sbx_error),
+                      SBX_STATUS_RESOURCE_EXHAUSTED,
+                      {kMessage, sizeof(kMessage) - 1},
+                      true,
+                      0,
+                      {nullptr, 0},
+                      {nullptr, 0}};
     fail_unstarted(*cb, &e);
     return nullptr;
   }

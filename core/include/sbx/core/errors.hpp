@@ -25,6 +25,11 @@ class Error : public std::runtime_error {
   bool retryable() const noexcept { return retryable_; }
   int32_t http_status() const noexcept { return http_status_; }
   const std::string& request_id() const noexcept { return request_id_; }
+  // Why, within status(), for a program to match (sbx_error.reason, ABI 1.2): an SBX_REASON_*
+  // of sbx/abi/types.h (e.g. "image_pull_failed") or the backend's own code; empty when the
+  // plugin gave none (a 1.0 or 1.1 plugin never does).
+  const std::string& reason() const noexcept { return reason_; }
+  void set_reason(std::string reason) { reason_ = std::move(reason); }
   // The errno of the host's own file or stream operation that caused this error (a full disk
   // during a download, a file that could not be read for an upload), or 0 when the cause lies
   // elsewhere. `sbx` exits 74 for these.
@@ -44,6 +49,7 @@ class Error : public std::runtime_error {
   bool retryable_;
   int32_t http_status_;
   std::string request_id_;
+  std::string reason_;
   int local_errno_ = 0;
   bool create_failure_ = false;
 };
@@ -102,6 +108,9 @@ SBX_DEFINE_ERROR(ReloadError, FailedPreconditionError, SBX_STATUS_FAILED_PRECOND
 
 // The error a plugin reported, as a value (status and details kept).
 Error to_error(const sbx_error& error);
+// An sbx_error's reason (ABI 1.2): empty when its writer's struct has none, or when it is longer
+// than 128 bytes or holds a byte other than [A-Za-z0-9_.:/-] (not a reason a program can match).
+std::string reason_of(const sbx_error& error);
 // Any exception as an Error: sbx::Error as is, other exceptions as INTERNAL with their what().
 Error to_error(const std::exception_ptr& exception);
 

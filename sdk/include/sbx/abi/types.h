@@ -106,8 +106,8 @@ static inline const char* sbx_status_name(sbx_status status) {
 
 /* ---- The error object --------------------------------------------------------------------------
  * Always BORROWED by whoever receives it: valid only until the function or callback it was passed
- * to returns. Copy what you need. Plugins classify failures (`status`, `retryable`); retry policy
- * belongs to the host's configuration. */
+ * to returns. Copy what you need. Plugins classify failures (`status`, `retryable`, `reason`);
+ * retry policy belongs to the host's configuration. */
 typedef struct sbx_error {
   uint32_t struct_size;  /* sizeof(sbx_error) as known to the writer */
   sbx_status status;     /* never SBX_STATUS_OK */
@@ -115,7 +115,19 @@ typedef struct sbx_error {
   bool retryable;        /* true when the same call may succeed if repeated */
   int32_t http_status;   /* HTTP status of the failing backend response, 0 if none */
   sbx_str request_id;    /* backend request id, unset if unknown */
+  /* --- ABI 1.2 --- */
+  /* Why, within `status`, for a program to match: one of the SBX_REASON_* below, or the backend's
+   * own code as the backend wrote it (e.g. OpenSandbox's "SANDBOX::INVALID_METADATA_LABEL");
+   * unset when there is none. At most 128 bytes of [A-Za-z0-9_.:/-]; a host drops anything else.
+   * Read it only after SBX_HAS_FIELD(error, sbx_error, reason): a 1.0 or 1.1 writer has none. */
+  sbx_str reason;
 } sbx_error;
+
+/* The well-known reasons (ABI 1.2). A host matches these exactly; a provider that knows one of
+ * these to be the cause says so, whatever status it reports alongside. */
+/* The sandbox's image could not be pulled: missing, refused by the registry, or the registry
+ * unreachable. Final for the create that asked (the same pull fails the same way). */
+#define SBX_REASON_IMAGE_PULL_FAILED "image_pull_failed"
 
 /* Where synchronous calls (init, provider factories) report failure details.
  * OWNERSHIP: the sink is host-owned and BORROWED for the duration of the call that receives it;

@@ -10,6 +10,7 @@
  *
  * 1.1 added: the sandbox status SBX_SANDBOX_PAUSED (never reported to a 1.0 host), and the
  * extensions sbx.pause/1, sbx.connect/1 and sbx.renew/1 (sbx/abi/ext/).
+ * 1.2 added: sbx_error.reason and the well-known reasons SBX_REASON_* (types.h).
  */
 #ifndef SBX_ABI_VERSION_H
 #define SBX_ABI_VERSION_H
@@ -40,7 +41,7 @@
 #endif
 
 #define SBX_ABI_VERSION_MAJOR 1u
-#define SBX_ABI_VERSION_MINOR 1u
+#define SBX_ABI_VERSION_MINOR 2u
 #define SBX_ABI_VERSION_PATCH 0u
 
 SBX_EXTERN_C_BEGIN

@@ -22,6 +22,10 @@ struct ErrorDetails {
   // the work twice, so such an error is never `retryable`. Not carried across the C ABI: a
   // plugin reads it and decides (e.g. checks whether the sandbox exists before creating again).
   bool may_have_run = false;
+  // Why, within the status, for a program to match (sbx_error.reason, ABI 1.2): an SBX_REASON_*
+  // (sbx/abi/types.h) or the backend's own code; empty when there is none. A host older than 1.2
+  // never sees it.
+  std::string reason;
 };
 
 // An error with an ABI status code (SBX_STATUS_*) and the sbx_error details.
@@ -36,6 +40,7 @@ class Error : public std::runtime_error {
   int32_t http_status() const noexcept { return details_.http_status; }
   const std::string& request_id() const noexcept { return details_.request_id; }
   bool may_have_run() const noexcept { return details_.may_have_run; }
+  const std::string& reason() const noexcept { return details_.reason; }
   const ErrorDetails& details() const noexcept { return details_; }
 
   // Shorthands for the common statuses.

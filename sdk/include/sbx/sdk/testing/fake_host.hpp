@@ -61,6 +61,7 @@ struct ErrorInfo {
   bool retryable = false;
   int32_t http_status = 0;
   std::string request_id;
+  std::string reason;  // ABI 1.2; empty from an older writer
 };
 
 struct LogLine {
