@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
     std::cerr << "sbx: error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const sbx::Error& e) {
-    std::cerr << "sbx: error: " << e.what() << "\n";
+    std::cerr << "sbx: error: " << e.what()
+              << (e.reason().empty() ? "" : " (reason: " + e.reason() + ")") << "\n";
     return e.local_errno() != 0 ? kExitLocalIo : kExitFailure;
   } catch (const std::exception& e) {
     std::cerr << "sbx: error: " << e.what() << "\n";

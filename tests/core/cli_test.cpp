@@ -177,6 +177,18 @@ TEST_CASE("usage errors and unknown providers") {
   CHECK(has(unknown.out, "test_processes"));
 }
 
+TEST_CASE("a failure's reason (ABI 1.2) is printed after its message") {
+  sbx::testing::TempDir root("sbx-cli-reason");
+  sbx::testing::write_file(root.path / "failing.json", R"j({"providers": {"f": {
+      "plugin": "test_processes", "config": {"fail_create": "the registry said no (injected)",
+      "fail_create_reason": "image_pull_failed"}}}})j");
+  const Run r =
+      run_cli("--config " + (root.path / "failing.json").string() + " run --provider f -- true");
+  CHECK(r.exit_code == 125);  // the sandbox could not be made
+  CHECK(has(r.out, "sbx: error: the registry said no (injected) (reason: image_pull_failed)\n"));
+  fs::remove(root.path / "failing.json");
+}
+
 TEST_CASE("--help works on every subcommand") {
   for (const char* cmd : {"--help", "plugins --help", "providers --help", "run --help",
                           "list --help", "reap --help"}) {

@@ -62,9 +62,10 @@ struct Config {
   fs::path root;
   std::chrono::milliseconds default_timeout{60'000};
   std::optional<std::string> fail_create;  // create fails with CREATE_FAILED and this message
-  bool fail_probe = false;                 // create fails with CREATE_VERIFICATION_FAILED
-  std::optional<std::string> throw_in;     // method that throws std::runtime_error synchronously
-  bool complete_inline = false;            // status and close complete inside the start call
+  std::optional<std::string> fail_create_reason;  // ... and this reason (sbx_error.reason)
+  bool fail_probe = false;                        // create fails with CREATE_VERIFICATION_FAILED
+  std::optional<std::string> throw_in;  // method that throws std::runtime_error synchronously
+  bool complete_inline = false;         // status and close complete inside the start call
   std::chrono::milliseconds create_delay{0};
   std::chrono::milliseconds upload_delay{0};  // before an upload reads its source
   // "init" (the provider's creation from this config), "create" or "exec" (in the call itself,
@@ -86,6 +87,7 @@ struct Config {
       c.default_timeout = std::chrono::milliseconds(static_cast<int64_t>(*t * 1000));
     }
     c.fail_create = r.string("fail_create");
+    c.fail_create_reason = r.string("fail_create_reason");
     c.fail_probe = r.boolean("fail_probe", false);
     c.throw_in = r.string("throw_in");
     c.complete_inline = r.boolean("complete_inline", false);
@@ -351,6 +353,7 @@ class TestProcessesProvider final : public sdk::Provider,
     "root": {"type": "string"},
     "default_timeout_s": {"type": "number", "exclusiveMinimum": 0},
     "fail_create": {"type": ["string", "null"]},
+    "fail_create_reason": {"type": ["string", "null"]},
     "fail_probe": {"type": "boolean"},
     "throw_in": {"type": ["string", "null"]},
     "complete_inline": {"type": "boolean"},
@@ -612,7 +615,10 @@ class TestProcessesProvider final : public sdk::Provider,
 
   std::unique_ptr<sdk::Sandbox> create_now(sdk::Spec spec, const sdk::CancelToken& cancel) {
     injected_delay(config_.create_delay, cancel);
-    if (config_.fail_create) throw Error::create_failed(*config_.fail_create);
+    if (config_.fail_create) {
+      throw Error(SBX_STATUS_CREATE_FAILED, *config_.fail_create,
+                  sdk::ErrorDetails{.reason = config_.fail_create_reason.value_or("")});
+    }
     std::string pattern = (config_.root / "sbx-test-XXXXXX").string();
     if (!::mkdtemp(pattern.data())) {
       throw Error::create_failed("cannot create a sandbox directory under " +
