@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -20,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,7 +46,9 @@
 #include "http.hpp"
 #include "io.hpp"
 #include "json.hpp"
+#include "ring.hpp"
 #include "users.hpp"
+#include "ws.hpp"
 
 extern char** environ;
 
@@ -59,7 +63,15 @@ constexpr std::size_t kResumeBelow = 1024 * 1024;     // ... and resume it
 constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // one GET /command/{id}/logs answer
 constexpr std::size_t kMaxContent = 64 * 1024;        // the command text kept for status
 constexpr std::size_t kPiece = 128 * 1024;            // one read of a download from disk
-constexpr int kPiecesPerWake = 8;  // a download's pieces per writable event (the others' turn)
+constexpr int kPiecesPerWake = 8;
+// PTY sessions (agent/README.md, "PTY sessions").
+constexpr std::size_t kMaxSessions = 64;               // sessions kept (running, exited, unstarted)
+constexpr std::size_t kSessionRing = 1024 * 1024;      // output kept per session for replay
+constexpr std::size_t kWsMaxFrame = 1024 * 1024;       // a client frame's payload, at most
+constexpr std::size_t kWsMaxQueued = 4 * 1024 * 1024;  // unsent to a client: beyond, it is cut
+constexpr std::size_t kMaxStdinPending = 1024 * 1024;  // stdin the shell has not read yet
+constexpr int64_t kSessionDrainMs = 200;  // after the shell's exit: wait for its last output  // a
+                                          // download's pieces per writable event (the others' turn)
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Keys of the agent's own timers in the timer set: connections and commands take keys counting up
@@ -296,14 +308,14 @@ std::optional<Identity> resolve_user_spec(const std::string& etc_dir, const std:
   return identity;
 }
 
-enum class Kind { listener, signal, connection, pipe };
+enum class Kind { listener, signal, connection, pipe, session };
 
 // What an epoll registration stands for: looked up by the registration's token, so an event for a
 // closed fd (or an fd number reused within one batch) finds nothing instead of the wrong object.
 struct Source {
   Kind kind;
   uint64_t key;    // the connection's or command's key; a listener's fd
-  int stream = 0;  // a pipe: 0 stdout (or the combined output), 1 stderr
+  int stream = 0;  // a pipe: 0 stdout (or the combined output), 1 stderr; a session: its fds[i]
 };
 
 struct Connection {
@@ -327,10 +339,14 @@ struct Connection {
   http::ChunkedDecoder chunks;
   // GET /files/download: the file being sent, a piece at a time once `out` is written.
   std::optional<files::Download> download;
+  // After a WebSocket upgrade (GET /pty/{id}/ws): the frames' parser, and the session attached
+  // (0 once detached).
+  std::optional<ws::Parser> ws;
+  uint64_t session = 0;
 
   std::size_t pending() const { return out.size() - out_off; }
   // A response still going out that is not in `out` whole: no next request is read before it.
-  bool busy() const { return command != 0 || download.has_value(); }
+  bool busy() const { return command != 0 || download.has_value() || ws.has_value(); }
   ~Connection() {
     if (download && download->fd >= 0) ::close(download->fd);
   }
@@ -364,6 +380,28 @@ struct Command {
   int log_fd = -1;
   std::string log_path;
   uint64_t log_size = 0;
+};
+
+// A PTY session: made by POST /pty, started by its first attach, kept until DELETE or until
+// kMaxSessions pushes it out (agent/README.md, "PTY sessions").
+struct Session {
+  uint64_t key = 0;
+  std::string id;
+  std::string cwd;
+  std::string command;  // empty: an interactive shell
+  bool tty = true;      // false: pipe mode (pty=0), stdout and stderr apart
+  bool started = false;
+  bool running = false;  // started and not ended
+  bool exited = false;   // the shell was reaped (its output may still be drained)
+  std::optional<int> exit_code;
+  pid_t pid = -1;  // also its session and process group
+  // tty: fds[0] the PTY's master (output and stdin); pipes: stdout, stderr, stdin.
+  int fds[3] = {-1, -1, -1};
+  uint64_t tokens[3] = {0, 0, 0};
+  std::string stdin_pending;  // written to the shell once it reads
+  Ring output{kSessionRing};
+  uint64_t conn = 0;  // the attached WebSocket connection, 0 when none
+  int64_t timer_at = 0;
 };
 
 struct Listener {
@@ -445,6 +483,11 @@ class Server {
   void kill_group(Command& cmd);
   void kill_tagged(const std::string& id) const;
   void add_env_file(const std::function<void(const std::string&, const std::string&)>& set) const;
+  /// A child's environment (agent/README.md, "Commands"): the agent's, EXECD_ENVS, HOME of
+  /// `identity`, SBX_EXEC_ID=`id`, then `envs`.
+  std::vector<std::string> child_env(
+      const std::string& id, const std::optional<Identity>& identity,
+      const std::vector<std::pair<std::string, std::string>>& envs) const;
   void on_exit(pid_t pid, int status);
   void finish(Command& cmd, int status);
   void fail_start(Command& cmd, const std::string& why);
@@ -453,6 +496,27 @@ class Server {
   void schedule(Command& cmd);
   void run_timers();
   int next_timeout() const;
+
+  // PTY sessions.
+  Session* session_of(uint64_t key);
+  Session* session_by_id(const std::string& id);
+  void post_pty(Connection& c);
+  void pty_status(Connection& c, const std::string& id);
+  void pty_delete(Connection& c, const std::string& id);
+  void pty_attach(Connection& c, const std::string& id);
+  void remove_session(Session& s);
+  std::optional<std::string> spawn_session(Session& s);
+  void on_session_fd(Session& s, int stream, uint32_t events);
+  void read_session(Session& s, int stream, std::size_t budget);
+  void session_exited(Session& s, int status);
+  void end_session(Session& s);
+  bool write_stdin(Session& s, std::string_view data);
+  void flush_stdin(Session& s);
+  void ws_send(Connection& c, uint8_t opcode, std::string_view payload);
+  void ws_close(Connection& c, uint16_t code, std::string_view reason);
+  void ws_readable(Connection& c);
+  void ws_input(Connection& c);
+  void ws_message(Connection& c, Session& s, const std::string& text);
 
   void on_signal();
   void shutdown();
@@ -487,7 +551,9 @@ class Server {
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> conns_;
   std::unordered_map<uint64_t, std::unique_ptr<Command>> commands_;
   std::unordered_map<std::string, uint64_t> ids_;
-  std::unordered_map<pid_t, uint64_t> pids_;
+  std::unordered_map<pid_t, uint64_t> pids_;  // commands' and sessions' shells
+  std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions_;
+  std::unordered_map<std::string, uint64_t> session_ids_;
   std::deque<uint64_t> finished_;
   std::set<std::pair<int64_t, uint64_t>> timers_;
   std::vector<uint64_t> dead_conns_;
@@ -714,6 +780,9 @@ void Server::loop() {
         case Kind::pipe:
           if (Command* cmd = command_of(source.key)) on_pipe(*cmd, source.stream, false);
           break;
+        case Kind::session:
+          if (Session* s = session_of(source.key)) on_session_fd(*s, source.stream, ev);
+          break;
       }
     }
     run_timers();
@@ -810,6 +879,8 @@ void Server::close_conn(Connection& c) {
     schedule(*cmd);
   }
   c.command = 0;
+  if (Session* s = session_of(c.session); s && s->conn == c.key) s->conn = 0;  // detached
+  c.session = 0;
   c.upload.reset();  // a body that did not arrive whole: its temp files go now
   if (c.download) close_fd(c.download->fd);
   c.download.reset();
@@ -819,6 +890,10 @@ void Server::close_conn(Connection& c) {
 }
 
 void Server::on_readable(Connection& c) {
+  if (c.ws) {
+    ws_readable(c);
+    return;
+  }
   char buf[kReadChunk];
   for (int round = 0; round < 4; ++round) {
     const ssize_t n = ::read(c.fd, buf, sizeof buf);
@@ -1029,6 +1104,29 @@ void Server::handle(Connection& c) {
       get_info(c);
     }
     return;
+  }
+  if (r.path == "/pty") {
+    if (r.method != "POST") return method_not_allowed();
+    post_pty(c);
+    return;
+  }
+  if (r.path.starts_with("/pty/") && r.path.size() > 5) {
+    std::string id = r.path.substr(5);
+    const bool attach = id.ends_with("/ws");
+    if (attach) id.resize(id.size() - 3);
+    if (!id.empty() && id.find('/') == std::string::npos) {
+      if (attach) {
+        if (r.method != "GET") return method_not_allowed();
+        pty_attach(c, id);
+      } else if (r.method == "GET") {
+        pty_status(c, id);
+      } else if (r.method == "DELETE") {
+        pty_delete(c, id);
+      } else {
+        method_not_allowed();
+      }
+      return;
+    }
   }
   constexpr std::string_view kStatus = "/command/status/";
   constexpr std::string_view kLogs = "/logs";
@@ -1436,8 +1534,8 @@ struct ChildFailure {
 // In the parent, after the fork: the child's process group made here too (so a signal right after
 // this cannot miss it), then a wait for its execve (the close-on-exec pipe `report` closes) or the
 // failure it wrote there; microseconds. Closes `report`. Stage -1 when the execve happened.
-ChildFailure await_exec(pid_t pid, int report) {
-  ::setpgid(pid, pid);
+ChildFailure await_exec(pid_t pid, int report, bool set_group = true) {
+  if (set_group) ::setpgid(pid, pid);  // not for a session leader (it makes its own, by setsid)
   ChildFailure f{-1, 0};
   ssize_t got = 0;
   do {
@@ -1483,12 +1581,16 @@ std::vector<std::string> exec_candidates(const std::string& name,
 // In a forked child, before its execve (system calls only): the signals the agent blocks or
 // ignores back to their defaults, a process group of its own, stdin at end of file at once (no
 // /dev/null needed), then who it runs as. The step that failed, or stage -1.
-ChildFailure enter_child(const ChildUser& user) {
+ChildFailure enter_child(const ChildUser& user, bool own_session = false) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::signal(SIGPIPE, SIG_DFL);
-  ::setpgid(0, 0);
+  if (own_session) {
+    ::setsid();  // a PTY session: its own session (and group), for the terminal to control
+  } else {
+    ::setpgid(0, 0);
+  }
   int in[2];
   if (::pipe(in) == 0) {
     ::dup2(in[0], 0);
@@ -1598,8 +1700,9 @@ void Server::add_env_file(
   }
 }
 
-std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req) {
-  // Everything the child needs is built here, before fork: the child only makes system calls.
+std::vector<std::string> Server::child_env(
+    const std::string& id, const std::optional<Identity>& identity,
+    const std::vector<std::pair<std::string, std::string>>& envs) const {
   std::vector<std::string> env = base_env_;
   auto set_env = [&](const std::string& name, const std::string& value) {
     const std::string prefix = name + "=";
@@ -1612,10 +1715,16 @@ std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req
     env.push_back(prefix + value);
   };
   add_env_file(set_env);
-  if (req.identity) set_env("HOME", req.identity->home);
-  set_env(std::string(kExecIdVar), cmd.id);  // the tag kill_tagged() finds
-  for (const auto& [k, v] : req.envs)
+  if (identity) set_env("HOME", identity->home);
+  set_env(std::string(kExecIdVar), id);  // the tag kill_tagged() finds
+  for (const auto& [k, v] : envs)
     set_env(k, v);
+  return env;
+}
+
+std::optional<std::string> Server::spawn(Command& cmd, const CommandRequest& req) {
+  // Everything the child needs is built here, before fork: the child only makes system calls.
+  std::vector<std::string> env = child_env(cmd.id, req.identity, req.envs);
   std::vector<char*> envp;
   for (auto& e : env)
     envp.push_back(e.data());
@@ -1840,6 +1949,10 @@ void Server::on_exit(pid_t pid, int status) {
   if (it == pids_.end()) return;  // an adopted orphan: reaping it was the point
   const uint64_t key = it->second;
   pids_.erase(it);
+  if (Session* s = session_of(key)) {
+    session_exited(*s, status);
+    return;
+  }
   Command* cmd = command_of(key);
   if (cmd && cmd->running) finish(*cmd, status);
 }
@@ -1931,6 +2044,11 @@ void Server::run_timers() {
     }
     if (key == kGraceTimer) {
       if (entry_running_) signal_entrypoint(SIGKILL);
+      continue;
+    }
+    if (Session* s = session_of(key)) {  // its outputs did not end in time after the exit
+      s->timer_at = 0;
+      end_session(*s);
       continue;
     }
     Command* cmd = command_of(key);
@@ -2030,6 +2148,599 @@ void Server::command_logs(Connection& c, const std::string& id) {
   }
   reply(c, 200, "text/plain; charset=utf-8", body,
         {"Execd-Commands-Tail-Cursor: " + std::to_string(cursor + body.size())});
+}
+
+// ---------------------------------------------------------------------------------------------
+// PTY sessions (agent/README.md, "PTY sessions"): POST /pty makes one, the first WebSocket attach
+// starts its shell, output goes to the attached socket and into a bounded ring for replay.
+
+Session* Server::session_of(uint64_t key) {
+  const auto it = sessions_.find(key);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+Session* Server::session_by_id(const std::string& id) {
+  const auto it = session_ids_.find(id);
+  return it == session_ids_.end() ? nullptr : session_of(it->second);
+}
+
+void Server::post_pty(Connection& c) {
+  std::string cwd, command;
+  if (!c.req.body.empty()) {
+    json::Value v;
+    std::string why;
+    if (!json::parse(c.req.body, v, why) || v.kind != json::Value::Kind::object) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY",
+                  "invalid request body: " + (why.empty() ? "not a JSON object" : why));
+      return;
+    }
+    for (const char* name : {"cwd", "command"}) {
+      const json::Value* f = v.find(name);
+      if (!f || f->kind == json::Value::Kind::null) continue;
+      if (f->kind != json::Value::Kind::string || f->text.find('\0') != std::string::npos) {
+        reply_error(c, 400, "INVALID_REQUEST_BODY",
+                    std::string("invalid request body: ") + name + " must be a string");
+        return;
+      }
+      (std::string_view(name) == "cwd" ? cwd : command) = f->text;
+    }
+  }
+  if (!cwd.empty()) {
+    struct stat st {};
+    if (::stat(cwd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY",
+                  "invalid request body: cwd " + cwd + " is not a directory");
+      return;
+    }
+  }
+  // The bound: beyond it the oldest session that is not running goes; when all run, a refusal.
+  if (sessions_.size() >= kMaxSessions) {
+    uint64_t oldest = 0;
+    for (const auto& [key, s] : sessions_)
+      if (!s->running && (oldest == 0 || key < oldest)) oldest = key;
+    if (oldest == 0) {
+      reply_error(
+          c, 503, "RUNTIME_ERROR",
+          "too many PTY sessions (" + std::to_string(kMaxSessions) + " running): delete one first");
+      return;
+    }
+    remove_session(*session_of(oldest));
+  }
+  auto s = std::make_unique<Session>();
+  s->key = next_key_++;
+  s->id = new_id();
+  s->cwd = cwd;
+  s->command = command;
+  std::string body = "{\"session_id\":";
+  json::append_string(body, s->id);
+  body += "}";
+  session_ids_.emplace(s->id, s->key);
+  sessions_.emplace(s->key, std::move(s));
+  reply(c, 200, "application/json; charset=utf-8", body);
+}
+
+void Server::pty_status(Connection& c, const std::string& id) {
+  const Session* s = session_by_id(id);
+  if (!s) {
+    reply_error(c, 404, "NOT_FOUND", "pty session not found: " + id);
+    return;
+  }
+  std::string b = "{\"session_id\":";
+  json::append_string(b, s->id);
+  b += s->running ? ",\"running\":true" : ",\"running\":false";
+  b += ",\"output_offset\":" + std::to_string(s->output.end());
+  if (s->exit_code) b += ",\"exit_code\":" + std::to_string(*s->exit_code);
+  b += "}";
+  reply(c, 200, "application/json; charset=utf-8", b);
+}
+
+void Server::pty_delete(Connection& c, const std::string& id) {
+  Session* s = session_by_id(id);
+  if (!s) {
+    reply_error(c, 404, "NOT_FOUND", "pty session not found: " + id);
+    return;
+  }
+  remove_session(*s);
+  reply(c, 200, "", "");
+}
+
+void Server::remove_session(Session& s) {
+  if (s.running && s.pid > 0) {
+    ::kill(-s.pid, SIGKILL);
+    kill_tagged(s.id);   // what left its group: bash puts each job in a group of its own
+    pids_.erase(s.pid);  // reaped as any orphan
+  }
+  if (Connection* c = conn_of(s.conn)) ws_close(*c, 1000, "session deleted");
+  for (int i = 0; i < 3; ++i) {
+    unwatch(s.tokens[i], s.fds[i]);
+    close_fd(s.fds[i]);
+  }
+  if (s.timer_at) timers_.erase({s.timer_at, s.key});
+  session_ids_.erase(s.id);
+  sessions_.erase(s.key);  // `s` is gone
+}
+
+void Server::pty_attach(Connection& c, const std::string& id) {
+  const http::Request& r = c.req;
+  Session* s = session_by_id(id);
+  if (!s) {
+    reply_error(c, 404, "NOT_FOUND", "pty session not found: " + id);
+    return;
+  }
+  auto has_token = [&](const char* header, std::string_view token) {
+    const std::string* v = r.header(header);
+    if (!v) return false;
+    std::string lower = *v;
+    for (char& ch : lower)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return lower.find(token) != std::string::npos;
+  };
+  const std::string* key = r.header("sec-websocket-key");
+  const std::string* version = r.header("sec-websocket-version");
+  if (!has_token("upgrade", "websocket") || !has_token("connection", "upgrade")) {
+    reply_error(c, 400, "INVALID_REQUEST", "a WebSocket upgrade is expected on " + r.path);
+    return;
+  }
+  if (!version || *version != "13") {
+    reply(c, 400, "application/json; charset=utf-8",
+          error_body("INVALID_REQUEST", "unsupported Sec-WebSocket-Version (13 is)"),
+          {"Sec-WebSocket-Version: 13"});
+    return;
+  }
+  if (!key || !ws::valid_key(*key)) {
+    reply_error(c, 400, "INVALID_REQUEST", "bad Sec-WebSocket-Key");
+    return;
+  }
+  uint64_t since = 0;
+  const std::string* since_text = r.query_value("since");
+  if (since_text) {
+    if (since_text->empty() || since_text->size() > 18 ||
+        since_text->find_first_not_of("0123456789") != std::string::npos) {
+      reply_error(c, 400, "INVALID_REQUEST", "since must be a byte offset");
+      return;
+    }
+    since = std::stoull(*since_text);
+  }
+  const std::string* takeover = r.query_value("takeover");
+  const bool take = takeover && (*takeover == "1" || *takeover == "true");
+  if (Connection* holder = conn_of(s->conn); holder && holder != &c) {
+    if (!take) {
+      reply_error(c, 409, "SESSION_IN_USE",
+                  "pty session " + id + " is attached elsewhere (takeover=1 evicts it)");
+      return;
+    }
+    ws_close(*holder, 4001, "TAKEN_OVER");
+  }
+  if (!s->started) {
+    const std::string* pty = r.query_value("pty");
+    s->tty = !(pty && (*pty == "0" || *pty == "false"));
+    if (const auto failed = spawn_session(*s)) {
+      reply_error(c, 500, "RUNTIME_ERROR", *failed);
+      return;
+    }
+  }
+  send(c,
+       "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+       "Sec-WebSocket-Accept: " +
+           ws::accept_key(*key) + "\r\n\r\n");
+  if (c.dead) return;
+  c.ws.emplace(kWsMaxFrame);
+  c.session = s->key;
+  s->conn = c.key;
+  const uint64_t from = std::max(since, s->output.begin());
+  std::string hello = "{\"type\":\"connected\",\"session_id\":";
+  json::append_string(hello, s->id);
+  hello += s->tty ? ",\"mode\":\"pty\"" : ",\"mode\":\"pipe\"";
+  hello += s->running ? ",\"running\":true" : ",\"running\":false";
+  hello += ",\"output_offset\":" + std::to_string(s->output.end());
+  if (since_text) {
+    hello += ",\"replay_from\":" + std::to_string(std::min(from, s->output.end()));
+    if (since < s->output.begin()) hello += ",\"replay_truncated\":true";
+  }
+  hello += "}";
+  ws_send(c, ws::kText, hello);
+  if (since_text) {
+    for (uint64_t at = from; at < s->output.end() && !c.dead;) {
+      const std::string bytes = s->output.read(at, kReadChunk);
+      std::string payload(1, '\x03');
+      for (int shift = 56; shift >= 0; shift -= 8)
+        payload += static_cast<char>((at >> shift) & 0xff);
+      payload += bytes;
+      ws_send(c, ws::kBinary, payload);
+      at += bytes.size();
+    }
+  }
+  if (c.dead) return;
+  if (!s->running && s->exit_code) {
+    ws_send(c, ws::kText,
+            "{\"type\":\"exit\",\"exit_code\":" + std::to_string(*s->exit_code) + "}");
+    if (!c.dead) ws_close(c, 1000, "");
+    return;
+  }
+  if (!c.in.empty()) ws_input(c);
+}
+
+std::optional<std::string> Server::spawn_session(Session& s) {
+  std::vector<std::string> env = child_env(s.id, std::nullopt, {});
+  if (!env_value(env, "TERM")) env.emplace_back("TERM=xterm-256color");
+  std::vector<char*> envp;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  // The program: `shell -c COMMAND`, else an interactive bash when the PATH has one, else the
+  // shell.
+  std::string program = opt_.shell;
+  std::vector<std::string> args{"sh"};
+  if (!s.command.empty()) {
+    args = {"sh", "-c", s.command};
+  } else {
+    for (const std::string& candidate : exec_candidates("bash", env)) {
+      if (candidate.starts_with("/") && ::access(candidate.c_str(), X_OK) == 0) {
+        program = candidate;
+        args = {"bash"};
+        break;
+      }
+    }
+  }
+  if (::access(program.c_str(), X_OK) != 0)
+    return program + ": " + errno_text(errno) + ": a shell is needed for a PTY session";
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const char* cwd = s.cwd.empty() ? nullptr : s.cwd.c_str();
+
+  // Child ends: the PTY's slave on 0, 1 and 2, or three pipes. Parent ends in `mine`.
+  int mine[3] = {-1, -1, -1};
+  int theirs[3] = {-1, -1, -1};
+  auto close_all = [&] {
+    for (int i = 0; i < 3; ++i) {
+      close_fd(mine[i]);
+      close_fd(theirs[i]);
+    }
+  };
+  if (s.tty) {
+    // /dev/ptmx by hand (what posix_openpt, unlockpt and ptsname do), nothing from libutil.
+    mine[0] = ::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    int unlock = 0;
+    unsigned int n = 0;
+    if (mine[0] < 0 || ::ioctl(mine[0], TIOCSPTLCK, &unlock) != 0 ||
+        ::ioctl(mine[0], TIOCGPTN, &n) != 0) {
+      const std::string why = "cannot open a PTY: " + errno_text(errno);
+      close_all();
+      return why;
+    }
+    const std::string slave = "/dev/pts/" + std::to_string(n);
+    theirs[0] = ::open(slave.c_str(), O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (theirs[0] < 0) {
+      const std::string why = "cannot open " + slave + ": " + errno_text(errno);
+      close_all();
+      return why;
+    }
+    winsize size{};
+    size.ws_row = 24;
+    size.ws_col = 80;
+    ::ioctl(mine[0], TIOCSWINSZ, &size);
+  } else {
+    int p[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
+    for (auto& pair : p) {
+      if (::pipe2(pair, O_CLOEXEC) != 0) {
+        const std::string why = "pipe: " + errno_text(errno);
+        for (auto& q : p) {
+          close_fd(q[0]);
+          close_fd(q[1]);
+        }
+        return why;
+      }
+    }
+    mine[0] = p[0][0];  // stdout
+    theirs[1] = p[0][1];
+    mine[1] = p[1][0];  // stderr
+    theirs[2] = p[1][1];
+    mine[2] = p[2][1];  // stdin
+    theirs[0] = p[2][0];
+  }
+  int report[2] = {-1, -1};
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    const std::string why = "pipe: " + errno_text(errno);
+    close_all();
+    return why;
+  }
+  const bool tty = s.tty;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ChildFailure f = enter_child(ChildUser{}, true);
+    if (tty) {
+      for (int fd = 0; fd < 3; ++fd)
+        ::dup2(theirs[0], fd);
+      if (::ioctl(0, TIOCSCTTY, 0) != 0) f = {5, errno};
+    } else {
+      for (int fd = 0; fd < 3; ++fd)
+        ::dup2(theirs[fd], fd);
+    }
+    if (f.stage < 0 && cwd && ::chdir(cwd) != 0) f = {3, errno};
+    if (f.stage < 0) {
+      ::execve(program.c_str(), argv.data(), envp.data());
+      f = {4, errno};
+    }
+    [[maybe_unused]] const ssize_t n = ::write(report[1], &f, sizeof f);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  close_fd(report[1]);
+  for (int i = 0; i < 3; ++i)
+    close_fd(theirs[i]);
+  if (pid < 0) {
+    close_fd(report[0]);
+    close_all();
+    return "fork: " + errno_text(fork_errno);
+  }
+  const ChildFailure f = await_exec(pid, report[0], false);
+  s.started = true;
+  if (f.stage >= 0) {
+    close_all();
+    static const char* const kStage[] = {"setgroups", "setgid", "setuid",
+                                         "chdir",     "exec",   "TIOCSCTTY"};
+    std::string what = kStage[std::clamp(f.stage, 0, 5)];
+    if (f.stage == 3) what += " " + s.cwd;
+    if (f.stage == 4) what += " " + program;
+    s.exit_code = 127;
+    return what + ": " + errno_text(f.error);
+  }
+  s.pid = pid;
+  s.running = true;
+  pids_.emplace(pid, s.key);
+  for (int i = 0; i < 3; ++i) {
+    s.fds[i] = mine[i];
+    if (s.fds[i] < 0) continue;
+    set_nonblocking(s.fds[i]);
+    s.tokens[i] = watch(s.fds[i], i == 2 ? 0u : static_cast<uint32_t>(EPOLLIN),
+                        Source{Kind::session, s.key, i});
+  }
+  return std::nullopt;
+}
+
+void Server::on_session_fd(Session& s, int stream, uint32_t events) {
+  const bool writes = stream == 2 || (stream == 0 && s.tty);
+  if (writes && (events & (EPOLLOUT | EPOLLERR)) && !s.stdin_pending.empty()) flush_stdin(s);
+  if (stream == 2 || s.fds[stream] < 0) return;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_session(s, stream, kReadChunk);
+}
+
+// Reads at most `budget` bytes from output `stream` (one read unless `budget` is larger): kept in
+// the ring and sent to the attached socket. EOF or an error (EIO: the PTY's slave is closed
+// everywhere) closes the stream; when the shell has exited and every output is closed, the
+// session ends.
+void Server::read_session(Session& s, int stream, std::size_t budget) {
+  char buf[kReadChunk];
+  while (s.fds[stream] >= 0 && budget > 0) {
+    const ssize_t n = ::read(s.fds[stream], buf, std::min(sizeof buf, budget));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      unwatch(s.tokens[stream], s.fds[stream]);
+      close_fd(s.fds[stream]);
+      if (stream == 0 && s.tty) {  // the master was stdin too
+        s.stdin_pending.clear();
+      }
+      if (s.exited && s.fds[0] < 0 && s.fds[1] < 0) end_session(s);
+      return;
+    }
+    budget -= static_cast<std::size_t>(n);
+    const std::string_view data(buf, static_cast<std::size_t>(n));
+    s.output.append(data);
+    if (Connection* c = conn_of(s.conn)) {
+      std::string payload(1, stream == 0 ? '\x01' : '\x02');
+      payload += data;
+      ws_send(*c, ws::kBinary, payload);
+    }
+  }
+}
+
+void Server::session_exited(Session& s, int status) {
+  s.exited = true;
+  s.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  // What the shell wrote may still be on its way through the PTY (or held open by a process it
+  // left behind): wait for the outputs' end, at most kSessionDrainMs.
+  if (s.fds[0] < 0 && s.fds[1] < 0) {
+    end_session(s);
+    return;
+  }
+  s.timer_at = mono_ms() + kSessionDrainMs;
+  timers_.emplace(s.timer_at, s.key);
+}
+
+void Server::end_session(Session& s) {
+  if (!s.running) return;
+  s.running = false;
+  if (s.timer_at) timers_.erase({s.timer_at, s.key});
+  s.timer_at = 0;
+  for (int i = 0; i < 2; ++i)
+    read_session(s, i, 16 * kReadChunk);  // what is readable now, bounded
+  for (int i = 0; i < 3; ++i) {  // closing the master hangs up what is left on the terminal
+    unwatch(s.tokens[i], s.fds[i]);
+    close_fd(s.fds[i]);
+  }
+  s.stdin_pending.clear();
+  if (Connection* c = conn_of(s.conn)) {
+    ws_send(*c, ws::kText,
+            "{\"type\":\"exit\",\"exit_code\":" + std::to_string(s.exit_code.value_or(-1)) + "}");
+    if (!c->dead) ws_close(*c, 1000, "");
+  }
+}
+
+bool Server::write_stdin(Session& s, std::string_view data) {
+  const int fd = s.tty ? s.fds[0] : s.fds[2];
+  if (fd < 0 || data.empty()) return true;  // nobody reads it any more: dropped
+  if (s.stdin_pending.size() + data.size() > kMaxStdinPending) return false;
+  s.stdin_pending.append(data);
+  flush_stdin(s);
+  return true;
+}
+
+void Server::flush_stdin(Session& s) {
+  const int stream = s.tty ? 0 : 2;
+  const int fd = s.fds[stream];
+  if (fd < 0) return;
+  while (!s.stdin_pending.empty()) {
+    const ssize_t n = ::write(fd, s.stdin_pending.data(), s.stdin_pending.size());
+    if (n > 0) {
+      s.stdin_pending.erase(0, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    s.stdin_pending.clear();  // the reader is gone
+    break;
+  }
+  const uint32_t want = (stream == 0 ? static_cast<uint32_t>(EPOLLIN) : 0u) |
+                        (s.stdin_pending.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+  rewatch(s.tokens[stream], fd, want);
+}
+
+void Server::ws_send(Connection& c, uint8_t opcode, std::string_view payload) {
+  if (c.dead || c.closing) return;
+  send(c, ws::frame(opcode, payload));
+  // A client that does not read is cut, not buffered without end (its session goes on, its
+  // output kept in the ring for a later attach with since=).
+  if (!c.dead && c.pending() > kWsMaxQueued) close_conn(c);
+}
+
+void Server::ws_close(Connection& c, uint16_t code, std::string_view reason) {
+  if (c.dead) return;
+  ws_send(c, ws::kClose, code ? ws::close_payload(code, reason) : std::string());
+  if (c.dead) return;
+  if (Session* s = session_of(c.session); s && s->conn == c.key) s->conn = 0;
+  c.session = 0;
+  c.closing = true;
+  c.in.clear();
+  if (c.pending() == 0) close_conn(c);
+}
+
+void Server::ws_readable(Connection& c) {
+  char buf[kReadChunk];
+  for (int round = 0; round < 4; ++round) {
+    const ssize_t n = ::read(c.fd, buf, sizeof buf);
+    if (n > 0) {
+      if (!c.closing) c.in.append(buf, static_cast<std::size_t>(n));
+      if (c.in.size() > kWsMaxFrame + kReadChunk) break;  // parse what is there first
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    close_conn(c);  // EOF or a reset: the client is gone; the session goes on
+    return;
+  }
+  ws_input(c);
+}
+
+void Server::ws_input(Connection& c) {
+  ws::Frame f;
+  while (!c.dead && !c.closing && c.ws) {
+    const ws::Parser::Result result = c.ws->next(c.in, f);
+    if (result == ws::Parser::Result::need_more) return;
+    if (result == ws::Parser::Result::error) {
+      ws_close(c, c.ws->error_code, c.ws->error_reason);
+      return;
+    }
+    Session* s = session_of(c.session);
+    switch (f.opcode) {
+      case ws::kPing:
+        ws_send(c, ws::kPong, f.payload);
+        break;
+      case ws::kPong:
+        break;
+      case ws::kClose: {
+        // Answered with the same code (RFC 6455, 5.5.1), then closed.
+        uint16_t code = 1000;
+        if (f.payload.size() >= 2)
+          code = static_cast<uint16_t>((static_cast<unsigned char>(f.payload[0]) << 8) |
+                                       static_cast<unsigned char>(f.payload[1]));
+        ws_close(c, code, "");
+        return;
+      }
+      case ws::kBinary:
+        if (f.payload.empty() || f.payload[0] != '\x00') {
+          ws_send(c, ws::kText,
+                  "{\"type\":\"error\",\"message\":\"a binary frame is 0x00 and stdin bytes\"}");
+        } else if (s && !write_stdin(*s, std::string_view(f.payload).substr(1))) {
+          ws_close(c, 1008, "stdin backlog too large");
+          return;
+        }
+        break;
+      case ws::kText:
+        if (s) ws_message(c, *s, f.payload);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// Signals a client may name: with or without "SIG", or as a number.
+int signal_number(std::string_view name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string_view::npos &&
+      name.size() < 3)
+    return std::stoi(std::string(name));
+  if (name.starts_with("SIG")) name.remove_prefix(3);
+  static const std::pair<std::string_view, int> kNames[] = {
+      {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+      {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"ALRM", SIGALRM},
+      {"STOP", SIGSTOP}, {"TSTP", SIGTSTP}, {"CONT", SIGCONT}, {"WINCH", SIGWINCH},
+      {"PIPE", SIGPIPE}, {"ABRT", SIGABRT}, {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU}};
+  for (const auto& [n, sig] : kNames)
+    if (n == name) return sig;
+  return 0;
+}
+
+void Server::ws_message(Connection& c, Session& s, const std::string& text) {
+  auto error = [&](const std::string& message) {
+    std::string e = "{\"type\":\"error\",\"message\":";
+    json::append_string(e, message);
+    ws_send(c, ws::kText, e + "}");
+  };
+  json::Value v;
+  std::string why;
+  if (!json::parse(text, v, why) || v.kind != json::Value::Kind::object) {
+    error("a text frame must be a JSON object");
+    return;
+  }
+  const json::Value* type = v.find("type");
+  const std::string kind = type && type->kind == json::Value::Kind::string ? type->text : "";
+  if (kind == "ping") {
+    ws_send(c, ws::kText, "{\"type\":\"pong\"}");
+  } else if (kind == "resize") {
+    const json::Value* cols = v.find("cols");
+    const json::Value* rows = v.find("rows");
+    auto ok = [](const json::Value* n) {
+      return n && n->kind == json::Value::Kind::number && n->integer_ok && n->integer > 0 &&
+             n->integer <= 65535;
+    };
+    if (!ok(cols) || !ok(rows)) {
+      error("resize needs cols and rows (1 to 65535)");
+      return;
+    }
+    if (!s.tty || s.fds[0] < 0) return;  // pipe mode: no terminal to size
+    winsize size{};
+    size.ws_col = static_cast<unsigned short>(cols->integer);
+    size.ws_row = static_cast<unsigned short>(rows->integer);
+    ::ioctl(s.fds[0], TIOCSWINSZ, &size);  // the kernel sends SIGWINCH to the foreground group
+  } else if (kind == "signal") {
+    const json::Value* name = v.find("signal");
+    const int sig = name && name->kind == json::Value::Kind::string ? signal_number(name->text) : 0;
+    if (sig <= 0 || sig >= NSIG) {
+      error("unknown signal");
+      return;
+    }
+    if (!s.running) return;
+    // In a terminal, the foreground job's group (what Ctrl-C reaches); else the shell's group.
+    pid_t group = s.tty && s.fds[0] >= 0 ? ::tcgetpgrp(s.fds[0]) : -1;
+    if (group <= 0) group = s.pid;
+    ::kill(-group, sig);
+  } else {
+    error("unknown message type '" + kind + "'");
+  }
 }
 
 int Server::start_entrypoint() {
@@ -2186,6 +2897,16 @@ void Server::shutdown() {
       close_fd(cmd->fds[s]);
     close_fd(cmd->log_fd);
     cmd->running = false;
+  }
+  for (auto& [key, s] : sessions_) {
+    for (int i = 0; i < 3; ++i)
+      close_fd(s->fds[i]);
+    if (!s->running || s->exited) continue;
+    ::kill(-s->pid, SIGKILL);
+    kill_tagged(s->id);
+    int status = 0;
+    while (::waitpid(s->pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   for (auto& [key, c] : conns_)
     close_fd(c->fd);
