@@ -63,15 +63,14 @@ constexpr std::size_t kResumeBelow = 1024 * 1024;     // ... and resume it
 constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // one GET /command/{id}/logs answer
 constexpr std::size_t kMaxContent = 64 * 1024;        // the command text kept for status
 constexpr std::size_t kPiece = 128 * 1024;            // one read of a download from disk
-constexpr int kPiecesPerWake = 8;
+constexpr int kPiecesPerWake = 8;  // a download's pieces per writable event (the others' turn)
 // PTY sessions (agent/README.md, "PTY sessions").
 constexpr std::size_t kMaxSessions = 64;               // sessions kept (running, exited, unstarted)
 constexpr std::size_t kSessionRing = 1024 * 1024;      // output kept per session for replay
 constexpr std::size_t kWsMaxFrame = 1024 * 1024;       // a client frame's payload, at most
 constexpr std::size_t kWsMaxQueued = 4 * 1024 * 1024;  // unsent to a client: beyond, it is cut
 constexpr std::size_t kMaxStdinPending = 1024 * 1024;  // stdin the shell has not read yet
-constexpr int64_t kSessionDrainMs = 200;  // after the shell's exit: wait for its last output  // a
-                                          // download's pieces per writable event (the others' turn)
+constexpr int64_t kSessionDrainMs = 200;  // after the shell's exit: wait for its last output
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Keys of the agent's own timers in the timer set: connections and commands take keys counting up
