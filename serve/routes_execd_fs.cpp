@@ -1229,7 +1229,11 @@ class MetricsWatch : public std::enable_shared_from_this<MetricsWatch> {
         timer_(asio::make_strand(state_->ioc)) {}
 
   void start() {
-    sink_->on_gone([self = shared_from_this()] { self->end(); });
+    // Weakly: the sink holds this callback and the watch holds the sink. The watch is kept alive
+    // by what it waits for: the read in flight or the timer.
+    sink_->on_gone([weak = weak_from_this()] {
+      if (const auto self = weak.lock()) self->end();
+    });
     read();
   }
 
