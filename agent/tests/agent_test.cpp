@@ -2032,3 +2032,27 @@ TEST_CASE("bash sessions: with a token, every session route needs it") {
   CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"ok"});
   CHECK(client.request("DELETE", "/session/" + id, "", token).status == 200);
 }
+
+TEST_CASE("bash sessions: runs at once in one session are allowed; the last to end saves") {
+  TempDir dir;
+  const std::string fifo = dir.path + "/go";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Agent agent(dir);
+  Client first(agent.socket);
+  Client second(agent.socket);
+  const std::string id = new_session(first);
+  // The first run waits on the fifo (opened for reading: it blocks until the test opens it).
+  start_run(first, id, command_body("export X=first; echo waiting; cat " + fifo));
+  const auto waiting = first.next_event();
+  REQUIRE(waiting);
+  CHECK(text_of(*waiting) == "waiting");
+  auto events = run_in(second, id, command_body("export X=second; echo \"${X}\""));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"second"});
+  CHECK(outcome(events) == "complete");
+  write_file(fifo, "done\n");
+  events = rest(first);
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"done"});
+  CHECK(outcome(events) == "complete");
+  events = run_in(second, id, command_body("echo \"${X}\""));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"first"});
+}
