@@ -2951,7 +2951,8 @@ std::string shell_quote(std::string_view text) {
 }
 
 // The script of a run (see above). With the run's own cwd, the session's saved directory is not
-// entered, and it is what is saved again: a run's cwd holds for that run alone. `exit` or `exec`
+// entered; the directory the run ends in is saved either way, as execd's sessions do (the next
+// run starts where this one ended). `exit` or `exec`
 // in the command ends the shell before the save, leaving the state as it was. SBX_EXEC_ID (each
 // command's tag for its kill) is not saved: every run keeps its own. The file is the agent's
 // user's alone (umask 077): exported variables may be secrets.
@@ -2965,7 +2966,7 @@ std::string bash_run_script(const std::string& state, bool run_has_cwd,
   s += command;
   if (command.empty() || command.back() != '\n') s += '\n';
   s += "__sbx_rc=$?\n";
-  s += run_has_cwd ? "__sbx_session_pwd=$__sbx_dir\n" : "__sbx_session_pwd=$(pwd)\n";
+  s += "__sbx_session_pwd=$(pwd)\n";
   s += "unset SBX_EXEC_ID; export __sbx_session_pwd\n"
        "(umask 077 && export -p > \"$__sbx_state.$$\") 2>/dev/null && "
        "mv -f \"$__sbx_state.$$\" \"$__sbx_state\" 2>/dev/null\n"

@@ -1826,7 +1826,7 @@ std::vector<std::string> names_with(const std::string& dir, const std::string& p
 
 }  // namespace
 
-TEST_CASE("bash sessions: cd and export carry; a run's cwd holds once; each run's exit code") {
+TEST_CASE("bash sessions: cd and export carry; a run's cwd starts it; each run's exit code") {
   TempDir dir;
   const std::string state = dir.path + "/state";
   REQUIRE(::mkdir((dir.path + "/a").c_str(), 0755) == 0);
@@ -1847,13 +1847,14 @@ TEST_CASE("bash sessions: cd and export carry; a run's cwd holds once; each run'
         std::vector<std::string>{dir.path + "/a", "bar baz", "unset"});  // exported only
   CHECK(outcome(events) == "complete");
 
-  // A run's own cwd: for that run; what it does there (a cd) does not move the session.
+  // A run's own cwd is where that run starts; where it ends is where the next starts (execd's
+  // sessions save the run's final directory).
   events =
       run_in(client, id,
-             command_body("pwd; echo \"$FOO\"; cd /", ",\"cwd\":" + json::quote(dir.path + "/b")));
+             command_body("pwd; echo \"$FOO\"; cd ..", ",\"cwd\":" + json::quote(dir.path + "/b")));
   CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path + "/b", "bar baz"});
-  events = run_in(client, id, command_body("pwd"));
-  CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path + "/a"});
+  events = run_in(client, id, command_body("pwd; cd a"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path});
 
   // Each run's exit code is its own.
   CHECK(outcome(run_in(client, id, command_body("false"))) == "1");
