@@ -71,6 +71,9 @@ constexpr std::size_t kWsMaxFrame = 1024 * 1024;       // a client frame's paylo
 constexpr std::size_t kWsMaxQueued = 4 * 1024 * 1024;  // unsent to a client: beyond, it is cut
 constexpr std::size_t kMaxStdinPending = 1024 * 1024;  // stdin the shell has not read yet
 constexpr int64_t kSessionDrainMs = 200;  // after the shell's exit: wait for its last output
+// Bash sessions (agent/README.md, "Bash sessions").
+constexpr std::size_t kMaxBashSessions = 256;  // POST /session beyond: 429 TOO_MANY_SESSIONS
+constexpr std::size_t kKeptRuns = 16;          // a session's latest runs, for DELETE to kill
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Keys of the agent's own timers in the timer set: connections and commands take keys counting up
@@ -403,6 +406,15 @@ struct Session {
   int64_t timer_at = 0;
 };
 
+// A bash session (POST /session): state, not a process. Each run is a command of its own whose
+// script restores the session's saved state (exported variables, working directory) from a file
+// in the state directory and saves it again after (agent/README.md, "Bash sessions").
+struct BashSession {
+  std::string id;
+  std::string cwd;            // the session's directory (POST /session's cwd; may be empty)
+  std::deque<uint64_t> runs;  // its latest runs' command keys, oldest first
+};
+
 struct Listener {
   int fd = -1;
   std::string unix_path;  // empty for TCP
@@ -469,6 +481,9 @@ class Server {
 
   // Commands.
   void post_command(Connection& c);
+  /// Starts `req` as a command streaming to `c` (its init event's text: `init_text`, the command's
+  /// id when empty); the command's key.
+  uint64_t start_command(Connection& c, const CommandRequest& req, const std::string& init_text);
   std::optional<CommandRequest> read_command(const std::string& body, std::string& why);
   std::optional<std::string> spawn(Command& cmd, const CommandRequest& req);
   void delete_command(Connection& c);
@@ -517,6 +532,13 @@ class Server {
   void ws_input(Connection& c);
   void ws_message(Connection& c, Session& s, const std::string& text);
 
+  // Bash sessions.
+  void post_bash_session(Connection& c);
+  void bash_session_run(Connection& c, const std::string& id);
+  void bash_session_delete(Connection& c, const std::string& id);
+  std::string bash_state_path(const std::string& id) const;
+  void remove_bash_state(const std::string& id) const;
+
   void on_signal();
   void shutdown();
 
@@ -553,6 +575,7 @@ class Server {
   std::unordered_map<pid_t, uint64_t> pids_;  // commands' and sessions' shells
   std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions_;
   std::unordered_map<std::string, uint64_t> session_ids_;
+  std::unordered_map<std::string, BashSession> bash_sessions_;
   std::deque<uint64_t> finished_;
   std::set<std::pair<int64_t, uint64_t>> timers_;
   std::vector<uint64_t> dead_conns_;
@@ -1127,6 +1150,27 @@ void Server::handle(Connection& c) {
       return;
     }
   }
+  if (r.path == "/session") {
+    if (r.method != "POST") return method_not_allowed();
+    post_bash_session(c);
+    return;
+  }
+  if (r.path.starts_with("/session/") && r.path.size() > 9) {
+    std::string id = r.path.substr(9);
+    const bool run = id.ends_with("/run");
+    if (run) id.resize(id.size() - 4);
+    if (!id.empty() && id.find('/') == std::string::npos) {
+      if (run) {
+        if (r.method != "POST") return method_not_allowed();
+        bash_session_run(c, id);
+      } else if (r.method == "DELETE") {
+        bash_session_delete(c, id);
+      } else {
+        method_not_allowed();
+      }
+      return;
+    }
+  }
   constexpr std::string_view kStatus = "/command/status/";
   constexpr std::string_view kLogs = "/logs";
   const std::string_view path = r.path;
@@ -1445,9 +1489,16 @@ void Server::post_command(Connection& c) {
     reply_error(c, 400, "INVALID_REQUEST_BODY", why);
     return;
   }
+  start_command(c, *req, {});
+}
+
+uint64_t Server::start_command(Connection& c, const CommandRequest& request,
+                               const std::string& init_text) {
+  const CommandRequest* req = &request;
   auto owned = std::make_unique<Command>();
   Command& cmd = *owned;
   cmd.key = next_key_++;
+  const uint64_t key = cmd.key;  // `cmd` may be gone after retire()
   cmd.id = new_id();
   cmd.content = req->command.substr(0, kMaxContent);
   cmd.background = req->background;
@@ -1462,17 +1513,17 @@ void Server::post_command(Connection& c) {
   // The response is committed from here on: every outcome is an event.
   if (cmd.frames) {
     send(c, http::stream_head(kFramesType));
-    send(c, http::chunk(frame('i', cmd.id)));
+    send(c, http::chunk(frame('i', init_text.empty() ? cmd.id : init_text)));
   } else {
     send(c, http::stream_head());
-    send(c, http::chunk(text_event("init", cmd.id)));
+    send(c, http::chunk(text_event("init", init_text.empty() ? cmd.id : init_text)));
     send(c, http::chunk(text_event("ping", "pong")));
   }
   if (c.dead) {  // gone before the command started: do not start it
     cmd.error = "the client disconnected";
     cmd.finished_ns = real_ns();
     retire(cmd);
-    return;
+    return key;
   }
   cmd.conn = c.key;
   c.command = cmd.key;
@@ -1486,7 +1537,7 @@ void Server::post_command(Connection& c) {
   }
   if (failed) {
     fail_start(cmd, *failed);
-    return;
+    return key;
   }
   if (cmd.background) {
     emit(cmd, complete_event(mono_ms() - cmd.started_ms));
@@ -1499,6 +1550,7 @@ void Server::post_command(Connection& c) {
     }
   }
   schedule(cmd);
+  return key;
 }
 
 void Server::fail_start(Command& cmd, const std::string& why) {
@@ -2872,6 +2924,196 @@ void Server::expire() {
   timers_.emplace(mono_ms() + opt_.stop_grace_ms, kGraceTimer);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bash sessions (agent/README.md, "Bash sessions"): POST /session, POST /session/{id}/run,
+// DELETE /session/{id}, answered as `sbx serve` answers them (serve/routes_execd_session.cpp).
+//
+// A session is state, not a process. Each run is a command of its own (start_command: the same
+// stream, timeout, kill and client-gone handling as POST /command) whose script restores the
+// session's state, runs the command as typed, and saves the state again. The state is a file of
+// `export -p` lines in the agent's state directory, the working directory among them; it is
+// replaced whole (written beside it, then renamed), so a run killed at any point leaves either the
+// old state or the new one, never half of one.
+
+namespace {
+
+// `text` as one single-quoted shell word.
+std::string shell_quote(std::string_view text) {
+  std::string out = "'";
+  for (const char ch : text) {
+    if (ch == '\'') {
+      out += "'\\''";
+    } else {
+      out += ch;
+    }
+  }
+  return out + "'";
+}
+
+// The script of a run (see above). With the run's own cwd, the session's saved directory is not
+// entered; the directory the run ends in is saved either way, as execd's sessions do (the next
+// run starts where this one ended). `exit` or `exec`
+// in the command ends the shell before the save, leaving the state as it was. SBX_EXEC_ID (each
+// command's tag for its kill) is not saved: every run keeps its own. The file is the agent's
+// user's alone (umask 077): exported variables may be secrets.
+std::string bash_run_script(const std::string& state, bool run_has_cwd,
+                            const std::string& command) {
+  std::string s = "__sbx_state=" + shell_quote(state) + "\n__sbx_dir=\n";
+  s += "if [ -r \"$__sbx_state\" ]; then . \"$__sbx_state\" 2>/dev/null; "
+       "__sbx_dir=$__sbx_session_pwd; unset __sbx_session_pwd; ";
+  if (!run_has_cwd) s += "if [ -n \"$__sbx_dir\" ]; then cd -- \"$__sbx_dir\" 2>/dev/null; fi; ";
+  s += "fi\n";
+  s += command;
+  if (command.empty() || command.back() != '\n') s += '\n';
+  s += "__sbx_rc=$?\n";
+  s += "__sbx_session_pwd=$(pwd)\n";
+  s += "unset SBX_EXEC_ID; export __sbx_session_pwd\n"
+       "(umask 077 && export -p > \"$__sbx_state.$$\") 2>/dev/null && "
+       "mv -f \"$__sbx_state.$$\" \"$__sbx_state\" 2>/dev/null\n"
+       "exit $__sbx_rc\n";
+  return s;
+}
+
+}  // namespace
+
+std::string Server::bash_state_path(const std::string& id) const {
+  return opt_.state_dir + "/bash-session-" + id;
+}
+
+// The session's state file and what killed runs left beside it (`STATE.PID`), all in the agent's
+// own state directory.
+void Server::remove_bash_state(const std::string& id) const {
+  const std::string name = "bash-session-" + id;
+  DIR* dir = ::opendir(opt_.state_dir.c_str());
+  if (!dir) return;
+  std::vector<std::string> gone;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string_view n = e->d_name;
+    if (n == name || (n.starts_with(name) && n.size() > name.size() && n[name.size()] == '.'))
+      gone.emplace_back(n);
+  }
+  ::closedir(dir);
+  for (const auto& n : gone)
+    ::unlink((opt_.state_dir + "/" + n).c_str());
+}
+
+void Server::post_bash_session(Connection& c) {
+  std::string cwd;
+  const std::string& body = c.req.body;
+  if (body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    json::Value v;
+    std::string why;
+    if (!json::parse(body, v, why)) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY", "invalid request body: " + why);
+      return;
+    }
+    if (v.kind != json::Value::Kind::object) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY",
+                  "invalid request body: the body must be a JSON object");
+      return;
+    }
+    if (const json::Value* f = v.find("cwd"); f && f->kind != json::Value::Kind::null) {
+      if (f->kind != json::Value::Kind::string || f->text.find('\0') != std::string::npos) {
+        reply_error(c, 400, "INVALID_REQUEST_BODY", "invalid request body: cwd must be a string");
+        return;
+      }
+      cwd = f->text;
+    }
+  }
+  if (bash_sessions_.size() >= kMaxBashSessions) {
+    reply_error(c, 429, "TOO_MANY_SESSIONS",
+                "the sandbox has its maximum of " + std::to_string(kMaxBashSessions) +
+                    " sessions; delete one (DELETE /session/{id})");
+    return;
+  }
+  const std::string id = new_id();
+  bash_sessions_[id] = BashSession{id, cwd, {}};
+  std::string b = "{\"session_id\":";
+  json::append_string(b, id);
+  reply(c, 200, "application/json; charset=utf-8", b + "}");
+}
+
+void Server::bash_session_run(Connection& c, const std::string& id) {
+  const auto it = bash_sessions_.find(id);
+  if (it == bash_sessions_.end()) {
+    reply_error(c, 404, "CONTEXT_NOT_FOUND", "session " + id + " not found");
+    return;
+  }
+  BashSession& session = it->second;
+  using K = json::Value::Kind;
+  json::Value v;
+  std::string why;
+  if (!json::parse(c.req.body, v, why)) {
+    reply_error(c, 400, "INVALID_REQUEST_BODY", "invalid request body: " + why);
+    return;
+  }
+  if (v.kind != K::object) {
+    reply_error(c, 400, "INVALID_REQUEST_BODY",
+                "invalid request body: the body must be a JSON object");
+    return;
+  }
+  const json::Value* command = v.find("command");
+  if (!command || command->kind != K::string || command->text.empty() ||
+      command->text.find('\0') != std::string::npos) {
+    reply_error(c, 400, "INVALID_REQUEST_BODY",
+                "invalid request body: command is required (a non-empty string)");
+    return;
+  }
+  CommandRequest req;
+  bool run_has_cwd = false;
+  if (const json::Value* f = v.find("cwd"); f && f->kind != K::null) {
+    if (f->kind != K::string || f->text.find('\0') != std::string::npos) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY", "invalid request body: cwd must be a string");
+      return;
+    }
+    if (!f->text.empty()) {
+      req.cwd = f->text;
+      run_has_cwd = true;
+    }
+  }
+  if (!req.cwd && !session.cwd.empty()) req.cwd = session.cwd;
+  if (const json::Value* t = v.find("timeout"); t && t->kind != K::null) {
+    if (t->kind != K::number || !t->integer_ok || t->integer < 0) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY",
+                  "invalid request body: timeout must be a non-negative integer (milliseconds)");
+      return;
+    }
+    req.timeout_ms = t->integer;  // 0: none
+  }
+  if (req.cwd) {
+    struct stat st {};
+    if (::stat(req.cwd->c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY",
+                  "invalid request body: cwd " + *req.cwd + " is not a directory");
+      return;
+    }
+  }
+  req.command = bash_run_script(bash_state_path(id), run_has_cwd, command->text);
+  const uint64_t key = start_command(c, req, id);
+  if (Command* cmd = command_of(key)) cmd->content = command->text.substr(0, kMaxContent);
+  session.runs.push_back(key);
+  if (session.runs.size() > kKeptRuns) session.runs.pop_front();
+}
+
+void Server::bash_session_delete(Connection& c, const std::string& id) {
+  const auto it = bash_sessions_.find(id);
+  if (it == bash_sessions_.end()) {
+    reply_error(c, 404, "CONTEXT_NOT_FOUND", "session " + id + " not found");
+    return;
+  }
+  // A run still going is killed (its stream ends with an error event, -1); runs that ended, and
+  // what they started in the background, are left alone.
+  for (const uint64_t key : it->second.runs) {
+    if (Command* cmd = command_of(key); cmd && cmd->running) {
+      kill_group(*cmd);
+      schedule(*cmd);
+    }
+  }
+  bash_sessions_.erase(it);
+  remove_bash_state(id);
+  reply(c, 200, "", "");
+}
+
 void Server::shutdown() {
   if (shut_) return;
   shut_ = true;
@@ -2919,6 +3161,8 @@ void Server::shutdown() {
   }
   for (auto& [key, cmd] : commands_)
     if (!cmd->log_path.empty()) ::unlink(cmd->log_path.c_str());
+  for (const auto& [id, session] : bash_sessions_)
+    remove_bash_state(id);
   if (made_state_dir_) ::rmdir(opt_.state_dir.c_str());
   close_fd(sigfd_);
   close_fd(epfd_);

@@ -1764,3 +1764,296 @@ TEST_CASE("sbx-agent is one static executable") {
   const std::string out(buf, n);
   CHECK_MESSAGE(out.find("statically linked") != std::string::npos, out);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bash sessions: POST /session, POST /session/{id}/run, DELETE /session/{id}.
+
+namespace {
+
+std::string new_session(Client& client, const std::string& body = "") {
+  const Response r = client.request("POST", "/session", body);
+  REQUIRE(r.status == 200);
+  const std::string id = parse(r.body).find("session_id")->text;
+  CHECK(id.size() == 32);
+  CHECK(id.find_first_not_of("0123456789abcdef") == std::string::npos);
+  return id;
+}
+
+// Starts a run of session `id` and reads its head, init (the session's id) and first ping.
+void start_run(Client& client, const std::string& id, const std::string& body) {
+  client.send_request("POST", "/session/" + id + "/run", body);
+  const Response head = client.read_head();
+  REQUIRE(head.status == 200);
+  CHECK(head.headers.at("content-type") == "text/event-stream");
+  const auto init = client.next_event();
+  REQUIRE(init);
+  REQUIRE(type_of(*init) == "init");
+  CHECK(text_of(*init) == id);
+  const auto ping = client.next_event();
+  REQUIRE(ping);
+  CHECK(type_of(*ping) == "ping");
+}
+
+// A whole run: its events after init and ping.
+std::vector<json::Value> run_in(Client& client, const std::string& id, const std::string& body) {
+  start_run(client, id, body);
+  return rest(client);
+}
+
+// "complete", or the error's evalue.
+std::string outcome(const std::vector<json::Value>& events) {
+  REQUIRE(!events.empty());
+  if (type_of(events.back()) == "execution_complete") return "complete";
+  REQUIRE(type_of(events.back()) == "error");
+  return evalue_of(events.back());
+}
+
+std::string error_code(const Response& r) {
+  const json::Value v = parse(r.body);
+  const json::Value* code = v.find("code");
+  return code ? code->text : "";
+}
+
+// Names in `dir` that start with `prefix`.
+std::vector<std::string> names_with(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(prefix)) out.push_back(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bash sessions: cd and export carry; a run's cwd starts it; each run's exit code") {
+  TempDir dir;
+  const std::string state = dir.path + "/state";
+  REQUIRE(::mkdir((dir.path + "/a").c_str(), 0755) == 0);
+  REQUIRE(::mkdir((dir.path + "/b").c_str(), 0755) == 0);
+  Agent agent(dir, {"--state-dir", state});
+  Client client(agent.socket);
+  const std::string id = new_session(client, "{\"cwd\":" + json::quote(dir.path) + "}");
+
+  auto events = run_in(client, id, command_body("pwd; cd a; export FOO='bar baz'; LOCAL=1"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path});
+  CHECK(outcome(events) == "complete");
+  // The state is the agent's file, the agent's user's alone.
+  const std::string state_file = state + "/bash-session-" + id;
+  CHECK(mode_of(state_file) == 0600);
+
+  events = run_in(client, id, command_body("pwd; echo \"$FOO\"; echo \"${LOCAL:-unset}\""));
+  CHECK(texts(events, "stdout") ==
+        std::vector<std::string>{dir.path + "/a", "bar baz", "unset"});  // exported only
+  CHECK(outcome(events) == "complete");
+
+  // A run's own cwd is where that run starts; where it ends is where the next starts (execd's
+  // sessions save the run's final directory).
+  events =
+      run_in(client, id,
+             command_body("pwd; echo \"$FOO\"; cd ..", ",\"cwd\":" + json::quote(dir.path + "/b")));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path + "/b", "bar baz"});
+  events = run_in(client, id, command_body("pwd; cd a"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{dir.path});
+
+  // Each run's exit code is its own.
+  CHECK(outcome(run_in(client, id, command_body("false"))) == "1");
+  CHECK(outcome(run_in(client, id, command_body("true"))) == "complete");
+  // `exit 3` ends that run with 3; the session goes on with the state it had.
+  events = run_in(client, id, command_body("export FOO=changed; cd /; echo before; exit 3"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"before"});
+  CHECK(outcome(events) == "3");
+  events = run_in(client, id, command_body("echo \"$FOO\"; pwd"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"bar baz", dir.path + "/a"});
+  CHECK(outcome(events) == "complete");
+
+  // A second session starts afresh.
+  const std::string other = new_session(client);
+  events = run_in(client, other,
+                  command_body("echo \"${FOO:-unset}\"", ",\"cwd\":" + json::quote(dir.path)));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"unset"});
+
+  // DELETE removes the session and its state file.
+  CHECK(client.request("DELETE", "/session/" + id).status == 200);
+  CHECK(::access(state_file.c_str(), F_OK) != 0);
+  CHECK(names_with(state, "bash-session-" + id).empty());
+  CHECK(names_with(state, "bash-session-" + other).size() == 1);
+}
+
+TEST_CASE("bash sessions: a background service outlives its run, the next run and DELETE") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string id = new_session(client);
+  auto events = run_in(client, id, command_body("sleep 60 > /dev/null 2>&1 & echo $!"));
+  CHECK(outcome(events) == "complete");
+  const auto out = texts(events, "stdout");
+  REQUIRE(out.size() == 1);
+  const pid_t pid = std::stoi(out[0]);
+  const int pidfd = pidfd_open(pid);
+  REQUIRE(pidfd >= 0);
+  auto alive = [&] {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
+  };
+  CHECK(alive());
+
+  events = run_in(client, id, command_body("kill -0 " + out[0] + " && echo alive"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"alive"});
+  CHECK(outcome(events) == "complete");
+
+  CHECK(client.request("DELETE", "/session/" + id).status == 200);
+  // A command after the DELETE (the agent's loop has moved on), then the sleep is still there.
+  start(client, command_body("kill -0 " + out[0] + " && echo alive"));
+  events = rest(client);
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"alive"});
+  CHECK(alive());
+
+  REQUIRE(::kill(pid, SIGKILL) == 0);  // ours to end: the test started it
+  expect_dies(pidfd, pid);
+}
+
+TEST_CASE("bash sessions: a run's timeout kills it (error -1); the session's state is kept") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  const std::string id = new_session(client);
+  CHECK(outcome(run_in(client, id, command_body("export A=1; cd " + dir.path))) == "complete");
+
+  start_run(client, id,
+            command_body("export A=2; cd /; sleep 30 & echo $!; wait", ",\"timeout\":300"));
+  std::vector<json::Value> events;
+  std::optional<std::pair<int, pid_t>> sleeper;
+  while (auto e = client.next_event()) {
+    if (type_of(*e) == "stdout") {
+      const pid_t pid = std::stoi(text_of(*e));
+      sleeper.emplace(pidfd_open(pid), pid);
+    }
+    events.push_back(std::move(*e));
+  }
+  REQUIRE(sleeper);
+  CHECK(outcome(events) == "-1");
+  CHECK(events.back().find("error")->find("traceback")->items.at(0).text == "signal: killed");
+  expect_dies(sleeper->first, sleeper->second);
+
+  events = run_in(client, id, command_body("echo $A; pwd"));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"1", dir.path});
+  CHECK(outcome(events) == "complete");
+}
+
+TEST_CASE("bash sessions: DELETE while a run goes ends its stream with -1; then the id is 404") {
+  TempDir dir;
+  const std::string state = dir.path + "/state";
+  Agent agent(dir, {"--state-dir", state});
+  Client streaming(agent.socket);
+  Client control(agent.socket);
+  const std::string id = new_session(control);
+  CHECK(outcome(run_in(control, id, command_body("export A=1"))) == "complete");
+  CHECK(names_with(state, "bash-session-" + id).size() == 1);
+
+  start_run(streaming, id, command_body("sleep 30 & echo $!; wait"));
+  const auto e = streaming.next_event();
+  REQUIRE(e);
+  REQUIRE(type_of(*e) == "stdout");
+  const pid_t pid = std::stoi(text_of(*e));
+  const int pidfd = pidfd_open(pid);
+  const Response del = control.request("DELETE", "/session/" + id);
+  CHECK(del.status == 200);
+  CHECK(del.body.empty());
+  const auto events = rest(streaming);
+  CHECK(outcome(events) == "-1");
+  expect_dies(pidfd, pid);
+  CHECK(names_with(state, "bash-session-" + id).empty());
+
+  const Response run = control.request("POST", "/session/" + id + "/run", command_body("true"));
+  CHECK(run.status == 404);
+  CHECK(error_code(run) == "CONTEXT_NOT_FOUND");
+  const Response again = control.request("DELETE", "/session/" + id);
+  CHECK(again.status == 404);
+  CHECK(error_code(again) == "CONTEXT_NOT_FOUND");
+}
+
+TEST_CASE("bash sessions: unknown ids, bad bodies, methods, the bound of 256 sessions") {
+  TempDir dir;
+  Agent agent(dir);
+  Client client(agent.socket);
+  Response r =
+      client.request("POST", "/session/0123456789abcdef0123456789abcdef/run", command_body("true"));
+  CHECK(r.status == 404);
+  CHECK(error_code(r) == "CONTEXT_NOT_FOUND");
+  r = client.request("DELETE", "/session/nope");
+  CHECK(r.status == 404);
+  CHECK(error_code(r) == "CONTEXT_NOT_FOUND");
+  CHECK(client.request("GET", "/session").status == 405);
+  CHECK(client.request("GET", "/session/nope/run").status == 405);
+
+  r = client.request("POST", "/session", "{not json");
+  CHECK(r.status == 400);
+  CHECK(error_code(r) == "INVALID_REQUEST_BODY");
+  CHECK(client.request("POST", "/session", "{\"cwd\":3}").status == 400);
+  const std::string id = new_session(client, "{}");
+  r = client.request("POST", "/session/" + id + "/run", "{}");
+  CHECK(r.status == 400);
+  CHECK(error_code(r) == "INVALID_REQUEST_BODY");
+  CHECK(client.request("POST", "/session/" + id + "/run", command_body("true", ",\"timeout\":-1"))
+            .status == 400);
+  CHECK(client
+            .request("POST", "/session/" + id + "/run",
+                     command_body("true", ",\"cwd\":" + json::quote(dir.path + "/missing")))
+            .status == 400);
+  // A session whose cwd is gone: its runs are refused the same way.
+  const std::string gone =
+      new_session(client, "{\"cwd\":" + json::quote(dir.path + "/missing") + "}");
+  CHECK(client.request("POST", "/session/" + gone + "/run", command_body("true")).status == 400);
+
+  for (int i = 2; i < 256; ++i)
+    new_session(client);
+  r = client.request("POST", "/session");
+  CHECK(r.status == 429);
+  CHECK(error_code(r) == "TOO_MANY_SESSIONS");
+  CHECK(client.request("DELETE", "/session/" + gone).status == 200);
+  new_session(client);
+}
+
+TEST_CASE("bash sessions: with a token, every session route needs it") {
+  TempDir dir;
+  const std::string token_file = dir.path + "/token";
+  write_file(token_file, "s3cret\n");
+  Agent agent(dir, {"--token-file", token_file});
+  Client client(agent.socket);
+  const std::vector<std::string> token{"X-EXECD-ACCESS-TOKEN: s3cret"};
+  CHECK(client.request("POST", "/session").status == 401);
+  const Response made = client.request("POST", "/session", "", token);
+  REQUIRE(made.status == 200);
+  const std::string id = parse(made.body).find("session_id")->text;
+  CHECK(client.request("POST", "/session/" + id + "/run", command_body("true")).status == 401);
+  CHECK(client.request("DELETE", "/session/" + id).status == 401);
+  client.send_request("POST", "/session/" + id + "/run", command_body("echo ok"), token);
+  CHECK(client.read_head().status == 200);
+  CHECK(texts(rest(client), "stdout") == std::vector<std::string>{"ok"});
+  CHECK(client.request("DELETE", "/session/" + id, "", token).status == 200);
+}
+
+TEST_CASE("bash sessions: runs at once in one session are allowed; the last to end saves") {
+  TempDir dir;
+  const std::string fifo = dir.path + "/go";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Agent agent(dir);
+  Client first(agent.socket);
+  Client second(agent.socket);
+  const std::string id = new_session(first);
+  // The first run waits on the fifo (opened for reading: it blocks until the test opens it).
+  start_run(first, id, command_body("export X=first; echo waiting; cat " + fifo));
+  const auto waiting = first.next_event();
+  REQUIRE(waiting);
+  CHECK(text_of(*waiting) == "waiting");
+  auto events = run_in(second, id, command_body("export X=second; echo \"${X}\""));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"second"});
+  CHECK(outcome(events) == "complete");
+  write_file(fifo, "done\n");
+  events = rest(first);
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"done"});
+  CHECK(outcome(events) == "complete");
+  events = run_in(second, id, command_body("echo \"${X}\""));
+  CHECK(texts(events, "stdout") == std::vector<std::string>{"first"});
+}
