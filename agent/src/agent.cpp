@@ -73,7 +73,6 @@ constexpr std::size_t kMaxStdinPending = 1024 * 1024;  // stdin the shell has no
 constexpr int64_t kSessionDrainMs = 200;  // after the shell's exit: wait for its last output
 // Bash sessions (agent/README.md, "Bash sessions").
 constexpr std::size_t kMaxBashSessions = 256;  // POST /session beyond: 429 TOO_MANY_SESSIONS
-constexpr std::size_t kKeptRuns = 16;          // a session's latest runs, for DELETE to kill
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Keys of the agent's own timers in the timer set: connections and commands take keys counting up
@@ -412,7 +411,7 @@ struct Session {
 struct BashSession {
   std::string id;
   std::string cwd;            // the session's directory (POST /session's cwd; may be empty)
-  std::deque<uint64_t> runs;  // its latest runs' command keys, oldest first
+  std::deque<uint64_t> runs;  // its runs still going (command keys), for DELETE to kill
 };
 
 struct Listener {
@@ -526,6 +525,7 @@ class Server {
   void end_session(Session& s);
   bool write_stdin(Session& s, std::string_view data);
   void flush_stdin(Session& s);
+  void close_stdin(Session& s);  // pipe mode's, once its reader is gone
   void ws_send(Connection& c, uint8_t opcode, std::string_view payload);
   void ws_close(Connection& c, uint16_t code, std::string_view reason);
   void ws_readable(Connection& c);
@@ -2297,9 +2297,11 @@ void Server::pty_delete(Connection& c, const std::string& id) {
 
 void Server::remove_session(Session& s) {
   if (s.running && s.pid > 0) {
-    ::kill(-s.pid, SIGKILL);
-    kill_tagged(s.id);   // what left its group: bash puts each job in a group of its own
-    pids_.erase(s.pid);  // reaped as any orphan
+    if (!s.exited) {  // once reaped (draining its last output), its pid may be another's
+      ::kill(-s.pid, SIGKILL);
+      pids_.erase(s.pid);  // reaped as any orphan
+    }
+    kill_tagged(s.id);  // what left its group: bash puts each job in a group of its own
   }
   if (Connection* c = conn_of(s.conn)) ws_close(*c, 1000, "session deleted");
   for (int i = 0; i < 3; ++i) {
@@ -2554,7 +2556,13 @@ std::optional<std::string> Server::spawn_session(Session& s) {
 void Server::on_session_fd(Session& s, int stream, uint32_t events) {
   const bool writes = stream == 2 || (stream == 0 && s.tty);
   if (writes && (events & (EPOLLOUT | EPOLLERR)) && !s.stdin_pending.empty()) flush_stdin(s);
-  if (stream == 2 || s.fds[stream] < 0) return;
+  if (stream == 2) {
+    // Pipe mode's stdin, whose reader closed it: epoll reports that until the fd goes (a spin),
+    // so it goes, and later input is dropped.
+    if ((events & (EPOLLERR | EPOLLHUP)) && s.fds[2] >= 0) close_stdin(s);
+    return;
+  }
+  if (s.fds[stream] < 0) return;
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_session(s, stream, kReadChunk);
 }
 
@@ -2630,6 +2638,12 @@ bool Server::write_stdin(Session& s, std::string_view data) {
   return true;
 }
 
+void Server::close_stdin(Session& s) {
+  unwatch(s.tokens[2], s.fds[2]);
+  close_fd(s.fds[2]);
+  s.stdin_pending.clear();
+}
+
 void Server::flush_stdin(Session& s) {
   const int stream = s.tty ? 0 : 2;
   const int fd = s.fds[stream];
@@ -2643,6 +2657,10 @@ void Server::flush_stdin(Session& s) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     s.stdin_pending.clear();  // the reader is gone
+    if (stream == 2) {
+      close_stdin(s);
+      return;
+    }
     break;
   }
   const uint32_t want = (stream == 0 ? static_cast<uint32_t>(EPOLLIN) : 0u) |
@@ -2680,16 +2698,28 @@ void Server::ws_readable(Connection& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    close_conn(c);  // EOF or a reset: the client is gone; the session goes on
+    // EOF or a reset: the client is gone (the session goes on), after the frames it sent before
+    // it went (its last input, a close) are taken.
+    ws_input(c);
+    if (!c.dead) close_conn(c);
     return;
   }
   ws_input(c);
 }
 
 void Server::ws_input(Connection& c) {
+  // The frames are read from `c.in` at `pos`, and what they took is erased once, at the end.
+  std::size_t pos = 0;
+  struct Consume {
+    Connection& c;
+    std::size_t& pos;
+    ~Consume() {
+      if (!c.dead) c.in.erase(0, std::min(pos, c.in.size()));
+    }
+  } consume{c, pos};
   ws::Frame f;
   while (!c.dead && !c.closing && c.ws) {
-    const ws::Parser::Result result = c.ws->next(c.in, f);
+    const ws::Parser::Result result = c.ws->next(c.in, pos, f);
     if (result == ws::Parser::Result::need_more) return;
     if (result == ws::Parser::Result::error) {
       ws_close(c, c.ws->error_code, c.ws->error_reason);
@@ -2703,11 +2733,19 @@ void Server::ws_input(Connection& c) {
       case ws::kPong:
         break;
       case ws::kClose: {
-        // Answered with the same code (RFC 6455, 5.5.1), then closed.
+        // Answered with the same code (RFC 6455, 5.5.1), then closed; no code: 1000. A one-byte
+        // payload, or a code no endpoint may send (7.4.1: 1005, 1006, 1015, unassigned ones),
+        // is a protocol error (1002).
         uint16_t code = 1000;
-        if (f.payload.size() >= 2)
+        if (f.payload.size() == 1) {
+          code = 1002;
+        } else if (f.payload.size() >= 2) {
           code = static_cast<uint16_t>((static_cast<unsigned char>(f.payload[0]) << 8) |
                                        static_cast<unsigned char>(f.payload[1]));
+          const bool sendable = (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1011) ||
+                                (code >= 3000 && code <= 4999);
+          if (!sendable) code = 1002;
+        }
         ws_close(c, code, "");
         return;
       }
@@ -2784,7 +2822,7 @@ void Server::ws_message(Connection& c, Session& s, const std::string& text) {
       error("unknown signal");
       return;
     }
-    if (!s.running) return;
+    if (!s.running || s.exited) return;  // a reaped shell's pid may be another's by now
     // In a terminal, the foreground job's group (what Ctrl-C reaches); else the shell's group.
     pid_t group = s.tty && s.fds[0] >= 0 ? ::tcgetpgrp(s.fds[0]) : -1;
     if (group <= 0) group = s.pid;
@@ -3091,8 +3129,13 @@ void Server::bash_session_run(Connection& c, const std::string& id) {
   req.command = bash_run_script(bash_state_path(id), run_has_cwd, command->text);
   const uint64_t key = start_command(c, req, id);
   if (Command* cmd = command_of(key)) cmd->content = command->text.substr(0, kMaxContent);
+  // Every run still going is kept for DELETE to kill (one it missed would save the state again
+  // after DELETE removed it); the ended ones are let go.
+  std::erase_if(session.runs, [this](uint64_t k) {
+    const Command* cmd = command_of(k);
+    return !cmd || !cmd->running;
+  });
   session.runs.push_back(key);
-  if (session.runs.size() > kKeptRuns) session.runs.pop_front();
 }
 
 void Server::bash_session_delete(Connection& c, const std::string& id) {

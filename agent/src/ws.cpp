@@ -136,7 +136,8 @@ std::string close_payload(uint16_t code, std::string_view reason) {
   return p;
 }
 
-Parser::Result Parser::next(std::string& in, Frame& out) {
+Parser::Result Parser::next(std::string_view all, std::size_t& pos, Frame& out) {
+  const std::string_view in = all.substr(pos);
   auto fail = [&](uint16_t code, const char* reason) {
     error_code = code;
     error_reason = reason;
@@ -179,11 +180,18 @@ Parser::Result Parser::next(std::string& in, Frame& out) {
   std::memcpy(mask, in.data() + at, 4);
   at += 4;
   out.opcode = opcode;
-  out.payload.assign(in, at, static_cast<std::size_t>(len));
+  out.payload.assign(in.substr(at, static_cast<std::size_t>(len)));
   for (std::size_t i = 0; i < out.payload.size(); ++i)
     out.payload[i] = static_cast<char>(static_cast<unsigned char>(out.payload[i]) ^ mask[i % 4]);
-  in.erase(0, at + static_cast<std::size_t>(len));
+  pos += at + static_cast<std::size_t>(len);
   return Result::frame;
+}
+
+Parser::Result Parser::next(std::string& in, Frame& out) {
+  std::size_t pos = 0;
+  const Result r = next(in, pos, out);
+  in.erase(0, pos);
+  return r;
 }
 
 }  // namespace sbx::agent::ws

@@ -57,6 +57,9 @@ class Parser {
   /// frame, reserved bits or opcodes, a fragmented message (not supported) or a bad control
   /// frame; 1009 for a frame above the cap.
   Result next(std::string& in, Frame& out);
+  /// The same from `in` at `pos`, which advances past the frame taken: a reader of many frames
+  /// erases what they took once, not frame by frame (that would be quadratic).
+  Result next(std::string_view in, std::size_t& pos, Frame& out);
 
   uint16_t error_code = 0;
   std::string error_reason;

@@ -17,9 +17,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -377,6 +380,19 @@ TEST_CASE("the frame parser: masked frames decoded, the rest refused with its cl
   CHECK(f.payload == big);
   CHECK(in.empty());
 
+  // Many frames from one buffer at an offset that advances; nothing erased meanwhile.
+  const std::string many =
+      client_frame(0x81, "a") + client_frame(0x8a, "") + client_frame(0x82, "bc");
+  std::size_t pos = 0;
+  REQUIRE(p.next(many, pos, f) == Parser::Result::frame);
+  CHECK(f.payload == "a");
+  REQUIRE(p.next(many, pos, f) == Parser::Result::frame);
+  CHECK(f.opcode == kPong);
+  REQUIRE(p.next(many, pos, f) == Parser::Result::frame);
+  CHECK(f.payload == "bc");
+  CHECK(pos == many.size());
+  CHECK(p.next(many, pos, f) == Parser::Result::need_more);
+
   std::string unmasked = client_frame(0x81, "x", false);
   CHECK(p.next(unmasked, f) == Parser::Result::error);
   CHECK(p.error_code == 1002);
@@ -641,4 +657,128 @@ TEST_CASE("with a token, the PTY routes need it as the others do") {
   CHECK(ws.open(agent, "/pty/" + id + "/ws") == 401);
   CHECK(request(agent, http::verb::delete_, "/pty/" + id, "", {{"X-EXECD-ACCESS-TOKEN", "secret"}})
             .status == 200);
+}
+
+namespace {
+
+// A WebSocket on `target` made by hand (the handshake, then raw masked frames), for what a
+// library client will not send.
+struct RawWs {
+  net::io_context ioc;
+  local::socket s{ioc};
+  std::string got;  // what came after the handshake's head
+
+  RawWs(const Agent& agent, const std::string& target) {
+    s.connect(local::endpoint(agent.socket));
+    const std::string req = "GET " + target +
+                            " HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
+                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                            "Sec-WebSocket-Version: 13\r\n\r\n";
+    net::write(s, net::buffer(req));
+    beast::flat_buffer buf;
+    http::response_parser<http::empty_body> head;
+    head.skip(true);
+    http::read_header(s, buf, head);
+    REQUIRE(head.get().result_int() == 101);
+    got = beast::buffers_to_string(buf.data());
+  }
+  // A masked client frame.
+  static std::string frame(uint8_t b0, const std::string& payload) {
+    REQUIRE(payload.size() < 126);
+    std::string f(1, static_cast<char>(b0));
+    f += static_cast<char>(0x80 | payload.size());
+    const unsigned char mask[4] = {0x0a, 0x0b, 0x0c, 0x0d};
+    f.append(reinterpret_cast<const char*>(mask), 4);
+    for (std::size_t i = 0; i < payload.size(); ++i)
+      f += static_cast<char>(payload[i] ^ mask[i % 4]);
+    return f;
+  }
+  void send(const std::string& bytes) { net::write(s, net::buffer(bytes)); }
+  // Everything until the server closes.
+  std::string rest() {
+    char chunk[4096];
+    beast::error_code ec;
+    while (!ec) {
+      const std::size_t n = s.read_some(net::buffer(chunk), ec);
+      got.append(chunk, n);
+    }
+    return got;
+  }
+  // The code of the server's close frame (0 when there is none).
+  int close_code() {
+    const std::string all = rest();
+    const std::size_t at = all.find('\x88');
+    if (at == std::string::npos || all.size() < at + 4) return 0;
+    return (static_cast<unsigned char>(all[at + 2]) << 8) | static_cast<unsigned char>(all[at + 3]);
+  }
+};
+
+// The agent's CPU time so far, in clock ticks (utime + stime of /proc/PID/stat).
+long cpu_ticks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; fields >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) {
+      stime = std::stol(field);
+      break;
+    }
+  }
+  return utime + stime;
+}
+
+}  // namespace
+
+TEST_CASE("close frames: a code no endpoint may send, or a one-byte payload, is answered 1002") {
+  TempDir dir;
+  Agent agent(dir);
+  struct Case {
+    std::string payload;
+    int answered;
+  };
+  for (const Case& c : {Case{std::string("\x03\xed", 2), 1002},  // 1005: reserved
+                        Case{std::string("\x03", 1), 1002},      // one byte
+                        Case{std::string("\x0f\xa0", 2), 4000},  // an application's: echoed
+                        Case{"", 1000}}) {
+    const std::string id = new_session(agent);
+    RawWs raw(agent, "/pty/" + id + "/ws?pty=0");
+    raw.send(RawWs::frame(0x88, c.payload));
+    CHECK(raw.close_code() == c.answered);
+  }
+}
+
+TEST_CASE("frames that arrive with the client's end of stream are taken before it closes") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string id =
+      new_session(agent, "{\"cwd\":\"" + dir.path + "\",\"command\":\"cat > got.txt\"}");
+  RawWs raw(agent, "/pty/" + id + "/ws?pty=0");
+  raw.send(RawWs::frame(0x82, std::string("\0hello\n", 7)));
+  raw.s.shutdown(local::socket::shutdown_send);
+  raw.rest();  // the server closes its side
+  const std::string file = dir.path + "/got.txt";
+  std::string text;
+  for (int i = 0; i < 3000 && text != "hello\n"; ++i) {  // written by cat, not by the agent
+    std::ifstream in(file);
+    text.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text != "hello\n") ::usleep(2000);
+  }
+  CHECK(text == "hello\n");
+  CHECK(request(agent, http::verb::delete_, "/pty/" + id).status == 200);
+}
+
+TEST_CASE("pipe mode: a shell that closes its stdin does not keep the agent busy") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string id = new_session(agent, "{\"command\":\"exec 0<&-; sleep 1; echo done\"}");
+  Ws ws;
+  attach(ws, agent, id, "?pty=0");
+  const long before = cpu_ticks(agent.pid);
+  ws.read_until([&] { return ws.got("exit"); });
+  CHECK(ws.out == "done\n");
+  // The second the shell slept: a spinning loop would take most of it (about 100 ticks).
+  CHECK(cpu_ticks(agent.pid) - before < 30);
 }

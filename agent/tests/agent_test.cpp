@@ -2057,3 +2057,26 @@ TEST_CASE("bash sessions: runs at once in one session are allowed; the last to e
   events = run_in(second, id, command_body("echo \"${X}\""));
   CHECK(texts(events, "stdout") == std::vector<std::string>{"first"});
 }
+
+TEST_CASE("bash sessions: DELETE kills every run still going, however many; no state comes back") {
+  TempDir dir;
+  const std::string state = dir.path + "/state";
+  const std::string fifo = dir.path + "/hold";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Agent agent(dir, {"--state-dir", state});
+  Client control(agent.socket);
+  const std::string id = new_session(control);
+  // More runs than a "latest N" list would keep: each waits on the fifo, then would save.
+  std::vector<std::unique_ptr<Client>> runs;
+  for (int i = 0; i < 20; ++i) {
+    runs.push_back(std::make_unique<Client>(agent.socket));
+    start_run(*runs.back(), id, command_body("echo held; cat " + fifo + "; export SECRET=x"));
+    const auto held = runs.back()->next_event();
+    REQUIRE(held);
+    CHECK(text_of(*held) == "held");
+  }
+  CHECK(control.request("DELETE", "/session/" + id).status == 200);
+  for (auto& run : runs)
+    CHECK(outcome(rest(*run)) == "-1");  // killed, the oldest too
+  CHECK(names_with(state, "bash-session-" + id).empty());
+}
