@@ -324,6 +324,60 @@ std::optional<long> number_after(const std::string& text, const std::string& key
 
 }  // namespace
 
+// A WebSocket on `target` made by hand (the handshake, then raw masked frames), for what a
+// library client will not send.
+struct RawWs {
+  net::io_context ioc;
+  local::socket s{ioc};
+  std::string got;     // what came after the handshake's head
+  std::string accept;  // its Sec-WebSocket-Accept
+
+  RawWs(const Agent& agent, const std::string& target) {
+    s.connect(local::endpoint(agent.socket));
+    const std::string req = "GET " + target +
+                            " HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
+                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                            "Sec-WebSocket-Version: 13\r\n\r\n";
+    net::write(s, net::buffer(req));
+    beast::flat_buffer buf;
+    http::response_parser<http::empty_body> head;
+    head.skip(true);
+    http::read_header(s, buf, head);
+    REQUIRE(head.get().result_int() == 101);
+    accept = std::string(head.get()["Sec-WebSocket-Accept"]);
+    got = beast::buffers_to_string(buf.data());
+  }
+  // A masked client frame.
+  static std::string frame(uint8_t b0, const std::string& payload) {
+    REQUIRE(payload.size() < 126);
+    std::string f(1, static_cast<char>(b0));
+    f += static_cast<char>(0x80 | payload.size());
+    const unsigned char mask[4] = {0x0a, 0x0b, 0x0c, 0x0d};
+    f.append(reinterpret_cast<const char*>(mask), 4);
+    for (std::size_t i = 0; i < payload.size(); ++i)
+      f += static_cast<char>(payload[i] ^ mask[i % 4]);
+    return f;
+  }
+  void send(const std::string& bytes) { net::write(s, net::buffer(bytes)); }
+  // Everything until the server closes.
+  std::string rest() {
+    char chunk[4096];
+    beast::error_code ec;
+    while (!ec) {
+      const std::size_t n = s.read_some(net::buffer(chunk), ec);
+      got.append(chunk, n);
+    }
+    return got;
+  }
+  // The code of the server's close frame (0 when there is none).
+  int close_code() {
+    const std::string all = rest();
+    const std::size_t at = all.find('\x88');
+    if (at == std::string::npos || all.size() < at + 4) return 0;
+    return (static_cast<unsigned char>(all[at + 2]) << 8) | static_cast<unsigned char>(all[at + 3]);
+  }
+};
+
 TEST_CASE("SHA-1, base64 and Sec-WebSocket-Accept match their specifications' vectors") {
   using namespace sbx::agent::ws;
   CHECK(hex(sha1("abc")) == "a9993e364706816aba3e25717850c26c9cd0d89d");
@@ -610,38 +664,12 @@ TEST_CASE("a WebSocket handshake with a bad key or version is 400; a fragment cl
   CHECK(version.header("Sec-WebSocket-Version") == "13");
   CHECK(request(agent, http::verb::get, target).status == 400);  // no upgrade at all
   CHECK(request(agent, http::verb::get, "/pty/" + id).json.find("running")->boolean == false);
-  // A good handshake by hand: the RFC's accept value.
-  {
-    net::io_context ioc;
-    local::socket s(ioc);
-    s.connect(local::endpoint(agent.socket));
-    const std::string req = "GET " + target +
-                            "?pty=0 HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
-                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                            "Sec-WebSocket-Version: 13\r\n\r\n";
-    net::write(s, net::buffer(req));
-    beast::flat_buffer buf;
-    http::response_parser<http::empty_body> head;
-    head.skip(true);
-    http::read_header(s, buf, head);
-    CHECK(head.get().result_int() == 101);
-    CHECK(head.get()["Sec-WebSocket-Accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-    // A fragmented message (FIN clear), masked: refused with close 1002.
-    const std::string fragment("\x01\x81\x00\x00\x00\x00x", 7);
-    net::write(s, net::buffer(fragment));
-    std::string got = beast::buffers_to_string(buf.data());
-    char chunk[4096];
-    beast::error_code ec;
-    while (!ec) {
-      const std::size_t n = s.read_some(net::buffer(chunk), ec);
-      got.append(chunk, n);
-    }
-    // The connected frame first, then a close frame with 1002 (0x03ea).
-    const std::size_t close = got.find("\x88");
-    REQUIRE(close != std::string::npos);
-    REQUIRE(got.size() >= close + 4);
-    CHECK(got.substr(close + 2, 2) == std::string("\x03\xea", 2));
-  }
+  // A good handshake by hand: the RFC's accept value. Then a fragmented message (FIN clear),
+  // masked: refused with close 1002 (after the connected frame).
+  RawWs raw(agent, target + "?pty=0");
+  CHECK(raw.accept == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+  raw.send(std::string("\x01\x81\x00\x00\x00\x00x", 7));
+  CHECK(raw.close_code() == 1002);
 }
 
 TEST_CASE("with a token, the PTY routes need it as the others do") {
@@ -660,58 +688,6 @@ TEST_CASE("with a token, the PTY routes need it as the others do") {
 }
 
 namespace {
-
-// A WebSocket on `target` made by hand (the handshake, then raw masked frames), for what a
-// library client will not send.
-struct RawWs {
-  net::io_context ioc;
-  local::socket s{ioc};
-  std::string got;  // what came after the handshake's head
-
-  RawWs(const Agent& agent, const std::string& target) {
-    s.connect(local::endpoint(agent.socket));
-    const std::string req = "GET " + target +
-                            " HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
-                            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                            "Sec-WebSocket-Version: 13\r\n\r\n";
-    net::write(s, net::buffer(req));
-    beast::flat_buffer buf;
-    http::response_parser<http::empty_body> head;
-    head.skip(true);
-    http::read_header(s, buf, head);
-    REQUIRE(head.get().result_int() == 101);
-    got = beast::buffers_to_string(buf.data());
-  }
-  // A masked client frame.
-  static std::string frame(uint8_t b0, const std::string& payload) {
-    REQUIRE(payload.size() < 126);
-    std::string f(1, static_cast<char>(b0));
-    f += static_cast<char>(0x80 | payload.size());
-    const unsigned char mask[4] = {0x0a, 0x0b, 0x0c, 0x0d};
-    f.append(reinterpret_cast<const char*>(mask), 4);
-    for (std::size_t i = 0; i < payload.size(); ++i)
-      f += static_cast<char>(payload[i] ^ mask[i % 4]);
-    return f;
-  }
-  void send(const std::string& bytes) { net::write(s, net::buffer(bytes)); }
-  // Everything until the server closes.
-  std::string rest() {
-    char chunk[4096];
-    beast::error_code ec;
-    while (!ec) {
-      const std::size_t n = s.read_some(net::buffer(chunk), ec);
-      got.append(chunk, n);
-    }
-    return got;
-  }
-  // The code of the server's close frame (0 when there is none).
-  int close_code() {
-    const std::string all = rest();
-    const std::size_t at = all.find('\x88');
-    if (at == std::string::npos || all.size() < at + 4) return 0;
-    return (static_cast<unsigned char>(all[at + 2]) << 8) | static_cast<unsigned char>(all[at + 3]);
-  }
-};
 
 // The agent's CPU time so far, in clock ticks (utime + stime of /proc/PID/stat).
 long cpu_ticks(pid_t pid) {

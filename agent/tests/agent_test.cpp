@@ -332,20 +332,27 @@ std::string command_body(const std::string& command, const std::string& more = "
   return "{\"command\":" + json::quote(command) + more + "}";
 }
 
-// Starts a command on `client` and reads the head, init and first ping; returns the command id.
-std::string start(Client& client, const std::string& body) {
-  client.send_request("POST", "/command", body);
+// POSTs `body` to `target` (an event stream) and reads the head, init and first ping; returns
+// init's text.
+std::string start_stream(Client& client, const std::string& target, const std::string& body) {
+  client.send_request("POST", target, body);
   const Response head = client.read_head();
   REQUIRE(head.status == 200);
   CHECK(head.headers.at("content-type") == "text/event-stream");
   const auto init = client.next_event();
   REQUIRE(init);
   REQUIRE(type_of(*init) == "init");
-  REQUIRE(text_of(*init).size() == 32);
   const auto ping = client.next_event();
   REQUIRE(ping);
   CHECK(type_of(*ping) == "ping");
   return text_of(*init);
+}
+
+// Starts a command on `client` (start_stream); returns the command id.
+std::string start(Client& client, const std::string& body) {
+  std::string id = start_stream(client, "/command", body);
+  REQUIRE(id.size() == 32);
+  return id;
 }
 
 // The rest of a stream's events.
@@ -1779,19 +1786,9 @@ std::string new_session(Client& client, const std::string& body = "") {
   return id;
 }
 
-// Starts a run of session `id` and reads its head, init (the session's id) and first ping.
+// Starts a run of session `id` (start_stream): its init carries the session's id.
 void start_run(Client& client, const std::string& id, const std::string& body) {
-  client.send_request("POST", "/session/" + id + "/run", body);
-  const Response head = client.read_head();
-  REQUIRE(head.status == 200);
-  CHECK(head.headers.at("content-type") == "text/event-stream");
-  const auto init = client.next_event();
-  REQUIRE(init);
-  REQUIRE(type_of(*init) == "init");
-  CHECK(text_of(*init) == id);
-  const auto ping = client.next_event();
-  REQUIRE(ping);
-  CHECK(type_of(*ping) == "ping");
+  CHECK(start_stream(client, "/session/" + id + "/run", body) == id);
 }
 
 // A whole run: its events after init and ping.
