@@ -183,17 +183,11 @@ TEST_CASE("a replaced plugin file is a new generation; the old one drains, then 
   old_box.close();
   old_box = sbx::Sandbox();
   // Its close's last callbacks, then the library's unload: the generation leaves the list
-  // before its last reference (on a plugin thread) unmaps the image, so both are waited for.
+  // before its last reference (on a plugin thread) unmaps the image, so each is waited for.
+  CHECK(sbx::testing::eventually([&] { return f.generations_of() == 1; }, 5s));
 #if !defined(__SANITIZE_THREAD__)  // TSan keeps libraries resident (plugin_library.cpp)
-  const auto unmapped = [] { return mapped_copies().size() == 1; };
-#else
-  const auto unmapped = [] { return true; };
+  CHECK(sbx::testing::eventually([] { return mapped_copies().size() == 1; }, 5s));
 #endif
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while ((f.generations_of() != 1 || !unmapped()) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(10ms);
-  CHECK(f.generations_of() == 1);
-  CHECK(unmapped());  // the first generation's image is gone
   new_box.close();
 }
 
