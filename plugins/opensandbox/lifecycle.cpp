@@ -76,11 +76,19 @@ ApiError parse_api_error(const sdk::http::Response& response) {
   return error;
 }
 
+namespace {
+
+// A missing image or one the registry refuses: DOCKER::SANDBOX_IMAGE_PULL_FAILED, a 500 on the
+// real server.
+bool is_image_pull_failure(const ApiError& error) {
+  return error.code.ends_with("IMAGE_PULL_FAILED");
+}
+
+}  // namespace
+
 bool is_retryable_create_answer(const ApiError& error) {
   if (kPermanentCodes.contains(error.code)) return false;
-  // A missing image or one the registry refuses (DOCKER::SANDBOX_IMAGE_PULL_FAILED, a 500 on the
-  // real server) fails the same way on the next attempt.
-  if (error.code.ends_with("IMAGE_PULL_FAILED")) return false;
+  if (is_image_pull_failure(error)) return false;  // the next attempt fails the same way
   if (kTransientCodes.contains(error.code)) return true;
   return kRetryableStatuses.contains(error.status);
 }
@@ -94,7 +102,7 @@ sdk::Error to_error(const ApiError& error, const std::string& what, bool retryab
   sdk::ErrorDetails details{.retryable = retryable,
                             .http_status = static_cast<int32_t>(error.status),
                             .request_id = error.request_id,
-                            .reason = error.code.ends_with("IMAGE_PULL_FAILED")
+                            .reason = is_image_pull_failure(error)
                                           ? std::string(SBX_REASON_IMAGE_PULL_FAILED)
                                           : error.code};
   sbx_status status = SBX_STATUS_INTERNAL;
