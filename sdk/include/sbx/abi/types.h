@@ -128,6 +128,8 @@ typedef struct sbx_error {
 /* The sandbox's image could not be pulled: missing, refused by the registry, or the registry
  * unreachable. Final for the create that asked (the same pull fails the same way). */
 #define SBX_REASON_IMAGE_PULL_FAILED "image_pull_failed"
+/* A terminal's attachment ended because another attach took the terminal over (ext/pty.h). */
+#define SBX_REASON_TAKEN_OVER "taken_over"
 
 /* Where synchronous calls (init, provider factories) report failure details.
  * OWNERSHIP: the sink is host-owned and BORROWED for the duration of the call that receives it;

@@ -10,7 +10,8 @@
  *
  * 1.1 added: the sandbox status SBX_SANDBOX_PAUSED (never reported to a 1.0 host), and the
  * extensions sbx.pause/1, sbx.connect/1 and sbx.renew/1 (sbx/abi/ext/).
- * 1.2 added: sbx_error.reason and the well-known reasons SBX_REASON_* (types.h).
+ * 1.2 added: sbx_error.reason and the well-known reasons SBX_REASON_* (types.h), and the
+ * extensions sbx.session/1 and sbx.pty/1 (ext/session.h, ext/pty.h).
  */
 #ifndef SBX_ABI_VERSION_H
 #define SBX_ABI_VERSION_H
