@@ -6,17 +6,18 @@
 //                               lives on
 //
 // A session is state, not a process: each run is a command of its own (routes_execd_command.cpp:
-// the same admission, stream, interrupt and limits) whose script first restores what the last
-// run of the session left (its exported variables and its working directory, kept in a file in
-// the sandbox) and saves them again after the command. So `cd` and `export` carry from one run to
-// the next, as in execd's sessions, and a background service a run starts (with its output
-// redirected) outlives the run and the session. NeMo Gym's `preserve_background_services=True`
-// runs each command this way.
+// the same admission, stream, interrupt and limits) whose script (sbx/base/shell_session.hpp)
+// first restores what the last run of the session left and saves it again after the command. So
+// `cd` and `export` carry from one run to the next, as in execd's sessions, and a background
+// service a run starts (with its output redirected) outlives the run and the session. NeMo Gym's
+// `preserve_background_services=True` runs each command this way.
 //
 // THREADING: handlers run on the connection's strand; a sandbox's SessionTable is guarded by its
 // mutex. OWNERSHIP: the Entry owns its SessionTable; the table goes with the sandbox.
 
 #include "state.hpp"
+
+#include <sbx/base/shell_session.hpp>
 
 #include <boost/json.hpp>
 
@@ -48,32 +49,6 @@ std::shared_ptr<SessionTable> new_session_table() {
 }
 
 namespace {
-
-// The script a run executes: restore the session (the variables its last run exported, and its
-// working directory unless this run names one), the command as given (so `cd`, `export` and
-// `exit` act as typed into a shell), then save the state and exit with the command's status. The
-// state is a file of `export -p` lines (the working directory among them, as
-// __sbx_session_pwd) in the sandbox's $TMPDIR (else /tmp), replaced whole after each run. A
-// command that ends the shell itself (exit, exec) leaves the state as it was, as execd's sessions
-// do. The first run's directory (the session's cwd) and a run's own cwd are the command's cwd,
-// which the provider sets.
-std::string session_script(const std::string& session_id, bool run_has_cwd,
-                           const std::string& command) {
-  std::string s = "__sbx_session_state=\"${TMPDIR:-/tmp}/.sbx-session-" + session_id + "\"\n";
-  s += "if [ -r \"$__sbx_session_state\" ]; then . \"$__sbx_session_state\" 2>/dev/null; ";
-  if (!run_has_cwd) s += "cd -- \"$__sbx_session_pwd\" 2>/dev/null; ";
-  s += "unset __sbx_session_pwd; fi\n";
-  s += command;
-  if (command.back() != '\n') s += '\n';
-  // SBX_EXEC_ID tags each command's processes for its cancellation (plugins/local_docker,
-  // sbx-agent): the next run must keep its own.
-  s += "__sbx_session_rc=$?\n"
-       "unset SBX_EXEC_ID; __sbx_session_pwd=$(pwd); export __sbx_session_pwd\n"
-       "export -p > \"$__sbx_session_state.$$\" 2>/dev/null && "
-       "mv -f \"$__sbx_session_state.$$\" \"$__sbx_session_state\" 2>/dev/null\n"
-       "exit $__sbx_session_rc\n";
-  return s;
-}
 
 // The body's object (an empty body: {}); nullopt after answering 400 INVALID_REQUEST_BODY.
 std::optional<json::object> body_object(const Call& call, bool may_be_empty) {
@@ -167,7 +142,8 @@ void post_session_run(const Call& call) {
     }
     if (*ms > 0) run.timeout_ms = *ms;  // 0: none, as execd
   }
-  run.command = session_script(id, run_cwd.has_value(), std::string(command->as_string()));
+  run.command =
+      base::shell_session_script(id, run_cwd.has_value(), std::string(command->as_string()));
   if (run_cwd) {
     run.cwd = run_cwd;
   } else if (!cwd.empty()) {

@@ -1,6 +1,7 @@
 // Runs a BlockingProvider behind the asynchronous Provider interface, one pool task per operation.
 
 #include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/shell_sessions.hpp>
 
 #include <cstring>
 #include <type_traits>
@@ -37,6 +38,9 @@ class BlockingAdapter final : public Provider,
         connect_(dynamic_cast<BlockingConnect*>(impl_.get())),
         renew_(dynamic_cast<BlockingRenew*>(impl_.get())),
         async_exec_(dynamic_cast<AsyncExec*>(impl_.get())),
+        sessions_(dynamic_cast<BlockingShellSessions*>(impl_.get())
+                      ? std::make_unique<Sessions>(*this)
+                      : nullptr),
         log_(log),
         pool_(impl_->pool_options()) {}
 
@@ -92,6 +96,7 @@ class BlockingAdapter final : public Provider,
   PauseExtension* pause_extension() override { return pause_ ? this : nullptr; }
   ConnectExtension* connect_extension() override { return connect_ ? this : nullptr; }
   RenewExtension* renew_extension() override { return renew_ ? this : nullptr; }
+  SessionExtension* session_extension() override { return sessions_.get(); }
 
   void endpoint(Sandbox& sandbox, uint16_t port, Completion<Endpoint> done) override {
     run(std::move(done), [this, &sandbox, port](const CancelToken& cancel) {
@@ -186,6 +191,10 @@ class BlockingAdapter final : public Provider,
   BlockingConnect* connect_;
   BlockingRenew* renew_;
   AsyncExec* async_exec_;
+  struct Sessions final : ShellSessions {
+    explicit Sessions(Provider& provider) : ShellSessions(provider) {}
+  };
+  std::unique_ptr<Sessions> sessions_;  // BlockingShellSessions: over this adapter's exec
   Logger log_;
   ThreadPool pool_;  // last: destroyed (joined) first, while impl_ is still alive
 };

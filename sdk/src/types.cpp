@@ -3,6 +3,9 @@
 #include <sbx/sdk/types.hpp>
 #include <sbx/sdk/utf8.hpp>
 
+#include <algorithm>
+#include <cctype>
+
 namespace sbx::sdk {
 namespace {
 
@@ -96,6 +99,41 @@ ExecRequest to_exec_request(const sbx_exec_request& c) {
   r.timeout = optional_ms(c.timeout_ms);
   r.user = optional_text(c.user, "the exec's user");
   return r;
+}
+
+SessionRequest to_session_request(const sbx_session_request& c) {
+  require_struct(SBX_HAS_FIELD(&c, sbx_session_request, user), "sbx_session_request");
+  SessionRequest r;
+  r.cwd = optional_text(c.cwd, "the session's cwd");
+  r.env = text_key_values(c.env, "session env variable");
+  r.user = optional_text(c.user, "the session's user");
+  return r;
+}
+
+PtyRequest to_pty_request(const sbx_pty_request& c) {
+  require_struct(SBX_HAS_FIELD(&c, sbx_pty_request, tty), "sbx_pty_request");
+  PtyRequest r;
+  r.command = optional_text(c.command, "the terminal's command");
+  r.cwd = optional_text(c.cwd, "the terminal's cwd");
+  r.env = text_key_values(c.env, "terminal env variable");
+  r.user = optional_text(c.user, "the terminal's user");
+  if (c.rows) r.rows = c.rows;
+  if (c.cols) r.cols = c.cols;
+  r.tty = c.tty;
+  return r;
+}
+
+std::string session_id_of(sbx_str id) {
+  std::string s = text(id, "the session id");
+  const bool ok = !s.empty() && s.size() <= 128 && std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == ':' ||
+           ch == '-';
+  });
+  if (!ok) {
+    throw Error::invalid_argument("a session id is 1 to 128 bytes of [A-Za-z0-9_.:-]; got \"" +
+                                  s.substr(0, 140) + "\"");
+  }
+  return s;
 }
 
 }  // namespace sbx::sdk

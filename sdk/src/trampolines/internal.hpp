@@ -7,7 +7,9 @@
 #include <sbx/abi/ext/endpoint.h>
 #include <sbx/abi/ext/list_reap.h>
 #include <sbx/abi/ext/pause.h>
+#include <sbx/abi/ext/pty.h>
 #include <sbx/abi/ext/renew.h>
+#include <sbx/abi/ext/session.h>
 #include <sbx/sdk/plugin.hpp>
 
 #include <exception>
@@ -87,6 +89,10 @@ Sandbox& sandbox_of(const sbx_provider* p, sbx_sandbox* s);
 ProviderBox& provider_of(const sbx_provider* p);
 const Logger& log_of(const sbx_provider* p);
 Provider& impl_of(const sbx_provider* p);
+// The provider's sbx.session/1 and sbx.pty/1 (only called through their tables, which the host
+// gets only when the provider offers them).
+SessionExtension& session_of(const sbx_provider* p);
+PtyExtension& pty_of(const sbx_provider* p);
 
 // ---- Starting an operation ----------------------------------------------------------------------
 
@@ -111,7 +117,10 @@ void fail_unstarted(const Callbacks& cb, const sbx_error* e) {
     cb.on_complete(cb.user_data, SBX_SANDBOX_UNKNOWN, e);
   } else if constexpr (std::is_same_v<Callbacks, sbx_renew_callbacks>) {
     cb.on_complete(cb.user_data, 0, e);
-  } else if constexpr (std::is_same_v<Callbacks, sbx_descriptor_callbacks>) {
+  } else if constexpr (std::is_same_v<Callbacks, sbx_pty_attach_callbacks>) {
+    cb.on_complete(cb.user_data, 0, e);
+  } else if constexpr (std::is_same_v<Callbacks, sbx_descriptor_callbacks> ||
+                       std::is_same_v<Callbacks, sbx_session_callbacks>) {
     cb.on_complete(cb.user_data, sbx_str{nullptr, 0}, e);
   } else if constexpr (std::is_same_v<Callbacks, sbx_connect_callbacks>) {
     cb.on_complete(cb.user_data, nullptr, nullptr, e);
@@ -178,5 +187,12 @@ sbx_operation* SBX_ABI provider_upload(sbx_provider* p, sbx_sandbox* s,
 sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* s,
                                          const sbx_download_request* req,
                                          const sbx_done_callbacks* cb);  // streams.cpp
+sbx_operation* SBX_ABI session_run(sbx_provider* p, sbx_sandbox* s, sbx_str session_id,
+                                   const sbx_exec_request* req,
+                                   const sbx_exec_callbacks* cb);  // exec.cpp
+
+// The extension tables of sbx.session/1 and sbx.pty/1 (terminals.cpp).
+extern const sbx_provider_session kSessionTable;
+extern const sbx_provider_pty kPtyTable;
 
 }  // namespace sbx::sdk::detail

@@ -64,9 +64,11 @@ class StatusOp final : public Op<SandboxStatus> {
   bool host_knows_paused_;
 };
 
-class DescriptorOp final : public Op<std::string> {
+// Completes with a string: a descriptor (sbx.connect/1), a session's or a terminal's id.
+template <class Callbacks>
+class StringOp final : public Op<std::string> {
  public:
-  explicit DescriptorOp(const sbx_descriptor_callbacks* cb) : cb_(*cb) {}
+  explicit StringOp(const Callbacks* cb) : cb_(*cb) {}
   void deliver_value(std::string&& descriptor) noexcept override {
     cb_.on_complete(cb_.user_data, to_sbx(descriptor), nullptr);
   }
@@ -77,8 +79,10 @@ class DescriptorOp final : public Op<std::string> {
   }
 
  private:
-  sbx_descriptor_callbacks cb_;
+  Callbacks cb_;
 };
+using DescriptorOp = StringOp<sbx_descriptor_callbacks>;
+using SessionIdOp = StringOp<sbx_session_callbacks>;
 
 // As CreateOp: a sandbox handed over is the host's; with it, what the host must know of it.
 class ConnectOp final : public Op<Connected> {

@@ -17,6 +17,8 @@ struct ProviderBox {
   PauseExtension* pause = nullptr;
   ConnectExtension* connect = nullptr;
   RenewExtension* renew = nullptr;
+  SessionExtension* session = nullptr;
+  PtyExtension* pty = nullptr;
   bool host_knows_paused = false;  // the host's ABI is 1.1 or later
 
   // The sandboxes handed to the host and not released yet: a handle is looked up here before it is
@@ -37,6 +39,12 @@ const Logger& log_of(const sbx_provider* p) {
 }
 Provider& impl_of(const sbx_provider* p) {
   return *ProviderBox::from(p).impl;
+}
+SessionExtension& session_of(const sbx_provider* p) {
+  return *ProviderBox::from(p).session;
+}
+PtyExtension& pty_of(const sbx_provider* p) {
+  return *ProviderBox::from(p).pty;
 }
 
 SandboxBox* adopt_sandbox(const sbx_provider* p, std::unique_ptr<Sandbox> sandbox) {
@@ -189,6 +197,8 @@ const void* SBX_ABI provider_get_extension(const sbx_provider* p, const char* id
   if (name == SBX_EXT_PAUSE && box.pause) return &kPauseTable;
   if (name == SBX_EXT_CONNECT && box.connect) return &kConnectTable;
   if (name == SBX_EXT_RENEW && box.renew) return &kRenewTable;
+  if (name == SBX_EXT_SESSION && box.session) return &kSessionTable;
+  if (name == SBX_EXT_PTY && box.pty) return &kPtyTable;
   return nullptr;
 }
 
@@ -206,6 +216,8 @@ sbx_provider* make_c_provider(std::unique_ptr<Provider> provider, Logger log,
   box->pause = provider->pause_extension();
   box->connect = provider->connect_extension();
   box->renew = provider->renew_extension();
+  box->session = provider->session_extension();
+  box->pty = provider->pty_extension();
   box->host_knows_paused = host_knows_paused;
   box->impl = std::move(provider);
   box->log = log;

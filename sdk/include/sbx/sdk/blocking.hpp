@@ -91,6 +91,15 @@ class BlockingRenew {
   ~BlockingRenew() = default;
 };
 
+// sbx.session/1 (ABI 1.2) over the provider's own exec (sdk::ShellSessions, shell_sessions.hpp):
+// derive from this too, and the adapter offers persistent shells with no code of the provider's.
+// The provider's exec must run `sh -c` in the sandbox and spare the background jobs of a run whose
+// env has SBX_SESSION_ID.
+class BlockingShellSessions {
+ protected:
+  ~BlockingShellSessions() = default;
+};
+
 // For a BlockingProvider whose exec need not hold a thread while the command runs (its output
 // arrives on an event loop, e.g. the SDK's HTTP client): derive from this too, and the adapter
 // calls exec_async() directly on the host's calling thread instead of running

@@ -202,6 +202,67 @@ class RenewExtension {
   ~RenewExtension() = default;
 };
 
+// Receives one attachment's output from a terminal (ext/pty.h): bytes with their offset in the
+// terminal's output. Call write() from one thread at a time, in order, before completing.
+class PtyOutputSink {
+ public:
+  virtual void write(StdStream stream, uint64_t offset, std::string_view bytes) = 0;
+
+ protected:
+  ~PtyOutputSink() = default;
+};
+
+// An attachment's completion (the process's exit code, or why the attachment ended) plus its
+// output. Cancellation (cancel_token()) is the host detaching: fail with Error::cancelled().
+class PtyAttachCompletion : public Completion<int32_t> {
+ public:
+  PtyAttachCompletion(detail::Op<int32_t>* op, PtyOutputSink* sink)
+      : Completion<int32_t>(op), sink_(sink) {}
+  // Valid until the attachment completes.
+  PtyOutputSink& output() const noexcept { return *sink_; }
+
+ private:
+  PtyOutputSink* sink_;
+};
+
+// Optional capability sbx.session/1 (ABI 1.2, ext/session.h): persistent shells. A provider whose
+// exec runs `sh -c` can offer it without code of its own by deriving from sdk::ShellSessions
+// (shell_sessions.hpp).
+class SessionExtension {
+ public:
+  // Completes with the new session's id (1..128 bytes of [A-Za-z0-9_.:-]).
+  virtual void open_session(Sandbox& sandbox, SessionRequest request,
+                            Completion<std::string> done) = 0;
+  // One command in the session, with exec's outcomes; `request.user` is ignored.
+  virtual void run_in_session(Sandbox& sandbox, std::string session_id, ExecRequest request,
+                              ExecCompletion done) = 0;
+  // Kills the session's runs still going; NOT_FOUND for an id not known.
+  virtual void close_session(Sandbox& sandbox, std::string session_id, Completion<void> done) = 0;
+
+ protected:
+  ~SessionExtension() = default;
+};
+
+// Optional capability sbx.pty/1 (ABI 1.2, ext/pty.h): terminals. sdk::TerminalOutput
+// (terminal_output.hpp) keeps a terminal's output and its attachment as the ABI asks.
+class PtyExtension {
+ public:
+  // Completes with the new terminal's id once its process runs.
+  virtual void open_pty(Sandbox& sandbox, PtyRequest request, Completion<std::string> done) = 0;
+  // `since`: an offset, or SBX_PTY_LIVE.
+  virtual void attach_pty(Sandbox& sandbox, std::string id, uint64_t since, bool takeover,
+                          PtyAttachCompletion done) = 0;
+  virtual void write_pty(Sandbox& sandbox, std::string id, std::string input,
+                         Completion<void> done) = 0;
+  // rows and cols are never 0 (the SDK refuses them).
+  virtual void resize_pty(Sandbox& sandbox, std::string id, uint16_t rows, uint16_t cols,
+                          Completion<void> done) = 0;
+  virtual void close_pty(Sandbox& sandbox, std::string id, Completion<void> done) = 0;
+
+ protected:
+  ~PtyExtension() = default;
+};
+
 // What a provider's constructor receives besides its config.
 struct ProviderContext {
   const sbx_host* host = nullptr;  // scoped to this provider; outlives it
@@ -231,6 +292,8 @@ class Provider {
   virtual PauseExtension* pause_extension() { return dynamic_cast<PauseExtension*>(this); }
   virtual ConnectExtension* connect_extension() { return dynamic_cast<ConnectExtension*>(this); }
   virtual RenewExtension* renew_extension() { return dynamic_cast<RenewExtension*>(this); }
+  virtual SessionExtension* session_extension() { return dynamic_cast<SessionExtension*>(this); }
+  virtual PtyExtension* pty_extension() { return dynamic_cast<PtyExtension*>(this); }
 };
 
 }  // namespace sbx::sdk

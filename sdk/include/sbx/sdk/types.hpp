@@ -2,6 +2,8 @@
 // The SDK converts (and copies) the borrowed C structs into these before calling a provider.
 #pragma once
 
+#include <sbx/abi/ext/pty.h>
+#include <sbx/abi/ext/session.h>
 #include <sbx/abi/provider.h>
 #include <sbx/abi/spec.h>
 #include <sbx/base/abi_views.hpp>
@@ -104,6 +106,24 @@ struct SandboxInfo {
   int64_t created_unix_ms = 0;
 };
 
+// ext/session.h: a persistent shell.
+struct SessionRequest {
+  std::optional<std::string> cwd;
+  KeyValues env;
+  std::optional<std::string> user;
+};
+
+// ext/pty.h: a terminal. rows and cols are never 0 (the SDK applies the ABI's 24 x 80).
+struct PtyRequest {
+  std::optional<std::string> command;  // none: the user's login shell
+  std::optional<std::string> cwd;
+  KeyValues env;
+  std::optional<std::string> user;
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+  bool tty = true;  // false: pipe mode
+};
+
 // ---- Conversions between the ABI's views and these values -------------------------------------
 
 // The layer-neutral views of <sbx/base/abi_views.hpp>.
@@ -120,6 +140,11 @@ std::string text(sbx_str s, std::string_view what);
 // version, provider_options that are not a JSON object, or text that is not UTF-8.
 Spec to_spec(const sbx_spec& spec);
 ExecRequest to_exec_request(const sbx_exec_request& request);
+SessionRequest to_session_request(const sbx_session_request& request);
+PtyRequest to_pty_request(const sbx_pty_request& request);
+// A session or terminal id from the host: Error::invalid_argument unless it is 1..128 bytes of
+// [A-Za-z0-9_.:-] (ext/session.h).
+std::string session_id_of(sbx_str id);
 
 // Keeps sbx_kv entries pointing into a KeyValues alive for handing out a sbx_kv_list.
 using ::sbx::base::KvListView;
