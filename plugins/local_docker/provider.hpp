@@ -131,6 +131,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew,
+                                  public sdk::BlockingShellSessions,
                                   public sdk::AsyncExec {
  public:
   static constexpr const char* kId = "local_docker";

@@ -18,11 +18,18 @@
 // a sandbox that is gone. A tests-only shortcut: nothing ends an expired sandbox while no process
 // uses this provider. Commands run as the host's user: an exec with another `user` is
 // UNIMPLEMENTED.
+//
+// ABI 1.2: sbx.session/1 through sdk::ShellSessions (over this provider's exec); sbx.pty/1 with
+// host processes on pseudo-terminals (terminal.hpp), kept by this provider object and reachable
+// from any handle to the sandbox in this process.
+
+#include "terminal.hpp"
 
 #include <sbx/abi/ext/connect.h>
 #include <boost/json.hpp>
 #include <sbx/sdk/json.hpp>
 #include <sbx/sdk/plugin.hpp>
+#include <sbx/sdk/shell_sessions.hpp>
 #include <sbx/sdk/thread_pool.hpp>
 
 #include <fcntl.h>
@@ -41,6 +48,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -216,6 +224,19 @@ struct Fd {
   }
 };
 
+// A command's environment: the plugin's own variables, the spec's env, then `extra` (these win).
+std::vector<std::string> command_env(const ProcessSandbox& sandbox, const sdk::KeyValues& extra) {
+  std::vector<std::string> env_strings = {
+      "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sandbox.dir().string(),
+      "TMPDIR=" + sandbox.dir().string(), "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
+  sdk::KeyValues env = sandbox.spec().env;
+  for (const auto& [k, v] : extra)
+    env[k] = v;
+  for (const auto& [k, v] : env)
+    env_strings.push_back(k + "=" + v);
+  return env_strings;
+}
+
 // Runs `/bin/sh -c command` in its own session, streams its output, enforces the timeout by
 // killing the process group, and honours cancellation the same way.
 sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req,
@@ -225,14 +246,7 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   if (!fs::is_directory(cwd)) {
     return sdk::ExitStatus::sandbox_failure();  // the sandbox cannot start a process there
   }
-  std::vector<std::string> env_strings = {
-      "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + sandbox.dir().string(),
-      "TMPDIR=" + sandbox.dir().string(), "SBX_SANDBOX_ROOT=" + sandbox.dir().string()};
-  sdk::KeyValues env = sandbox.spec().env;
-  for (const auto& [k, v] : req.env)
-    env[k] = v;
-  for (const auto& [k, v] : env)
-    env_strings.push_back(k + "=" + v);
+  std::vector<std::string> env_strings = command_env(sandbox, req.env);
   std::vector<char*> envp;
   for (auto& s : env_strings)
     envp.push_back(s.data());
@@ -327,7 +341,9 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
       if (fds[0].revents & POLLIN) break;
     }
   }
-  ::kill(-pid, SIGKILL);  // nothing of the command outlives the exec
+  // Nothing of the command outlives the exec, but a session's background jobs
+  // (sdk::ShellSessions marks its runs with SBX_SESSION_ID) outlive a run that ended by itself.
+  if (timed_out || cancelled || !req.env.count("SBX_SESSION_ID")) ::kill(-pid, SIGKILL);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -341,7 +357,9 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
 class TestProcessesProvider final : public sdk::Provider,
                                     public sdk::PauseExtension,
                                     public sdk::ConnectExtension,
-                                    public sdk::RenewExtension {
+                                    public sdk::RenewExtension,
+                                    public sdk::ShellSessions,
+                                    public sdk::PtyExtension {
  public:
   static constexpr const char* kId = "test_processes";
   static constexpr const char* kDescription =
@@ -366,7 +384,10 @@ class TestProcessesProvider final : public sdk::Provider,
 })";
 
   TestProcessesProvider(const sdk::ProviderContext& context, const boost::json::object& config)
-      : config_(Config::read(config)), log_(context.log), pool_({.max_threads = 32}) {
+      : sdk::ShellSessions(static_cast<sdk::Provider&>(*this)),
+        config_(Config::read(config)),
+        log_(context.log),
+        pool_({.max_threads = 32}) {
     maybe_hang("init");
   }
 
@@ -452,7 +473,8 @@ class TestProcessesProvider final : public sdk::Provider,
   void close(sdk::Sandbox& s, sdk::Completion<void> done) override {
     maybe_throw("close");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
-    auto remove = [&sandbox] {
+    auto remove = [this, &sandbox] {
+      forget_terminals(sandbox.id());
       sandbox.close();
       std::error_code ec;
       fs::remove_all(sandbox.dir(), ec);
@@ -505,6 +527,76 @@ class TestProcessesProvider final : public sdk::Provider,
     });
   }
 
+  // ---- sbx.pty/1: terminals as host processes on pseudo-terminals (terminal.hpp) --------------
+
+  void open_pty(sdk::Sandbox& s, sdk::PtyRequest request,
+                sdk::Completion<std::string> done) override {
+    auto& sandbox = static_cast<ProcessSandbox&>(s);
+    sandbox.require_running();
+    if (request.user && *request.user != std::to_string(::getuid())) {
+      throw Error::unimplemented("test_processes runs terminals as the host's user only");
+    }
+    TerminalStart start;
+    start.cwd = sandbox.host_path(request.cwd.value_or(sandbox.spec().workdir.value_or("/")));
+    if (!fs::is_directory(start.cwd)) {
+      throw Error::invalid_argument("the terminal's cwd " + request.cwd.value_or("/") +
+                                    " is not a directory in the sandbox");
+    }
+    if (request.tty && !request.env.count("TERM")) request.env["TERM"] = "xterm-256color";
+    start.env = command_env(sandbox, request.env);
+    start.argv = request.command ? std::vector<std::string>{"/bin/sh", "-c", *request.command}
+                                 : std::vector<std::string>{"/bin/sh", "-i"};
+    start.tty = request.tty;
+    start.rows = request.rows;
+    start.cols = request.cols;
+    auto terminal = std::make_shared<LocalTerminal>(start);
+    sandbox.track(terminal->pid());
+    const std::string id =
+        "t" + std::to_string(terminal->pid()) + "-" + std::to_string(++terminals_made_);
+    {
+      std::lock_guard lock(terminals_mutex_);
+      terminals_[sandbox.id()][id] = std::move(terminal);
+    }
+    done.succeed(id);
+  }
+
+  void attach_pty(sdk::Sandbox& s, std::string id, uint64_t since, bool takeover,
+                  sdk::PtyAttachCompletion done) override {
+    terminal(s, id)->output().attach(since, takeover, std::move(done));
+  }
+
+  void write_pty(sdk::Sandbox& s, std::string id, std::string input,
+                 sdk::Completion<void> done) override {
+    terminal(s, id)->write(input);
+    done.succeed();
+  }
+
+  void resize_pty(sdk::Sandbox& s, std::string id, uint16_t rows, uint16_t cols,
+                  sdk::Completion<void> done) override {
+    terminal(s, id)->resize(rows, cols);
+    done.succeed();
+  }
+
+  void close_pty(sdk::Sandbox& s, std::string id, sdk::Completion<void> done) override {
+    std::shared_ptr<LocalTerminal> gone;
+    {
+      std::lock_guard lock(terminals_mutex_);
+      auto it = terminals_.find(s.id());
+      if (it != terminals_.end()) {
+        if (auto t = it->second.find(id); t != it->second.end()) {
+          gone = std::move(t->second);
+          it->second.erase(t);
+        }
+      }
+    }
+    if (!gone) throw Error::not_found("terminal " + id + " not found");
+    static_cast<ProcessSandbox&>(s).untrack(gone->pid());
+    pool_.submit([gone = std::move(gone), done = std::move(done)]() mutable {
+      gone.reset();  // kills the process, ends the attachment, joins the reader
+      done.succeed();
+    });
+  }
+
   void serialize(sdk::Sandbox& s, sdk::Completion<std::string> done) override {
     done.succeed(boost::json::serialize(boost::json::object{
         {"format", SBX_DESCRIPTOR_FORMAT}, {"provider", kId}, {"sandbox_id", s.id()}}));
@@ -539,6 +631,27 @@ class TestProcessesProvider final : public sdk::Provider,
   }
 
  private:
+  std::shared_ptr<LocalTerminal> terminal(sdk::Sandbox& s, const std::string& id) {
+    static_cast<ProcessSandbox&>(s).require_open();
+    std::lock_guard lock(terminals_mutex_);
+    auto it = terminals_.find(s.id());
+    if (it != terminals_.end()) {
+      if (auto t = it->second.find(id); t != it->second.end()) return t->second;
+    }
+    throw Error::not_found("terminal " + id + " not found");
+  }
+  // A sandbox's end ends its terminals (outside the lock: each joins its reader).
+  void forget_terminals(const std::string& sandbox_id) {
+    std::map<std::string, std::shared_ptr<LocalTerminal>> gone;
+    {
+      std::lock_guard lock(terminals_mutex_);
+      auto it = terminals_.find(sandbox_id);
+      if (it == terminals_.end()) return;
+      gone = std::move(it->second);
+      terminals_.erase(it);
+    }
+  }
+
   // What a connect needs of the spec, kept in the sandbox directory (hidden from `ls`).
   static void write_meta(const fs::path& dir, const sdk::Spec& spec, int64_t expires_at_unix_ms) {
     boost::json::object meta;
@@ -705,7 +818,12 @@ class TestProcessesProvider final : public sdk::Provider,
   Config config_;
   sdk::Logger log_;
   std::atomic<int> renews_{0};  // with renew_gate
-  sdk::ThreadPool pool_;        // last: joined first
+  // Terminals by sandbox id, then terminal id: any handle to the sandbox reaches them (in this
+  // process: a tests-only shortcut).
+  std::mutex terminals_mutex_;
+  std::map<std::string, std::map<std::string, std::shared_ptr<LocalTerminal>>> terminals_;
+  std::atomic<uint64_t> terminals_made_{0};
+  sdk::ThreadPool pool_;  // last: joined first
 };
 
 }  // namespace
