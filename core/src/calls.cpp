@@ -280,6 +280,20 @@ const char* call_kind_name(CallKind kind) noexcept {
       return "connect";
     case CallKind::renew:
       return "renew";
+    case CallKind::session_open:
+      return "open_session";
+    case CallKind::session_close:
+      return "close_session";
+    case CallKind::pty_open:
+      return "open_pty";
+    case CallKind::pty_attach:
+      return "attach_pty";
+    case CallKind::pty_write:
+      return "write_pty";
+    case CallKind::pty_resize:
+      return "resize_pty";
+    case CallKind::pty_close:
+      return "close_pty";
   }
   return "operation";
 }

@@ -39,7 +39,14 @@ enum class CallKind {
   resume,
   serialize,
   connect,
-  renew
+  renew,
+  session_open,
+  session_close,
+  pty_open,
+  pty_attach,
+  pty_write,
+  pty_resize,
+  pty_close
 };
 const char* call_kind_name(CallKind kind) noexcept;
 

@@ -1,7 +1,6 @@
 // sbx::Sandbox: exec, file transfer, status, endpoint and close through the provider ABI.
 
-#include "abi_glue.hpp"
-#include "calls.hpp"
+#include "sandbox_calls.hpp"
 
 #include <sbx/abi/ext/connect.h>
 #include <sbx/abi/ext/endpoint.h>
@@ -57,41 +56,9 @@ auto completed(const std::shared_ptr<Generation>& g, CallKind kind, A&&... value
   return Operation<std::conditional_t<std::is_same_v<T, Unit>, void, T>>(state);
 }
 
-OpDeadline call_deadline(const Generation& g) {
-  return {g.deadlines.call(), OpDeadline::From::start, "the host's limit for this call"};
-}
-
 OpDeadline transfer_deadline(const Generation& g) {
   return {g.deadlines.transfer_idle(), OpDeadline::From::progress, "no data moved for that long"};
 }
-
-// Every operation on a sandbox keeps its state (and so the plugin's handle) alive until it
-// completes: a handle is released only when no operation on it is pending.
-struct SandboxRef {
-  std::shared_ptr<SandboxState> sandbox;
-};
-
-// Operations without a value (upload, download, close) complete through one thunk; each context
-// says in finish() what success and failure mean for it.
-template <class Ctx>
-void SBX_ABI done_thunk(void* token, const sbx_error* error) {
-  CallbackScope scope;
-  const std::shared_ptr<Ctx> ctx = calls::complete<Ctx>(token, "on_complete");
-  if (!ctx || calls::late(*ctx)) return;
-  in_callback(*ctx->state, [&] { ctx->finish(error); });
-}
-
-struct DoneCtx : CallCtx, SandboxRef {
-  using CallCtx::CallCtx;
-  std::shared_ptr<OpState<Unit>> state;
-  void finish(const sbx_error* error) {
-    if (error) {
-      state->fail(plugin_error(*sandbox->generation, error, state->kind()));
-      return;
-    }
-    state->succeed();
-  }
-};
 
 // A failed close leaves the sandbox open, so that close can be retried. An abandoned one does
 // not: the host gave up on it (the log says so), and a destructor must not wait for it again.
@@ -107,59 +74,6 @@ struct CloseCtx : DoneCtx {
   void finish(const sbx_error* error) {
     if (error && !state->abandoned()) sandbox->closed.store(false);
     DoneCtx::finish(error);
-  }
-};
-
-struct ExecCtx : CallCtx, SandboxRef {
-  static constexpr CallKind kKind = CallKind::exec;
-  ExecCtx() : CallCtx(kKind) {}
-  std::shared_ptr<OpState<ExecResult>> state;
-  std::function<void(OutputStream, std::string_view)> on_output;
-
-  // A caller's callback that throws ends the exec with that error: the command is cancelled and
-  // the callback sees no further output (the caller may have returned from exec() already).
-  static void SBX_ABI output(void* token, int32_t stream, sbx_bytes chunk) {
-    CallbackScope scope;
-    const std::shared_ptr<ExecCtx> ctx = calls::find<ExecCtx>(token, "on_output");
-    if (!ctx || ctx->state->ready() || ctx->state->abandoned()) return;
-    if (!chunk.data && chunk.len > 0) return;  // nothing to read; the completion will tell
-    try {
-      ctx->on_output(stream == SBX_STREAM_STDERR ? OutputStream::err : OutputStream::out,
-                     std::string_view(reinterpret_cast<const char*>(chunk.data), chunk.len));
-    } catch (...) {
-      const std::exception_ptr error = std::current_exception();
-      ctx->state->cancel();  // before fail(): a completed state ignores cancel
-      ctx->state->fail(error);
-    }
-  }
-  static void SBX_ABI on_complete(void* token, const sbx_exec_result* result,
-                                  const sbx_error* error) {
-    CallbackScope scope;
-    const std::shared_ptr<ExecCtx> ctx = calls::complete<ExecCtx>(token, "on_complete");
-    if (!ctx || calls::late(*ctx)) return;
-    const Generation& g = *ctx->sandbox->generation;
-    in_callback(*ctx->state, [&] {
-      if (!result) return ctx->state->fail(plugin_error(g, error, "exec"));
-      if (!SBX_HAS_FIELD(result, sbx_exec_result, stderr_bytes)) {
-        return ctx->state->fail(InternalError(
-            describe(g) + " completed an exec with an sbx_exec_result of " +
-            std::to_string(result->struct_size) + " bytes; ABI 1.0 defines " +
-            std::to_string(offsetof(sbx_exec_result, stderr_bytes) + sizeof(sbx_bytes))));
-      }
-      if ((!result->stdout_bytes.data && result->stdout_bytes.len) ||
-          (!result->stderr_bytes.data && result->stderr_bytes.len)) {
-        return ctx->state->fail(
-            InternalError(describe(g) + " completed an exec with output bytes at NULL"));
-      }
-      ExecResult r;
-      r.stdout_text.assign(reinterpret_cast<const char*>(result->stdout_bytes.data),
-                           result->stdout_bytes.len);
-      r.stderr_text.assign(reinterpret_cast<const char*>(result->stderr_bytes.data),
-                           result->stderr_bytes.len);
-      r.return_code = result->return_code;
-      if (result->error_type.data) r.error_type = base::utf8::sanitize(copy_of(result->error_type));
-      ctx->state->succeed(std::move(r));
-    });
   }
 };
 
@@ -428,13 +342,6 @@ struct DownloadCtx : CallCtx, SandboxRef {
   }
 };
 
-// pause and resume complete like close, without touching the sandbox's state.
-template <CallKind K>
-struct PauseCtx : DoneCtx {
-  static constexpr CallKind kKind = K;
-  PauseCtx() : DoneCtx(kKind) {}
-};
-
 struct SerializeCtx : CallCtx, SandboxRef {
   static constexpr CallKind kKind = CallKind::serialize;
   SerializeCtx() : CallCtx(kKind) {}
@@ -624,7 +531,10 @@ std::vector<fs::path> make_parents(const fs::path& file) {
 }  // namespace detail
 
 using detail::call_deadline;
+using detail::extension;
+using detail::require_open;
 using detail::start_operation;
+using detail::started;
 
 Sandbox::Sandbox(std::shared_ptr<detail::SandboxState> state) : state_(std::move(state)) {}
 
@@ -655,38 +565,6 @@ Sandbox::~Sandbox() {
     detail::logger()->warn("closing sandbox {} failed: {}", state_->id, e.what());
   }
 }
-
-namespace {
-
-// The seed's message for a Sandbox with no handle (never created, moved from, or detached).
-[[noreturn]] void not_started() {
-  throw FailedPreconditionError("Sandbox has not been started");
-}
-
-const detail::SandboxState& started(const std::shared_ptr<detail::SandboxState>& s) {
-  if (!s) not_started();
-  return *s;
-}
-
-void require_open(const std::shared_ptr<detail::SandboxState>& s) {
-  if (started(s).closed.load()) throw FailedPreconditionError("Sandbox " + s->id + " is closed");
-}
-
-// The extension table `id` of the sandbox's provider, when it reaches `last_field_end` (the end of
-// the last field of the extension's first revision), or UnimplementedError naming what is missing.
-template <class Table>
-const Table& extension(const detail::Generation& g, const char* id, size_t last_field_end,
-                       const char* what) {
-  const auto* table = static_cast<const Table*>(g.extension(id));
-  if (!table || table->struct_size < last_field_end) {
-    throw UnimplementedError("provider '" + g.name + "' does not support " + what + " (" + id +
-                             ")");
-  }
-  return *table;
-}
-#define SBX_FIELD_END(type, field) (offsetof(type, field) + sizeof(((type*)0)->field))
-
-}  // namespace
 
 const std::string& Sandbox::id() const {
   return started(state_).id;
@@ -984,7 +862,7 @@ Operation<void> pause_or_resume(const std::shared_ptr<detail::SandboxState>& s) 
   const auto& g = s->generation;
   const auto& ext = extension<sbx_provider_pause>(
       *g, SBX_EXT_PAUSE, SBX_FIELD_END(sbx_provider_pause, resume), "pausing sandboxes");
-  using Ctx = detail::PauseCtx<K>;
+  using Ctx = detail::PlainDoneCtx<K>;
   auto ctx = std::make_shared<Ctx>();
   ctx->sandbox = s;
   return start_operation<detail::Unit>(g, std::move(ctx), call_deadline(*g), [&](void* token) {

@@ -10,6 +10,7 @@
 
 #include <sbx/core/operation.hpp>
 #include <sbx/core/spec.hpp>
+#include <sbx/core/terminal.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -96,6 +97,20 @@ class Sandbox {
   std::chrono::system_clock::time_point renew(double ttl_s);
   Operation<std::chrono::system_clock::time_point> renew_async(
       std::chrono::system_clock::time_point expires_at);
+
+  // sbx.session/1: a persistent shell (sbx/core/terminal.hpp). UnimplementedError when the
+  // provider has none.
+  Session open_session(SessionOptions options = {});
+  Operation<Session> open_session_async(SessionOptions options = {});
+  // A session opened before (by this or another client), by its id; no call to the provider.
+  Session session(std::string id);
+
+  // sbx.pty/1: a terminal (sbx/core/terminal.hpp), running once this returns. UnimplementedError
+  // when the provider has none.
+  Pty open_pty(PtyOptions options = {});
+  Operation<Pty> open_pty_async(PtyOptions options = {});
+  // A terminal opened before (by this or another client), by its id; no call to the provider.
+  Pty pty(std::string id);
 
   // Ends the sandbox. Safe to call twice; the second call does nothing.
   void close();
