@@ -8,6 +8,7 @@
 // `sbx run` (docs/decisions.md, 63).
 
 #include "commands.hpp"
+#include "connected.hpp"
 #include "output.hpp"
 #include "shared.hpp"
 #include "stop.hpp"
@@ -24,94 +25,6 @@
 namespace sbx::cli {
 
 namespace {
-
-constexpr const char* kConnectExtension = "sbx.connect/1";
-
-// The sandbox a command connects to, and how.
-struct Target {
-  ProviderChoice provider;
-  SandboxRef sandbox;
-  StopChoice stop;
-};
-
-// --provider and --stop-timeout of a command with a Target.
-template <class F>
-std::vector<Option<F>> target_options(std::vector<Option<F>> own) {
-  std::vector<Option<Target>> provider = options_of(&Target::provider, provider_options());
-  std::vector<Option<F>> options = options_of(&F::target, provider);
-  append(options, std::move(own));
-  append(options, options_of(&F::target, options_of(&Target::stop, stop_options())));
-  return options;
-}
-
-// The ID argument of a command with a Target.
-template <class F>
-Positional<F> sandbox_argument() {
-  return {"ID",
-          "The sandbox: its id as sbx create printed it, a descriptor ({...}, as\n"
-          "sbx create --json prints it), or @FILE holding one (@- for stdin)",
-          [](F& f, const Arg& a) { f.target.sandbox = sandbox_ref(a); }};
-}
-
-// Refuses a provider that cannot connect to a sandbox from another process.
-void require_connect(const sbx::Provider& provider) {
-  if (!provider.supports(kConnectExtension)) {
-    throw sbx::UnimplementedError(
-        "provider '" + provider.name() + "' does not support connecting to an existing sandbox (" +
-        kConnectExtension +
-        "), which sbx create, exec, cp, status, pause, resume and close need; sbx run works with "
-        "every provider");
-  }
-}
-
-// Connects to the sandbox `ref` names. A sandbox argument the provider refuses is a usage error;
-// a sandbox it does not find is a NotFoundError saying so.
-sbx::Sandbox connect(Interrupts& interrupts, const sbx::Provider& provider, const SandboxRef& ref) {
-  try {
-    return interrupts.step(provider.connect_async(ref.descriptor));
-  } catch (const sbx::InvalidArgumentError& e) {
-    throw UsageError("provider '" + provider.name() +
-                     "' refused the sandbox argument: " + e.what());
-  } catch (const sbx::NotFoundError& e) {
-    throw sbx::NotFoundError("sandbox " + ref.id + " not found by provider '" + provider.name() +
-                             "' (closed, expired, or never created): " + e.what());
-  }
-}
-
-// What a command does once connected; returns its exit code.
-using Act = std::function<int(sbx::Sandbox&, Interrupts&)>;
-
-// Connects to the target, runs `act`, and detaches on every way out. A stop cancels the step in
-// progress and exits with its code; when the provider does not finish within --stop-timeout,
-// sbx leaves saying `unfinished` (what may not have happened) of the sandbox.
-int with_sandbox(const Target& target, const Global& g, const std::string& unfinished,
-                 const Act& act) {
-  Interrupts interrupts(sbx::Deadlines::ms(target.stop.stop_timeout_s));
-  sbx::Host host = make_host(g);
-  sbx::Provider provider = target.provider.pick(host);
-  require_connect(provider);
-  sbx::Sandbox sandbox;
-  struct Detach {
-    sbx::Sandbox& sandbox;
-    ~Detach() { sandbox.detach(); }  // never closed here: this process did not make it
-  } detach{sandbox};
-  try {
-    try {
-      sandbox = connect(interrupts, provider, target.sandbox);
-      if (interrupts.stopped()) return interrupts.stopped();
-      const int code = act(sandbox, interrupts);
-      return interrupts.stopped() ? interrupts.stopped() : code;
-    } catch (const sbx::CancelledError&) {
-      if (!interrupts.stopped()) throw;
-      if (interrupts.stopped() == kExitInterrupted) std::cerr << "sbx: interrupted\n";
-      return interrupts.stopped();
-    }
-  } catch (const GaveUp&) {
-    leave_now(interrupts.stopped(), provider.name(),
-              sandbox.valid() ? unfinished + " (sandbox " + target.sandbox.id + ")"
-                              : "sandbox " + target.sandbox.id + " was not reached");
-  }
-}
 
 // ---- create ------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 //   cmd_run.cpp         run                       (a sandbox for one command)
 //   cmd_sandbox.cpp     create, exec, cp, status, pause, resume, close
 //                                                 (one sandbox over several sbx processes)
+//   cmd_shell.cpp       shell                     (an interactive terminal in such a sandbox)
 //   cmd_list_reap.cpp   list, reap                (a provider's sandboxes by label)
 //   cmd_conformance.cpp conformance               (the provider conformance suite)
 //   cmd_serve.cpp       serve                     (an OpenSandbox-compatible server, serve)
@@ -24,6 +25,7 @@ Command status_command();
 Command pause_command();
 Command resume_command();
 Command close_command();
+Command shell_command();
 Command list_command();
 Command reap_command();
 Command conformance_command();

@@ -32,10 +32,10 @@ constexpr const char* kAbout = "sbx - run commands in sandboxes through provider
 // Every command, in the order `sbx --help` lists them.
 const std::vector<Command>& command_table() {
   static const std::vector<Command> table{
-      plugins_command(),     providers_command(), run_command(),    create_command(),
-      exec_command(),        cp_command(),        status_command(), pause_command(),
-      resume_command(),      close_command(),     list_command(),   reap_command(),
-      conformance_command(), serve_command(),     reload_command(),
+      plugins_command(), providers_command(),   run_command(),    create_command(),
+      exec_command(),    cp_command(),          status_command(), pause_command(),
+      resume_command(),  close_command(),       shell_command(),  list_command(),
+      reap_command(),    conformance_command(), serve_command(),  reload_command(),
   };
   return table;
 }
