@@ -172,11 +172,15 @@ TEST_CASE("a terminal echoes through a TTY, follows resize and passes Ctrl-C") {
   pty.write("stty size\n");
   CHECK(screen.wait_for("40 100"));
 
-  // Ctrl-C interrupts the foreground command, not the shell.
-  pty.write("sleep 60\n");
+  // Ctrl-C interrupts the foreground command, not the shell. The marker is output, not the
+  // terminal's echo of what was typed (that holds "$((", not the sum), so the Ctrl-C is sent only
+  // once the shell runs the line; "after-55" only appears once the sleep was interrupted (the
+  // wait is 20 s, the sleep 60).
+  pty.write("echo sleeping-$((2+3)); sleep 60\n");
+  REQUIRE(screen.wait_for("sleeping-5"));
   pty.write("\x03");
-  pty.write("echo after-interrupt\n");
-  CHECK(screen.wait_for("after-interrupt"));
+  pty.write("echo after-$((50+5))\n");
+  CHECK(screen.wait_for("after-55"));
 
   pty.write("exit 7\n");
   REQUIRE(attached.wait_for(20s));
