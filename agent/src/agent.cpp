@@ -390,7 +390,10 @@ struct Session {
   std::string id;
   std::string cwd;
   std::string command;  // empty: an interactive shell
-  bool tty = true;      // false: pipe mode (pty=0), stdout and stderr apart
+  std::vector<std::pair<std::string, std::string>> envs;  // over a command's environment
+  std::optional<Identity> identity;                       // who the shell runs as; none: the agent
+  uint16_t rows = 24, cols = 80;                          // the terminal's size at the start
+  bool tty = true;  // false: pipe mode (pty=0), stdout and stderr apart
   bool started = false;
   bool running = false;  // started and not ended
   bool exited = false;   // the shell was reaped (its output may still be drained)
@@ -484,6 +487,8 @@ class Server {
   /// id when empty); the command's key.
   uint64_t start_command(Connection& c, const CommandRequest& req, const std::string& init_text);
   std::optional<CommandRequest> read_command(const std::string& body, std::string& why);
+  bool read_envs_and_user(const json::Value& v, std::vector<std::pair<std::string, std::string>>& envs,
+                          std::optional<Identity>& identity, std::string& why) const;
   std::optional<std::string> spawn(Command& cmd, const CommandRequest& req);
   void delete_command(Connection& c);
   void command_status(Connection& c, const std::string& id);
@@ -1333,6 +1338,85 @@ void Server::get_info(Connection& c) {
   reply(c, 200, "application/json; charset=utf-8", *body);
 }
 
+// A body's "envs" (an object of strings) and who runs the child: "user" (USER[:GROUP], a name or
+// a uid) or "uid" with an optional "gid". False, with `why`, for a bad field.
+bool Server::read_envs_and_user(const json::Value& v,
+                                std::vector<std::pair<std::string, std::string>>& envs,
+                                std::optional<Identity>& identity, std::string& why) const {
+  using K = json::Value::Kind;
+  auto present = [&](const char* name) {
+    const json::Value* f = v.find(name);
+    return f && f->kind != K::null ? f : nullptr;
+  };
+  auto id_number = [&](const json::Value& f, const char* name) -> std::optional<uint32_t> {
+    if (f.kind != K::number || !f.integer_ok || f.integer < 0 || f.integer > UINT32_MAX) {
+      why = std::string("invalid request body: ") + name + " must be a non-negative integer";
+      return std::nullopt;
+    }
+    return static_cast<uint32_t>(f.integer);
+  };
+  if (const json::Value* given = present("envs")) {
+    if (given->kind != K::object) {
+      why = "invalid request body: envs must be an object of strings";
+      return false;
+    }
+    for (const auto& [k, val] : given->members) {
+      if (val.kind != K::string) {
+        why = "invalid request body: envs." + k + " must be a string";
+        return false;
+      }
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          val.text.find('\0') != std::string::npos) {
+        why = "invalid request body: bad environment variable name or value: " + k;
+        return false;
+      }
+      envs.emplace_back(k, val.text);
+    }
+  }
+  std::optional<uint32_t> uid, gid;
+  if (const json::Value* f = present("uid")) {
+    if (!(uid = id_number(*f, "uid"))) return false;
+  }
+  if (const json::Value* f = present("gid")) {
+    if (!(gid = id_number(*f, "gid"))) return false;
+  }
+  const json::Value* user = present("user");
+  if (user && uid) {
+    why = "invalid request body: give user or uid, not both";
+    return false;
+  }
+  if (gid && !uid && !user) {
+    why = "invalid request body: gid requires uid";
+    return false;
+  }
+  if (user) {
+    std::string name;
+    if (user->kind == K::string) {
+      name = user->text;
+    } else if (user->kind == K::number && user->integer_ok && user->integer >= 0 &&
+               user->integer <= UINT32_MAX) {
+      name = std::to_string(user->integer);
+    } else {
+      why = "invalid request body: user must be a user name or a uid";
+      return false;
+    }
+    // USER[:GROUP], as Docker's --user (an sbx extension; execd takes a name or a uid).
+    std::string error;
+    identity = resolve_user_spec(opt_.etc_dir, name, error);
+    if (!identity) {
+      why = "invalid request body: " + error;
+      return false;
+    }
+    if (gid) {
+      identity->gid = *gid;
+      identity->groups.insert(identity->groups.begin(), *gid);
+    }
+  } else if (uid) {
+    identity = resolve_uid(opt_.etc_dir, *uid, gid);
+  }
+  return true;
+}
+
 std::optional<CommandRequest> Server::read_command(const std::string& body, std::string& why) {
   json::Value v;
   if (!json::parse(body, v, why)) {
@@ -1347,13 +1431,6 @@ std::optional<CommandRequest> Server::read_command(const std::string& body, std:
   auto present = [&](const char* name) {
     const json::Value* f = v.find(name);
     return f && f->kind != K::null ? f : nullptr;
-  };
-  auto id_number = [&](const json::Value& f, const char* name) -> std::optional<uint32_t> {
-    if (f.kind != K::number || !f.integer_ok || f.integer < 0 || f.integer > UINT32_MAX) {
-      why = std::string("invalid request body: ") + name + " must be a non-negative integer";
-      return std::nullopt;
-    }
-    return static_cast<uint32_t>(f.integer);
   };
   CommandRequest out;
   // argv (an sbx extension): the program and its arguments, run without a shell.
@@ -1409,65 +1486,7 @@ std::optional<CommandRequest> Server::read_command(const std::string& body, std:
     }
     out.timeout_ms = t->integer;
   }
-  if (const json::Value* envs = present("envs")) {
-    if (envs->kind != K::object) {
-      why = "invalid request body: envs must be an object of strings";
-      return std::nullopt;
-    }
-    for (const auto& [k, val] : envs->members) {
-      if (val.kind != K::string) {
-        why = "invalid request body: envs." + k + " must be a string";
-        return std::nullopt;
-      }
-      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
-          val.text.find('\0') != std::string::npos) {
-        why = "invalid request body: bad environment variable name or value: " + k;
-        return std::nullopt;
-      }
-      out.envs.emplace_back(k, val.text);
-    }
-  }
-  std::optional<uint32_t> uid, gid;
-  if (const json::Value* f = present("uid")) {
-    if (!(uid = id_number(*f, "uid"))) return std::nullopt;
-  }
-  if (const json::Value* f = present("gid")) {
-    if (!(gid = id_number(*f, "gid"))) return std::nullopt;
-  }
-  const json::Value* user = present("user");
-  if (user && uid) {
-    why = "invalid request body: give user or uid, not both";
-    return std::nullopt;
-  }
-  if (gid && !uid && !user) {
-    why = "invalid request body: gid requires uid";
-    return std::nullopt;
-  }
-  if (user) {
-    std::string name;
-    if (user->kind == K::string) {
-      name = user->text;
-    } else if (user->kind == K::number && user->integer_ok && user->integer >= 0 &&
-               user->integer <= UINT32_MAX) {
-      name = std::to_string(user->integer);
-    } else {
-      why = "invalid request body: user must be a user name or a uid";
-      return std::nullopt;
-    }
-    // USER[:GROUP], as Docker's --user (an sbx extension; execd takes a name or a uid).
-    std::string error;
-    out.identity = resolve_user_spec(opt_.etc_dir, name, error);
-    if (!out.identity) {
-      why = "invalid request body: " + error;
-      return std::nullopt;
-    }
-    if (gid) {
-      out.identity->gid = *gid;
-      out.identity->groups.insert(out.identity->groups.begin(), *gid);
-    }
-  } else if (uid) {
-    out.identity = resolve_uid(opt_.etc_dir, *uid, gid);
-  }
+  if (!read_envs_and_user(v, out.envs, out.identity, why)) return std::nullopt;
   if (out.cwd) {
     struct stat st {};
     if (::stat(out.cwd->c_str(), &st) != 0) {
@@ -2217,6 +2236,9 @@ Session* Server::session_by_id(const std::string& id) {
 
 void Server::post_pty(Connection& c) {
   std::string cwd, command;
+  std::vector<std::pair<std::string, std::string>> envs;
+  std::optional<Identity> identity;
+  uint16_t size[2] = {24, 80};  // rows, cols
   if (!c.req.body.empty()) {
     json::Value v;
     std::string why;
@@ -2234,6 +2256,24 @@ void Server::post_pty(Connection& c) {
         return;
       }
       (std::string_view(name) == "cwd" ? cwd : command) = f->text;
+    }
+    // sbx extensions: the environment and user as a command's, and the starting size.
+    if (!read_envs_and_user(v, envs, identity, why)) {
+      reply_error(c, 400, "INVALID_REQUEST_BODY", why);
+      return;
+    }
+    const char* names[2] = {"rows", "cols"};
+    for (int i = 0; i < 2; ++i) {
+      const json::Value* f = v.find(names[i]);
+      if (!f || f->kind == json::Value::Kind::null) continue;
+      if (f->kind != json::Value::Kind::number || !f->integer_ok || f->integer < 1 ||
+          f->integer > 65535) {
+        reply_error(c, 400, "INVALID_REQUEST_BODY",
+                    std::string("invalid request body: ") + names[i] +
+                        " must be an integer from 1 to 65535");
+        return;
+      }
+      size[i] = static_cast<uint16_t>(f->integer);
     }
   }
   if (!cwd.empty()) {
@@ -2262,6 +2302,10 @@ void Server::post_pty(Connection& c) {
   s->id = new_id();
   s->cwd = cwd;
   s->command = command;
+  s->envs = std::move(envs);
+  s->identity = std::move(identity);
+  s->rows = size[0];
+  s->cols = size[1];
   std::string body = "{\"session_id\":";
   json::append_string(body, s->id);
   body += "}";
@@ -2414,7 +2458,7 @@ void Server::pty_attach(Connection& c, const std::string& id) {
 }
 
 std::optional<std::string> Server::spawn_session(Session& s) {
-  std::vector<std::string> env = child_env(s.id, std::nullopt, {});
+  std::vector<std::string> env = child_env(s.id, s.identity, s.envs);
   if (!env_value(env, "TERM")) env.emplace_back("TERM=xterm-256color");
   std::vector<char*> envp;
   for (auto& e : env)
@@ -2471,8 +2515,8 @@ std::optional<std::string> Server::spawn_session(Session& s) {
       return why;
     }
     winsize size{};
-    size.ws_row = 24;
-    size.ws_col = 80;
+    size.ws_row = s.rows;
+    size.ws_col = s.cols;
     ::ioctl(mine[0], TIOCSWINSZ, &size);
   } else {
     int p[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
@@ -2500,9 +2544,13 @@ std::optional<std::string> Server::spawn_session(Session& s) {
     return why;
   }
   const bool tty = s.tty;
+  const ChildUser user = child_user(s.identity);
+  if (s.tty && s.identity) {  // the terminal is the user's, as a login's is
+    [[maybe_unused]] const int ignored = ::fchown(theirs[0], user.uid, static_cast<gid_t>(-1));
+  }
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ChildFailure f = enter_child(ChildUser{}, true);
+    ChildFailure f = enter_child(user, true);
     if (tty) {
       for (int fd = 0; fd < 3; ++fd)
         ::dup2(theirs[0], fd);

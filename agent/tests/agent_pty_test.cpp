@@ -558,6 +558,30 @@ TEST_CASE("pipe mode: stdout and stderr apart; the exit code in the exit frame, 
   CHECK(int_of(status.json, "exit_code") == 7);
 }
 
+TEST_CASE("POST /pty's sbx fields: envs, user and the starting size; bad ones are 400") {
+  TempDir dir;
+  Agent agent(dir);
+  const std::string id = new_session(
+      agent,
+      "{\"command\":\"stty size; echo greeting=$GREETING; echo uid=$(id -u)\","
+      "\"envs\":{\"GREETING\":\"hi\"},\"user\":\"nobody\",\"rows\":33,\"cols\":101}");
+  Ws ws;
+  attach(ws, agent, id);
+  ws.read_until([&] { return ws.got("exit"); });
+  CHECK(ws.out.find("33 101") != std::string::npos);  // the size before the shell's first read
+  CHECK(ws.out.find("greeting=hi") != std::string::npos);
+  CHECK(ws.out.find("uid=65534") != std::string::npos);
+  CHECK(int_of(*ws.text_of("exit"), "exit_code") == 0);
+
+  for (const char* bad : {R"({"rows":0})", R"({"cols":70000})", R"({"rows":"24"})",
+                          R"({"user":"no-such-user-here"})", R"({"envs":{"A":1}})"}) {
+    CAPTURE(bad);
+    const Reply r = request(agent, http::verb::post, "/pty", bad);
+    CHECK(r.status == 400);
+    CHECK(r.json.find("code")->text == "INVALID_REQUEST_BODY");
+  }
+}
+
 TEST_CASE("GET /pty/{id}: running and the output offset; unknown ids are 404") {
   TempDir dir;
   Agent agent(dir);
