@@ -389,7 +389,7 @@ struct Session {
   uint64_t key = 0;
   std::string id;
   std::string cwd;
-  std::string command;  // empty: an interactive shell
+  std::string command;                                    // empty: an interactive shell
   std::vector<std::pair<std::string, std::string>> envs;  // over a command's environment
   std::optional<Identity> identity;                       // who the shell runs as; none: the agent
   uint16_t rows = 24, cols = 80;                          // the terminal's size at the start
@@ -487,7 +487,8 @@ class Server {
   /// id when empty); the command's key.
   uint64_t start_command(Connection& c, const CommandRequest& req, const std::string& init_text);
   std::optional<CommandRequest> read_command(const std::string& body, std::string& why);
-  bool read_envs_and_user(const json::Value& v, std::vector<std::pair<std::string, std::string>>& envs,
+  bool read_envs_and_user(const json::Value& v,
+                          std::vector<std::pair<std::string, std::string>>& envs,
                           std::optional<Identity>& identity, std::string& why) const;
   std::optional<std::string> spawn(Command& cmd, const CommandRequest& req);
   void delete_command(Connection& c);

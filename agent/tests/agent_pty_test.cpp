@@ -561,10 +561,10 @@ TEST_CASE("pipe mode: stdout and stderr apart; the exit code in the exit frame, 
 TEST_CASE("POST /pty's sbx fields: envs, user and the starting size; bad ones are 400") {
   TempDir dir;
   Agent agent(dir);
-  const std::string id = new_session(
-      agent,
-      "{\"command\":\"stty size; echo greeting=$GREETING; echo uid=$(id -u)\","
-      "\"envs\":{\"GREETING\":\"hi\"},\"user\":\"nobody\",\"rows\":33,\"cols\":101}");
+  const std::string id =
+      new_session(agent,
+                  "{\"command\":\"stty size; echo greeting=$GREETING; echo uid=$(id -u)\","
+                  "\"envs\":{\"GREETING\":\"hi\"},\"user\":\"nobody\",\"rows\":33,\"cols\":101}");
   Ws ws;
   attach(ws, agent, id);
   ws.read_until([&] { return ws.got("exit"); });

@@ -405,6 +405,15 @@ sdk::Error file_error(long status, const std::string& body, const std::string& w
                               message);
 }
 
+// The agent's error answer's message (its body's first bytes when it is not one).
+std::string json_message(const std::string& body) {
+  try {
+    return json_field(json::parse(body).as_object(), "message");
+  } catch (const std::exception&) {
+    return body.substr(0, 512);
+  }
+}
+
 // Waits for `call` to end and gives its response; a transport error is `what`'s.
 sdk::http::Response finish(const sdk::http::Call& call, const std::string& what) {
   try {
@@ -553,6 +562,41 @@ bool AgentClient::runs_as_root(const std::string& socket, const sdk::CancelToken
   } catch (const std::exception& e) {
     throw sdk::Error::internal(std::string("the sandbox's agent described its socket badly: ") +
                                e.what());
+  }
+}
+
+std::string AgentClient::open_pty(const std::string& socket, const std::string& body,
+                                  const sdk::CancelToken& cancel) {
+  const std::string what = "cannot open a terminal";
+  sdk::http::Request request;
+  request.method = "POST";
+  request.target = "/pty";
+  request.unix_socket = socket;
+  request.body = body;
+  request.headers = {{"Content-Type", "application/json"}};
+  request.timeout = std::chrono::milliseconds(10'000);
+  const sdk::http::Response response = http_.send(std::move(request), cancel);
+  if (response.status == 503) {
+    throw sdk::Error(SBX_STATUS_RESOURCE_EXHAUSTED, what + ": " + json_message(response.body));
+  }
+  if (response.status != 200) throw file_error(response.status, response.body, what);
+  try {
+    return json_field(json::parse(response.body).as_object(), "session_id");
+  } catch (const std::exception& e) {
+    throw sdk::Error::internal(what + ": the sandbox's agent answered badly: " + e.what());
+  }
+}
+
+void AgentClient::delete_pty(const std::string& socket, const std::string& id,
+                             const sdk::CancelToken& cancel) {
+  sdk::http::Request request;
+  request.method = "DELETE";
+  request.target = "/pty/" + sdk::http::url_encode(id);
+  request.unix_socket = socket;
+  request.timeout = std::chrono::milliseconds(10'000);
+  const sdk::http::Response response = http_.send(std::move(request), cancel);
+  if (response.status != 200) {
+    throw file_error(response.status, response.body, "cannot close terminal " + id);
   }
 }
 

@@ -9,6 +9,9 @@
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
 
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+
 #include <algorithm>
 #include <cstdlib>
 #include <future>
@@ -17,6 +20,7 @@
 namespace sbx::local_docker {
 namespace {
 
+namespace json = boost::json;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 
@@ -657,10 +661,84 @@ sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
 }
 
 void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
-  const auto& box = static_cast<DockerSandbox&>(sandbox);
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  box.terminals().clear();  // their attachments end (NOT_FOUND) before the container goes
   remove_container(api_, box.container(), cancel);
   // Ours by its name only (a label is not trusted with a path to delete).
   if (!box.agent_socket().empty()) agent_files_.remove_run_dir(box.container());
+}
+
+// ---- sbx.pty/1 (terminals.hpp) ------------------------------------------------------------------
+
+namespace {
+
+DockerSandbox& terminal_box(sdk::Sandbox& sandbox) {
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  if (box.agent_socket().empty()) {
+    throw sdk::Error::unimplemented("sandbox " + box.id() +
+                                    " runs without the agent: local_docker's terminals need it");
+  }
+  if (box.paused()) {
+    throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
+  }
+  return box;
+}
+
+}  // namespace
+
+std::string LocalDockerProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
+                                          const sdk::CancelToken& cancel) {
+  DockerSandbox& box = terminal_box(sandbox);
+  json::object body{{"rows", request.rows}, {"cols", request.cols}};
+  if (request.command) body["command"] = *request.command;
+  if (const auto cwd = request.cwd ? request.cwd : box.workdir()) body["cwd"] = *cwd;
+  if (!request.env.empty()) {
+    json::object envs;
+    for (const auto& [k, v] : request.env)
+      envs[k] = v;
+    body["envs"] = std::move(envs);
+  }
+  const std::string user = request.user.value_or(box.default_user());
+  if (!user.empty()) body["user"] = user;
+  const std::string id = agent_client_->open_pty(box.agent_socket(), json::serialize(body), cancel);
+  try {
+    box.terminals().add(std::make_shared<AgentTerminal>(box.agent_socket(), id, request.tty, log_));
+  } catch (...) {
+    try {
+      agent_client_->delete_pty(box.agent_socket(), id, sdk::CancelToken());
+    } catch (const sdk::Error& e) {
+      log_.warn("terminal ", id, " of sandbox ", box.id(), " could not be deleted: ", e.what());
+    }
+    throw;
+  }
+  return id;
+}
+
+void LocalDockerProvider::attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since,
+                                     bool takeover, sdk::PtyAttachCompletion done) {
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  box.terminals().find(id)->output().attach(since, takeover, std::move(done));
+}
+
+void LocalDockerProvider::write_pty(sdk::Sandbox& sandbox, const std::string& id,
+                                    std::string_view input) {
+  terminal_box(sandbox).terminals().find(id)->write(input);
+}
+
+void LocalDockerProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
+                                     uint16_t cols) {
+  terminal_box(sandbox).terminals().find(id)->resize(rows, cols);
+}
+
+void LocalDockerProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
+                                    const sdk::CancelToken& cancel) {
+  auto& box = static_cast<DockerSandbox&>(sandbox);
+  std::shared_ptr<AgentTerminal> terminal = box.terminals().remove(id);
+  try {
+    agent_client_->delete_pty(box.agent_socket(), id, cancel);  // kills what runs on it
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_NOT_FOUND) throw;  // it had ended and been forgotten: closed
+  }
 }
 
 void LocalDockerProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {

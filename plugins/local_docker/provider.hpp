@@ -9,6 +9,7 @@
 #include "exec.hpp"
 #include "images.hpp"
 #include "reaper.hpp"
+#include "terminals.hpp"
 
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/plugin.hpp>
@@ -81,6 +82,8 @@ class DockerSandbox final : public sdk::Sandbox {
     return value < 0 ? std::nullopt : std::optional<bool>(value == 1);
   }
   void set_agent_is_root(bool root) noexcept { agent_is_root_.store(root ? 1 : 0); }
+  // The terminals this handle opened (through its agent). THREADING: thread-safe.
+  Terminals& terminals() noexcept { return terminals_; }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -95,6 +98,7 @@ class DockerSandbox final : public sdk::Sandbox {
   std::string default_user_;
   std::atomic<bool> paused_{false};
   std::atomic<int> agent_is_root_{-1};  // -1 not asked yet
+  Terminals terminals_;
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -132,6 +136,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew,
                                   public sdk::BlockingShellSessions,
+                                  public sdk::BlockingPty,
                                   public sdk::AsyncExec {
  public:
   static constexpr const char* kId = "local_docker";
@@ -185,6 +190,19 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // seconds.
   int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                 const sdk::CancelToken& cancel) override;
+
+  // sbx.pty/1 through the sandbox's agent (terminals.hpp): offered with config.agent; a sandbox
+  // without the agent refuses UNIMPLEMENTED. Terminals belong to the handle that opened them.
+  bool offers_pty() const override { return config_.agent; }
+  std::string open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
+                       const sdk::CancelToken& cancel) override;
+  void attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since, bool takeover,
+                  sdk::PtyAttachCompletion done) override;
+  void write_pty(sdk::Sandbox& sandbox, const std::string& id, std::string_view input) override;
+  void resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
+                  uint16_t cols) override;
+  void close_pty(sdk::Sandbox& sandbox, const std::string& id,
+                 const sdk::CancelToken& cancel) override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -28,7 +28,8 @@ class BlockingAdapter final : public Provider,
                               public ListReapExtension,
                               public PauseExtension,
                               public ConnectExtension,
-                              public RenewExtension {
+                              public RenewExtension,
+                              public PtyExtension {
  public:
   BlockingAdapter(std::unique_ptr<BlockingProvider> impl, Logger log)
       : impl_(std::move(impl)),
@@ -38,11 +39,14 @@ class BlockingAdapter final : public Provider,
         connect_(dynamic_cast<BlockingConnect*>(impl_.get())),
         renew_(dynamic_cast<BlockingRenew*>(impl_.get())),
         async_exec_(dynamic_cast<AsyncExec*>(impl_.get())),
+        pty_(dynamic_cast<BlockingPty*>(impl_.get())),
         sessions_(dynamic_cast<BlockingShellSessions*>(impl_.get())
                       ? std::make_unique<Sessions>(*this)
                       : nullptr),
         log_(log),
-        pool_(impl_->pool_options()) {}
+        pool_(impl_->pool_options()) {
+    if (pty_ && !pty_->offers_pty()) pty_ = nullptr;
+  }
 
   void create(Spec spec, Completion<std::unique_ptr<Sandbox>> done) override {
     run(std::move(done), [this, spec = std::move(spec)](const CancelToken& cancel) {
@@ -97,6 +101,7 @@ class BlockingAdapter final : public Provider,
   ConnectExtension* connect_extension() override { return connect_ ? this : nullptr; }
   RenewExtension* renew_extension() override { return renew_ ? this : nullptr; }
   SessionExtension* session_extension() override { return sessions_.get(); }
+  PtyExtension* pty_extension() override { return pty_ ? this : nullptr; }
 
   void endpoint(Sandbox& sandbox, uint16_t port, Completion<Endpoint> done) override {
     run(std::move(done), [this, &sandbox, port](const CancelToken& cancel) {
@@ -146,6 +151,35 @@ class BlockingAdapter final : public Provider,
     });
   }
 
+  void open_pty(Sandbox& sandbox, PtyRequest request, Completion<std::string> done) override {
+    run(std::move(done), [this, &sandbox, request = std::move(request)](const CancelToken& cancel) {
+      return pty_->open_pty(sandbox, request, cancel);
+    });
+  }
+
+  void attach_pty(Sandbox& sandbox, std::string id, uint64_t since, bool takeover,
+                  PtyAttachCompletion done) override {
+    pty_->attach_pty(sandbox, id, since, takeover, std::move(done));
+  }
+
+  void write_pty(Sandbox& sandbox, std::string id, std::string input,
+                 Completion<void> done) override {
+    pty_->write_pty(sandbox, id, input);
+    done.succeed();
+  }
+
+  void resize_pty(Sandbox& sandbox, std::string id, uint16_t rows, uint16_t cols,
+                  Completion<void> done) override {
+    pty_->resize_pty(sandbox, id, rows, cols);
+    done.succeed();
+  }
+
+  void close_pty(Sandbox& sandbox, std::string id, Completion<void> done) override {
+    run(std::move(done), [this, &sandbox, id = std::move(id)](const CancelToken& cancel) {
+      pty_->close_pty(sandbox, id, cancel);
+    });
+  }
+
  private:
   // Queues `body` on the pool; its return value (or exception) completes `done`.
   template <class C, class F>
@@ -191,6 +225,7 @@ class BlockingAdapter final : public Provider,
   BlockingConnect* connect_;
   BlockingRenew* renew_;
   AsyncExec* async_exec_;
+  BlockingPty* pty_;
   struct Sessions final : ShellSessions {
     explicit Sessions(Provider& provider) : ShellSessions(provider) {}
   };

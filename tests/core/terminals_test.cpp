@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/terminal_screen.hpp"
+
 #include <sbx/sbx.hpp>
 
 #include <boost/json.hpp>
@@ -51,46 +53,8 @@ struct Fixture {
   }
 };
 
-// What an attachment has read, and waits on it.
-struct Screen {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::string text;
-  std::string err;
-  std::optional<uint64_t> first_offset;
-  uint64_t next_offset = 0;
-  bool in_order = true;
-
-  std::function<void(sbx::OutputStream, uint64_t, std::string_view)> sink() {
-    return [this](sbx::OutputStream stream, uint64_t offset, std::string_view bytes) {
-      std::lock_guard lock(mutex);
-      if (!first_offset)
-        first_offset = offset;
-      else if (offset != next_offset)
-        in_order = false;
-      next_offset = offset + bytes.size();
-      (stream == sbx::OutputStream::err ? err : text).append(bytes);
-      changed.notify_all();
-    };
-  }
-  // True once the output holds `needle` (within 20 s).
-  bool wait_for(const std::string& needle) {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, 20s, [&] { return text.find(needle) != std::string::npos; });
-  }
-};
-
-template <class E>
-E error_of(sbx::Operation<int32_t>& op) {
-  REQUIRE(op.wait_for(20s));
-  try {
-    op.get();
-  } catch (const E& e) {
-    return e;
-  }
-  FAIL("the attachment did not end with the expected error");
-  throw;
-}
+using sbx::testing::attach_error;
+using sbx::testing::Screen;
 
 }  // namespace
 
@@ -173,10 +137,10 @@ TEST_CASE("a terminal echoes through a TTY, follows resize and passes Ctrl-C") {
   CHECK(screen.wait_for("40 100"));
 
   // Ctrl-C interrupts the foreground command, not the shell. The marker is output, not the
-  // terminal's echo of what was typed (that holds "$((", not the sum), so the Ctrl-C is sent only
-  // once the shell runs the line; "after-55" only appears once the sleep was interrupted (the
-  // wait is 20 s, the sleep 60).
-  pty.write("echo sleeping-$((2+3)); sleep 60\n");
+  // terminal's echo of what was typed (that holds "$((", not the sum), and the process that
+  // prints it becomes the sleep: the Ctrl-C is sent once the foreground job runs, and
+  // "after-55" only appears once it was interrupted (the wait is 20 s, the sleep 60).
+  pty.write("sh -c 'echo sleeping-$((2+3)); exec sleep 60'\n");
   REQUIRE(screen.wait_for("sleeping-5"));
   pty.write("\x03");
   pty.write("echo after-$((50+5))\n");
@@ -206,14 +170,15 @@ TEST_CASE("a second attach takes the terminal over and replays what it missed") 
   Screen refused_screen;
   auto refused =
       pty.attach_async({.since = 0, .takeover = false, .on_output = refused_screen.sink()});
-  CHECK(error_of<sbx::FailedPreconditionError>(refused).status() == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(attach_error<sbx::FailedPreconditionError>(refused).status() ==
+        SBX_STATUS_FAILED_PRECONDITION);
   CHECK(!first.ready());
 
   // A second client, by id, takes over: the first ends saying so; the second replays from 0.
   sbx::Pty same = f.sandbox.pty(pty.id());
   Screen two;
   auto second = same.attach_async({.since = 0, .takeover = true, .on_output = two.sink()});
-  const auto taken = error_of<sbx::FailedPreconditionError>(first);
+  const auto taken = attach_error<sbx::FailedPreconditionError>(first);
   CHECK(taken.reason() == "taken_over");
   CHECK(two.wait_for("first-line"));
   same.write("typed-later\n");
@@ -230,7 +195,7 @@ TEST_CASE("a second attach takes the terminal over and replays what it missed") 
     return two.next_offset;
   }();
   auto live = pty.attach_async({.since = std::nullopt, .on_output = three.sink()});
-  CHECK(error_of<sbx::FailedPreconditionError>(second).reason() == "taken_over");
+  CHECK(attach_error<sbx::FailedPreconditionError>(second).reason() == "taken_over");
   pty.write("fresh\n");
   CHECK(three.wait_for("fresh"));
   {
@@ -241,10 +206,10 @@ TEST_CASE("a second attach takes the terminal over and replays what it missed") 
 
   // Close while a reader waits: it ends with NotFoundError, and so does a later attach.
   pty.close();
-  CHECK(error_of<sbx::NotFoundError>(live).status() == SBX_STATUS_NOT_FOUND);
+  CHECK(attach_error<sbx::NotFoundError>(live).status() == SBX_STATUS_NOT_FOUND);
   Screen after;
   auto late = pty.attach_async({.on_output = after.sink()});
-  CHECK(error_of<sbx::NotFoundError>(late).status() == SBX_STATUS_NOT_FOUND);
+  CHECK(attach_error<sbx::NotFoundError>(late).status() == SBX_STATUS_NOT_FOUND);
 }
 
 TEST_CASE("pipe mode keeps stdout and stderr apart; cancel detaches without ending the process") {
@@ -256,7 +221,7 @@ TEST_CASE("pipe mode keeps stdout and stderr apart; cancel detaches without endi
   auto first = pty.attach_async({.since = 0, .on_output = screen.sink()});
   REQUIRE(screen.wait_for("to-out"));
   first.cancel();
-  CHECK(error_of<sbx::CancelledError>(first).status() == SBX_STATUS_CANCELLED);
+  CHECK(attach_error<sbx::CancelledError>(first).status() == SBX_STATUS_CANCELLED);
 
   Screen again;
   auto second = pty.attach_async({.since = 0, .on_output = again.sink()});

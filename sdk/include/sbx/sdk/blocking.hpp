@@ -100,6 +100,30 @@ class BlockingShellSessions {
   ~BlockingShellSessions() = default;
 };
 
+// sbx.pty/1 (ABI 1.2) for a BlockingProvider: derive from this too. open_pty and close_pty run on
+// the adapter's pool. attach_pty, write_pty and resize_pty run on the host's calling thread and
+// must return quickly (hand the completion to an sdk::TerminalOutput, terminal_output.hpp; send
+// input without waiting for the process to read it), so the keys one host thread writes reach
+// the terminal in the order it wrote them. An exception from any of them fails the call.
+class BlockingPty {
+ public:
+  // Whether this provider offers terminals at all (say, not without its agent). Asked once, when
+  // the adapter is made.
+  virtual bool offers_pty() const { return true; }
+  // Returns the new terminal's id once its process runs.
+  virtual std::string open_pty(Sandbox& sandbox, const PtyRequest& request,
+                               const CancelToken& cancel) = 0;
+  virtual void attach_pty(Sandbox& sandbox, const std::string& id, uint64_t since, bool takeover,
+                          PtyAttachCompletion done) = 0;
+  virtual void write_pty(Sandbox& sandbox, const std::string& id, std::string_view input) = 0;
+  virtual void resize_pty(Sandbox& sandbox, const std::string& id, uint16_t rows,
+                          uint16_t cols) = 0;
+  virtual void close_pty(Sandbox& sandbox, const std::string& id, const CancelToken& cancel) = 0;
+
+ protected:
+  ~BlockingPty() = default;
+};
+
 // For a BlockingProvider whose exec need not hold a thread while the command runs (its output
 // arrives on an event loop, e.g. the SDK's HTTP client): derive from this too, and the adapter
 // calls exec_async() directly on the host's calling thread instead of running
