@@ -24,6 +24,7 @@ const std::vector<Case>& all_cases() {
     add_exec_cases(c);
     add_file_cases(c);
     add_extension_cases(c);
+    add_terminal_cases(c);
     return c;
   }();
   return cases;

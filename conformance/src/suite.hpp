@@ -142,6 +142,7 @@ void add_exec_cases(std::vector<Case>& cases);
 void add_file_cases(std::vector<Case>& cases);
 void add_lifecycle_cases(std::vector<Case>& cases);
 void add_extension_cases(std::vector<Case>& cases);
+void add_terminal_cases(std::vector<Case>& cases);
 
 // Waits until `done()` or `limit` passed, polling every `every`; true when done. For conditions
 // only a poll can see (a TTL running out in the backend).
