@@ -39,6 +39,10 @@ const std::array kRoutes{
     Route{verb::post, "/code/context", Api::execd},
     Route{verb::post, "/code", Api::execd},
     Route{verb::delete_, "/code", Api::execd},
+    Route{verb::post, "/pty", Api::execd, false, post_pty},
+    Route{verb::get, "/pty/{id}", Api::execd, false, get_pty},
+    Route{verb::get, "/pty/{id}/ws", Api::execd, false, get_pty_ws},  // a WebSocket
+    Route{verb::delete_, "/pty/{id}", Api::execd, false, delete_pty},
     Route{verb::post, "/session", Api::execd, false, post_session},
     Route{verb::post, "/session/{id}/run", Api::execd, true, post_session_run},  // a stream
     Route{verb::delete_, "/session/{id}", Api::execd, false, delete_session},

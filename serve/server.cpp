@@ -150,6 +150,22 @@ class Session : public std::enable_shared_from_this<Session> {
               fn();
             }));
   }
+  // TakeConnection: the connection leaves this Session (which then ends with its last handler).
+  void post_take_connection(std::function<void(Connection)> fn) {
+    asio::post(stream_.get_executor(), [self = shared_from_this(), fn = std::move(fn)]() mutable {
+      self->answered_ = true;
+      self->hangup_ = nullptr;
+      self->state_->metrics.record(self->metrics_route_, 101, seconds_since(self->metrics_start_),
+                                   "");
+      self->state_->gate.leave_request();
+      self->stream_.expires_never();
+      if (self->buffer_.size() > 0) {  // a client sends frames only after the 101
+        spdlog::debug("sbx serve: {} bytes after an upgrade request are dropped (request {})",
+                      self->buffer_.size(), self->request_id_);
+      }
+      fn(std::move(self->stream_));
+    });
+  }
   bool gone_flag() {
     std::lock_guard lock(room_mutex_);
     return gone_flag_;
@@ -340,6 +356,9 @@ class Session : public std::enable_shared_from_this<Session> {
       };
       call.watch_hangup = [self = shared_from_this()](std::function<void()> fn) {
         self->post_watch_hangup(std::move(fn));
+      };
+      call.take_connection = [self = shared_from_this()](std::function<void(Connection)> fn) {
+        self->post_take_connection(std::move(fn));
       };
     }
     return call;

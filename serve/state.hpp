@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/beast/core/basic_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
@@ -104,6 +105,18 @@ class ChunkSink {
 // Watching stops at the answer, or when the client sends more bytes (a pipelined request).
 // Call at most once per request, from any thread.
 using WatchHangup = std::function<void(std::function<void()> fn)>;
+
+// A connection taken over from the HTTP loop (a WebSocket upgrade, GET /pty/{id}/ws).
+using Connection = boost::beast::basic_stream<boost::asio::generic::stream_protocol>;
+// Takes the request's connection over: `fn` gets it on the connection's strand (its executor),
+// with the request read whole; the request counts as answered (101, for GET /metrics) and the
+// server's HTTP loop is done with the connection. Call once, instead of reply(), from any thread.
+using TakeConnection = std::function<void(std::function<void(Connection)> fn)>;
+
+// The terminals of one sandbox (routes_execd_pty.cpp): POST /pty's ids, each with its sbx.pty/1
+// terminal once started and the WebSocket attached to it. Thread-safe.
+struct PtyTable;
+std::shared_ptr<PtyTable> new_pty_table();
 
 // The server's temporary space for transfers (Options::temp_limit): bytes taken while a file is
 // staged in the temp dir, given back when it goes. Thread-safe.
@@ -200,6 +213,8 @@ struct Entry {
   std::shared_ptr<ExecdState> execd = new_execd_state();
   // Its bash sessions (execd API); their runs are commands of `execd`.
   std::shared_ptr<SessionTable> sessions = new_session_table();
+  // Its terminals (execd API, over sbx.pty/1).
+  std::shared_ptr<PtyTable> ptys = new_pty_table();
 
  private:
   mutable std::mutex box_mutex_;
@@ -368,6 +383,7 @@ struct Call {
   std::shared_ptr<Entry> entry;     // execd routes: the sandbox, live (execd_entry)
   OpenStream open_stream;           // execd routes
   WatchHangup watch_hangup;         // execd routes
+  TakeConnection take_connection;   // execd routes
 };
 
 // The handlers of the route table (routes.cpp), by file; each is named for its method and path.
@@ -394,6 +410,11 @@ void get_command_logs(const Call& call);
 void post_session(const Call& call);
 void post_session_run(const Call& call);
 void delete_session(const Call& call);
+// routes_execd_pty.cpp
+void post_pty(const Call& call);
+void get_pty(const Call& call);
+void get_pty_ws(const Call& call);  // a WebSocket (take_connection)
+void delete_pty(const Call& call);
 // routes_execd_files.cpp
 void get_files_info(const Call& call);
 void get_files_download(const Call& call);

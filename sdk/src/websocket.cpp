@@ -302,6 +302,7 @@ std::optional<WebSocket::Message> WebSocket::receive(size_t max_message) {
           m.payload = payload.substr(2);
         }
         close(m.close_code == 1005 ? 1000 : m.close_code);
+        ::shutdown(fd_, SHUT_WR);  // both closes are out: the peer may end the connection now
         return m;
       }
       case 0x9:

@@ -150,8 +150,8 @@ TEST_CASE("the route table: one route per key, each found by its key and matched
     // the server's own is not).
     CHECK_MESSAGE((find_route(key) == &route) == (route.api != Api::server), key);
   }
-  // 10 lifecycle, 4 of the server's own, 21 execd (the upload's a body handler)
-  CHECK(served == 35);
+  // 10 lifecycle, 4 of the server's own, 25 execd (the upload's a body handler; 4 terminals)
+  CHECK(served == 39);
   // Another method on a route's path is the route's path with the wrong method (405), no key.
   const auto put = match_route("PUT", "/sandboxes/abc");
   REQUIRE(put);
