@@ -192,7 +192,7 @@ class PtySocket : public std::enable_shared_from_this<PtySocket> {
     }
     if (evicted && evicted.get() != this) evicted->evict();
     if (!start) {
-      attach();
+      attach(since_);
       return;
     }
     sbx::PtyOptions options;
@@ -222,7 +222,7 @@ class PtySocket : public std::enable_shared_from_this<PtySocket> {
             std::lock_guard lock(self->terminal_->mutex);
             self->terminal_->pty = std::move(*pty);
           }
-          self->attach();
+          self->attach(0);  // from its first byte, sent as live output: nothing is lost
         });
       });
     } catch (const sbx::Error& e) {
@@ -230,8 +230,9 @@ class PtySocket : public std::enable_shared_from_this<PtySocket> {
     }
   }
 
-  // Strand: the connected frame, then the attachment.
-  void attach() {
+  // Strand: the connected frame, then the attachment, from `from` (the provider's offset; none:
+  // live only).
+  void attach(std::optional<uint64_t> from) {
     Terminal& t = *terminal_;
     uint64_t end = 0;
     bool running = true;
@@ -257,7 +258,7 @@ class PtySocket : public std::enable_shared_from_this<PtySocket> {
     std::weak_ptr<PtySocket> weak = weak_from_this();
     try {
       attachment_ = pty.attach_async(
-          {.since = since_,
+          {.since = from,
            .takeover = true,
            .on_output = [weak](sbx::OutputStream stream, uint64_t offset, std::string_view bytes) {
              if (auto self = weak.lock()) self->on_output(stream, offset, bytes);

@@ -12,7 +12,12 @@ Checks, each printed as "ok NAME" or "FAIL NAME: why" (exit 1 on any failure):
     and the provider joins events with a newline: a line in pieces would gain newlines);
   - preserve_background_services=True: a service started by one exec (output redirected) is
     still running for the next exec, which also runs through a session, and after it;
-  - upload and download of a file; close, then status is not running.
+  - upload and download of a file;
+  - terminals (sandbox.pty, over execd's /pty WebSocket): the size asked for seen by stty, typed
+    input's output, pty.exec's output and exit code, a detach and reattach that replays what was
+    missed, another client's attach taking the terminal over (the first then fails) with a
+    replay from 0, the exit code, pipe mode's stdout and stderr apart, env;
+  - close, then status is not running.
 """
 
 from __future__ import annotations
@@ -33,6 +38,79 @@ def check(name: str, ok: bool, why: str = "") -> None:
     else:
         print(f"FAIL {name}: {why}", flush=True)
         failures.append(name)
+
+
+async def read_until(session, needle: bytes, *, stderr: bool = False, timeout_s: float = 30) -> bytes:
+    """What the session printed up to and including `needle` (b"" if it ended or timed out)."""
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b""
+        try:
+            chunk = await (session.read_stderr if stderr else session.read)(timeout_s=left)
+        except (TimeoutError, asyncio.TimeoutError):
+            return b""
+        if not chunk:
+            return seen if needle in seen else b""
+        seen += chunk
+    return seen
+
+
+async def check_terminals(box) -> None:
+    from nemo_gym.sandbox import SandboxPtyError
+
+    s = await box.pty.create(rows=30, cols=90)
+    await s.write(b"stty size\n")
+    check("pty: the size asked for", bool(await read_until(s, b"30 90")), "no '30 90'")
+    await s.write(b"echo sum=$((40+2))\n")
+    check("pty: typed input runs", bool(await read_until(s, b"sum=42")), "no 'sum=42'")
+
+    # (It runs in the live default shell: `exit` there would end the shell itself.)
+    r = await box.pty.exec("echo from-exec; sh -c 'exit 5'")
+    check(
+        "pty.exec: output and exit code",
+        r.return_code == 5 and "from-exec" in (r.stdout or ""),
+        repr(r),
+    )
+
+    await s.detach()
+    await box.exec("true")  # time passes; the terminal runs on
+    await s.reattach()
+    await s.write(b"echo back=$((6*7))\n")
+    check("pty: detach and reattach", bool(await read_until(s, b"back=42")), "no 'back=42'")
+
+    other = await box.pty.attach(s.session_id, takeover=True, since=0)
+    replay = await read_until(other, b"sum=42")
+    check("pty: attach replays from 0", bool(replay), "no replay of 'sum=42'")
+    try:
+        await s.read(timeout_s=10)
+        await s.read(timeout_s=10)
+        evicted = False
+    except SandboxPtyError:
+        evicted = True
+    except (TimeoutError, asyncio.TimeoutError):
+        evicted = False
+    check("pty: the first holder is taken over", evicted, "its reads went on")
+    await other.write(b"exit 7\n")
+    code = await other.wait_exit(timeout_s=30)
+    check("pty: the exit code", code == 7, f"exit code {code}")
+    await other.close()
+    await s.close()
+
+    p = await box.pty.create(
+        "echo to-out-$GREETING; echo to-err >&2; exit 3", env={"GREETING": "hi"}, pty=False
+    )
+    out = await read_until(p, b"to-out-hi")
+    err = await read_until(p, b"to-err", stderr=True)
+    code = await p.wait_exit(timeout_s=30)
+    check(
+        "pty: pipe mode, env, stdout and stderr apart",
+        bool(out) and bool(err) and code == 3,
+        f"out {out!r}, err {err!r}, exit {code}",
+    )
+    await p.close()
 
 
 async def main() -> int:
@@ -114,6 +192,7 @@ async def main() -> int:
             back = Path(tmp) / "down.bin"
             await box.download("/tmp/up.bin", back)
             check("upload and download", back.read_bytes() == payload, "bytes differ")
+        await check_terminals(box)
     finally:
         await box.stop()
     check("closed", True)

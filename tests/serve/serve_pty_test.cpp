@@ -214,6 +214,14 @@ TEST_CASE("pipe mode (pty=0): stdout and stderr apart, stdin read, the exit code
   CHECK(c.out == "to-out\ngot-typed\n");
   CHECK(c.err == "to-err\n");
   CHECK(c.text_of("exit").at("exit_code") == 3);
+
+  // A command done before the socket could read: its output still arrives (the first attach
+  // reads from the terminal's first byte).
+  const std::string quick = f.new_terminal(R"({"command":"echo quick; exit 2"})");
+  Client q(f.attach(quick, "?pty=0"));
+  REQUIRE(q.read_until([&] { return q.close_code.has_value(); }));
+  CHECK(q.out == "quick\n");
+  CHECK(q.text_of("exit").at("exit_code") == 2);
 }
 
 TEST_CASE("refusals: an unknown terminal, no upgrade, a bad since, a bad body") {
