@@ -714,30 +714,43 @@ std::string LocalDockerProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyR
   return id;
 }
 
+std::shared_ptr<AgentTerminal> LocalDockerProvider::terminal(DockerSandbox& box,
+                                                             const std::string& id, bool takeover) {
+  if (box.agent_socket().empty()) throw sdk::Error::not_found("terminal " + id + " not found");
+  // One this handle does not hold was opened by another process or handle: taken up from the
+  // agent, with its replay.
+  return box.terminals().find_or(id, [&] {
+    return std::make_shared<AgentTerminal>(box.agent_socket(), id, AgentTerminal::TakeUp{takeover},
+                                           log_);
+  });
+}
+
 void LocalDockerProvider::attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since,
                                      bool takeover, sdk::PtyAttachCompletion done) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  box.terminals().find(id)->output().attach(since, takeover, std::move(done));
+  terminal(box, id, takeover)->output().attach(since, takeover, std::move(done));
 }
 
 void LocalDockerProvider::write_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     std::string_view input) {
-  terminal_box(sandbox).terminals().find(id)->write(input);
+  terminal(terminal_box(sandbox), id, true)->write(input);
 }
 
 void LocalDockerProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
                                      uint16_t cols) {
-  terminal_box(sandbox).terminals().find(id)->resize(rows, cols);
+  terminal(terminal_box(sandbox), id, true)->resize(rows, cols);
 }
 
 void LocalDockerProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  std::shared_ptr<AgentTerminal> terminal = box.terminals().remove(id);
+  const std::shared_ptr<AgentTerminal> mine = box.terminals().remove(id);  // null: another's
   try {
     agent_client_->delete_pty(box.agent_socket(), id, cancel);  // kills what runs on it
   } catch (const sdk::Error& e) {
-    if (e.status() != SBX_STATUS_NOT_FOUND) throw;  // it had ended and been forgotten: closed
+    // Unknown to the agent: one of ours that had exited was forgotten (its bound), closed all
+    // the same; otherwise another client closed it, or it never was.
+    if (e.status() != SBX_STATUS_NOT_FOUND || !mine || !mine->output().exit_code()) throw;
   }
 }
 

@@ -192,7 +192,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                 const sdk::CancelToken& cancel) override;
 
   // sbx.pty/1 through the sandbox's agent (terminals.hpp): offered with config.agent; a sandbox
-  // without the agent refuses UNIMPLEMENTED. Terminals belong to the handle that opened them.
+  // without the agent refuses UNIMPLEMENTED. A handle holds the terminals it opened or took up; a
+  // terminal of another process is taken up from the agent (with its replay) on first use.
   bool offers_pty() const override { return config_.agent; }
   std::string open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
                        const sdk::CancelToken& cancel) override;
@@ -206,6 +207,9 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  // The handle's terminal `id`, or one another process opened, taken up from the agent.
+  std::shared_ptr<AgentTerminal> terminal(DockerSandbox& box, const std::string& id, bool takeover);
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,

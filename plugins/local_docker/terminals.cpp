@@ -30,10 +30,44 @@ AgentTerminal::AgentTerminal(const std::string& socket, std::string id, bool tty
   reader_ = std::thread([this] { read_loop(); });
 }
 
+namespace {
+
+sdk::WebSocket take_up_socket(const std::string& socket, const std::string& id, bool takeover) {
+  try {
+    return sdk::WebSocket::open({.unix_socket = socket},
+                                "/pty/" + id + "/ws?since=0" + (takeover ? "&takeover=1" : ""), {},
+                                kTimeout);
+  } catch (const sdk::Error& e) {
+    const std::string what = e.what();
+    if (what.find(" 404 ") != std::string::npos) {
+      throw sdk::Error::not_found("terminal " + id + " not found");
+    }
+    if (what.find(" 409 ") != std::string::npos) {
+      throw sdk::Error::failed_precondition("terminal " + id +
+                                            " is attached elsewhere (take it over to attach)");
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+AgentTerminal::AgentTerminal(const std::string& socket, std::string id, TakeUp take_up,
+                             sdk::Logger log)
+    : id_(std::move(id)), log_(log), socket_(take_up_socket(socket, id_, take_up.takeover)) {
+  replaying_ = true;
+  reader_ = std::thread([this] { read_loop(); });
+}
+
 AgentTerminal::~AgentTerminal() {
   socket_.shutdown();
   if (reader_.joinable()) reader_.join();
   output_.close();
+}
+
+bool AgentTerminal::gone() const {
+  std::lock_guard lock(mutex_);
+  return !gone_.empty() && !output_.exit_code();
 }
 
 void AgentTerminal::check_open() const {
@@ -70,6 +104,7 @@ void AgentTerminal::resize(uint16_t rows, uint16_t cols) {
 
 void AgentTerminal::read_loop() {
   std::string why = "terminal " + id_ + ": the sandbox's agent closed its connection";
+  bool taken_over = false;
   while (auto message = socket_.receive()) {
     if (message->kind == sdk::WebSocket::Message::Kind::binary) {
       const std::string& p = message->payload;
@@ -78,7 +113,13 @@ void AgentTerminal::read_loop() {
         output_.append(sdk::StdStream::out, std::string_view(p).substr(1));
       } else if (p[0] == '\x02') {
         output_.append(sdk::StdStream::err, std::string_view(p).substr(1));
-      }  // 0x03 (replay) only answers a `since`, which this attach never sends
+      } else if (p[0] == '\x03' && replaying_ && p.size() > 9) {  // offset, then the bytes
+        uint64_t offset = 0;
+        for (int i = 1; i <= 8; ++i)
+          offset = (offset << 8) | static_cast<uint8_t>(p[i]);
+        output_.skip_to(offset);  // the agent's ring may start after byte 0
+        output_.append(sdk::StdStream::out, std::string_view(p).substr(9));
+      }
     } else if (message->kind == sdk::WebSocket::Message::Kind::text) {
       try {
         const json::object frame = json::parse(message->payload).as_object();
@@ -96,6 +137,7 @@ void AgentTerminal::read_loop() {
     } else {  // close
       if (message->close_code == kTakenOver) {
         why = "terminal " + id_ + " was taken over by another client of the sandbox's agent";
+        taken_over = true;
       }
       break;
     }
@@ -104,25 +146,32 @@ void AgentTerminal::read_loop() {
     std::lock_guard lock(mutex_);
     gone_ = why;
   }
-  if (!output_.exit_code()) output_.close();  // the attachment: NOT_FOUND
+  if (output_.exit_code()) return;
+  if (taken_over) {  // the attachment ends as one taken over here would
+    sdk::ErrorDetails details;
+    details.reason = SBX_REASON_TAKEN_OVER;
+    output_.close(sdk::Error(SBX_STATUS_FAILED_PRECONDITION, why, std::move(details)));
+  } else {
+    output_.close();  // NOT_FOUND
+  }
 }
 
-void Terminals::add(std::shared_ptr<AgentTerminal> terminal) {
+std::shared_ptr<AgentTerminal> Terminals::add(std::shared_ptr<AgentTerminal> terminal) {
   std::lock_guard lock(mutex_);
-  terminals_[terminal->id()] = std::move(terminal);
+  auto [it, added] = terminals_.try_emplace(terminal->id(), terminal);
+  return it->second;
 }
 
 std::shared_ptr<AgentTerminal> Terminals::find(const std::string& id) const {
   std::lock_guard lock(mutex_);
   const auto it = terminals_.find(id);
-  if (it == terminals_.end()) throw sdk::Error::not_found("terminal " + id + " not found");
-  return it->second;
+  return it == terminals_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<AgentTerminal> Terminals::remove(const std::string& id) {
   std::lock_guard lock(mutex_);
   const auto it = terminals_.find(id);
-  if (it == terminals_.end()) throw sdk::Error::not_found("terminal " + id + " not found");
+  if (it == terminals_.end()) return nullptr;
   auto terminal = std::move(it->second);
   terminals_.erase(it);
   return terminal;

@@ -121,6 +121,12 @@ void TerminalOutput::append(StdStream stream, std::string_view bytes) {
   s.drain(lock);
 }
 
+void TerminalOutput::skip_to(uint64_t offset) {
+  State& s = *state_;
+  std::lock_guard lock(s.mutex);
+  if (s.kept.empty() && s.end == 0) s.end = offset;
+}
+
 void TerminalOutput::exited(int32_t exit_code) {
   State& s = *state_;
   std::unique_lock lock(s.mutex);
@@ -131,11 +137,15 @@ void TerminalOutput::exited(int32_t exit_code) {
 }
 
 void TerminalOutput::close() {
+  close(Error::not_found("the terminal was closed"));
+}
+
+void TerminalOutput::close(Error why) {
   State& s = *state_;
   std::unique_lock lock(s.mutex);
   if (s.closed) return;
   s.closed = true;
-  s.end_live_locked(Error::not_found("the terminal was closed"));
+  s.end_live_locked(std::move(why));
   s.drain(lock);
 }
 

@@ -2,7 +2,8 @@
 // pseudo-terminal in the container, the plugin holding its WebSocket). What every provider must do
 // (echo, sizes, Ctrl-C, takeover and replay, pipe mode) is the conformance suite's (ext.pty.*, run
 // as conformance.local_docker); here, what is local_docker's own: pipe mode as the image's user
-// with env and cwd, closing a terminal kills its processes, closing the sandbox ends its readers.
+// with env and cwd, closing a terminal kills its processes, a terminal taken up by another handle
+// (as another process would) with the agent's replay, closing the sandbox ends its readers.
 // Without the agent (the .docker_exec twin, which runs only the first case) the extension is not
 // offered. Every wait is on an event, bounded.
 
@@ -67,6 +68,43 @@ TEST_CASE("closing a terminal kills what runs on it and ends a waiting reader") 
   pty.close();
   CHECK(attach_error<sbx::NotFoundError>(attached).status() == SBX_STATUS_NOT_FOUND);
   CHECK(box.exec("ps -o args | grep -c '^cat$'").stdout_text == "0\n");
+  box.close();
+}
+
+TEST_CASE("a terminal another handle opened is taken up with the agent's replay") {
+  REQUIRE(ldtest::agent_mode());
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  sbx::Pty pty = box.open_pty({.command = "echo first-line; cat"});
+  Screen one;
+  auto first = pty.attach_async({.since = 0, .on_output = one.sink()});
+  REQUIRE(one.wait_for("first-line"));
+
+  // A second handle (as another process would have) knows the terminal by its id alone.
+  sbx::Sandbox other = provider().connect(box.serialize());
+  auto refused = other.pty(pty.id()).attach_async(
+      {.since = 0, .takeover = false, .on_output = [](auto...) {}});
+  CHECK(attach_error<sbx::FailedPreconditionError>(refused).status() ==
+        SBX_STATUS_FAILED_PRECONDITION);
+  Screen two;
+  auto second =
+      other.pty(pty.id()).attach_async({.since = 0, .takeover = true, .on_output = two.sink()});
+  CHECK(two.wait_for("first-line"));  // the agent's replay
+  CHECK(attach_error<sbx::FailedPreconditionError>(first).reason() == "taken_over");
+  other.pty(pty.id()).write("from-the-second\n");
+  CHECK(two.wait_for("from-the-second"));
+  {
+    std::lock_guard lock(two.mutex);
+    CHECK(two.first_offset == 0u);
+    CHECK(two.in_order);
+  }
+  // And back: the first handle takes it up again.
+  Screen three;
+  auto third = pty.attach_async({.since = 0, .on_output = three.sink()});
+  CHECK(three.wait_for("from-the-second"));
+  CHECK(attach_error<sbx::FailedPreconditionError>(second).reason() == "taken_over");
+  other.pty(pty.id()).close();  // closed from either handle
+  CHECK(attach_error<sbx::NotFoundError>(third).status() == SBX_STATUS_NOT_FOUND);
+  CHECK_THROWS_AS(pty.close(), sbx::NotFoundError);
   box.close();
 }
 

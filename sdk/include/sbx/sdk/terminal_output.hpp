@@ -31,6 +31,9 @@ class TerminalOutput {
 
   // What the process wrote (stdout, or stderr in pipe mode). Ignored after exited() or close().
   void append(StdStream stream, std::string_view bytes);
+  // The next byte's offset is `offset`: for a terminal taken up with its first bytes already
+  // gone (a replay that starts later). Only before the first append; a smaller offset is ignored.
+  void skip_to(uint64_t offset);
   // The process ended (its exit code, or 128 + the signal): the attachment completes with it,
   // after its last output, and later attachments replay, then complete at once.
   void exited(int32_t exit_code);
@@ -39,6 +42,9 @@ class TerminalOutput {
   void attach(uint64_t since, bool takeover, PtyAttachCompletion done);
   // The terminal is gone: the attachment ends with NOT_FOUND, and so does every later attach.
   void close();
+  // The same, but the attachment ends with `why` (say, FAILED_PRECONDITION with reason
+  // taken_over when a client elsewhere took the terminal over).
+  void close(Error why);
 
   std::optional<int32_t> exit_code() const;
   uint64_t end_offset() const;  // how many bytes the process has written
