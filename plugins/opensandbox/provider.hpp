@@ -83,7 +83,8 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingListReap,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
-                                  public sdk::BlockingRenew {
+                                  public sdk::BlockingRenew,
+                                  public sdk::BlockingShellSessions {
  public:
   static constexpr const char* kId = "opensandbox";
   static constexpr const char* kDescription =
