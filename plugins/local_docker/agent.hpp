@@ -116,10 +116,10 @@ class AgentClient {
   // are then root's, as the Engine API's archive writes them.
   bool runs_as_root(const std::string& socket, const sdk::CancelToken& cancel);
 
-  // A terminal's HTTP half (agent/README.md, "PTY sessions"; its WebSocket is terminals.hpp's):
-  // POST /pty with the JSON `body`, returning the new terminal's id, and DELETE /pty/{id}. A
-  // refused body is INVALID_ARGUMENT, an unknown id NOT_FOUND, the agent's bound reached
-  // RESOURCE_EXHAUSTED, each with the agent's message.
+  // A terminal's HTTP half (agent/README.md, "PTY sessions"; its WebSocket is
+  // sdk::ExecdTerminal's): POST /pty with the JSON `body`, returning the new terminal's id, and
+  // DELETE /pty/{id}. A refused body is INVALID_ARGUMENT, an unknown id NOT_FOUND, the agent's
+  // bound reached RESOURCE_EXHAUSTED, each with the agent's message.
   std::string open_pty(const std::string& socket, const std::string& body,
                        const sdk::CancelToken& cancel);
   void delete_pty(const std::string& socket, const std::string& id, const sdk::CancelToken& cancel);

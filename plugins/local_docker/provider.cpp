@@ -668,9 +668,14 @@ void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& c
   if (!box.agent_socket().empty()) agent_files_.remove_run_dir(box.container());
 }
 
-// ---- sbx.pty/1 (terminals.hpp) ------------------------------------------------------------------
+// ---- sbx.pty/1 (sdk::ExecdTerminal)
+// ------------------------------------------------------------------
 
 namespace {
+
+sdk::ExecdPlace agent_place(const DockerSandbox& box) {
+  return {.endpoint = {.unix_socket = box.agent_socket()}};
+}
 
 DockerSandbox& terminal_box(sdk::Sandbox& sandbox) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
@@ -702,7 +707,8 @@ std::string LocalDockerProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyR
   if (!user.empty()) body["user"] = user;
   const std::string id = agent_client_->open_pty(box.agent_socket(), json::serialize(body), cancel);
   try {
-    box.terminals().add(std::make_shared<AgentTerminal>(box.agent_socket(), id, request.tty, log_));
+    box.terminals().add(
+        std::make_shared<sdk::ExecdTerminal>(agent_place(box), id, request.tty, log_));
   } catch (...) {
     try {
       agent_client_->delete_pty(box.agent_socket(), id, sdk::CancelToken());
@@ -714,14 +720,15 @@ std::string LocalDockerProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyR
   return id;
 }
 
-std::shared_ptr<AgentTerminal> LocalDockerProvider::terminal(DockerSandbox& box,
-                                                             const std::string& id, bool takeover) {
+std::shared_ptr<sdk::ExecdTerminal> LocalDockerProvider::terminal(DockerSandbox& box,
+                                                                  const std::string& id,
+                                                                  bool takeover) {
   if (box.agent_socket().empty()) throw sdk::Error::not_found("terminal " + id + " not found");
   // One this handle does not hold was opened by another process or handle: taken up from the
   // agent, with its replay.
   return box.terminals().find_or(id, [&] {
-    return std::make_shared<AgentTerminal>(box.agent_socket(), id, AgentTerminal::TakeUp{takeover},
-                                           log_);
+    return std::make_shared<sdk::ExecdTerminal>(agent_place(box), id,
+                                                sdk::ExecdTerminal::TakeUp{takeover}, log_);
   });
 }
 
@@ -744,7 +751,7 @@ void LocalDockerProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& i
 void LocalDockerProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  const std::shared_ptr<AgentTerminal> mine = box.terminals().remove(id);  // null: another's
+  const std::shared_ptr<sdk::ExecdTerminal> mine = box.terminals().remove(id);  // null: another's
   try {
     agent_client_->delete_pty(box.agent_socket(), id, cancel);  // kills what runs on it
   } catch (const sdk::Error& e) {

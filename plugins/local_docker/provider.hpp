@@ -9,9 +9,9 @@
 #include "exec.hpp"
 #include "images.hpp"
 #include "reaper.hpp"
-#include "terminals.hpp"
 
 #include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/execd_terminal.hpp>
 #include <sbx/sdk/plugin.hpp>
 
 #include <atomic>
@@ -82,8 +82,8 @@ class DockerSandbox final : public sdk::Sandbox {
     return value < 0 ? std::nullopt : std::optional<bool>(value == 1);
   }
   void set_agent_is_root(bool root) noexcept { agent_is_root_.store(root ? 1 : 0); }
-  // The terminals this handle opened (through its agent). THREADING: thread-safe.
-  Terminals& terminals() noexcept { return terminals_; }
+  // The terminals this handle opened or took up (through its agent). THREADING: thread-safe.
+  sdk::ExecdTerminals& terminals() noexcept { return terminals_; }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -98,7 +98,7 @@ class DockerSandbox final : public sdk::Sandbox {
   std::string default_user_;
   std::atomic<bool> paused_{false};
   std::atomic<int> agent_is_root_{-1};  // -1 not asked yet
-  Terminals terminals_;
+  sdk::ExecdTerminals terminals_;
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -191,9 +191,10 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                 const sdk::CancelToken& cancel) override;
 
-  // sbx.pty/1 through the sandbox's agent (terminals.hpp): offered with config.agent; a sandbox
-  // without the agent refuses UNIMPLEMENTED. A handle holds the terminals it opened or took up; a
-  // terminal of another process is taken up from the agent (with its replay) on first use.
+  // sbx.pty/1 through the sandbox's agent (sdk::ExecdTerminal over its socket, decision 231):
+  // offered with config.agent; a sandbox without the agent refuses UNIMPLEMENTED. A handle holds
+  // the terminals it opened or took up; a terminal of another process is taken up from the agent
+  // (with its replay) on first use.
   bool offers_pty() const override { return config_.agent; }
   std::string open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
                        const sdk::CancelToken& cancel) override;
@@ -209,7 +210,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   using Clock = std::chrono::steady_clock;
 
   // The handle's terminal `id`, or one another process opened, taken up from the agent.
-  std::shared_ptr<AgentTerminal> terminal(DockerSandbox& box, const std::string& id, bool takeover);
+  std::shared_ptr<sdk::ExecdTerminal> terminal(DockerSandbox& box, const std::string& id,
+                                               bool takeover);
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,

@@ -174,6 +174,38 @@ bool ExecdClient::ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds 
   return http_.send(std::move(request), cancel).status == 200;
 }
 
+std::string ExecdClient::open_pty(const ExecdEndpoint& endpoint, const std::string& body,
+                                  const sdk::CancelToken& cancel) {
+  auto request = to(endpoint, "POST", "/pty");
+  request.body = body;
+  request.headers.emplace_back("Content-Type", "application/json");
+  request.timeout = std::chrono::milliseconds(30'000);
+  const auto response = http_.send(std::move(request), cancel);
+  if (response.status != 200 && response.status != 201) {
+    throw sdk::Error::unavailable("execd's POST /pty answered HTTP " +
+                                      std::to_string(response.status) + ": " +
+                                      response.body.substr(0, 300),
+                                  false);
+  }
+  try {
+    return std::string(json::parse(response.body).as_object().at("session_id").as_string());
+  } catch (const std::exception& e) {
+    throw sdk::Error::internal(std::string("execd's POST /pty answered badly: ") + e.what());
+  }
+}
+
+void ExecdClient::delete_pty(const ExecdEndpoint& endpoint, const std::string& id,
+                             const sdk::CancelToken& cancel) {
+  auto request = to(endpoint, "DELETE", "/pty/" + sdk::http::url_encode(id));
+  request.timeout = std::chrono::milliseconds(30'000);
+  const auto response = http_.send(std::move(request), cancel);
+  if (response.status == 404) throw sdk::Error::not_found("terminal " + id + " not found");
+  if (response.status != 200 && response.status != 204) {
+    throw sdk::Error::unavailable(
+        "execd's DELETE /pty/" + id + " answered HTTP " + std::to_string(response.status), false);
+  }
+}
+
 // One command over execd's event stream, from its first submission to its end: a small state
 // machine driven by the HTTP client's callbacks (loop thread), its timers (the wait between two
 // submissions after a 502) and cancel() (any thread). Kept alive by those callbacks and by the

@@ -112,6 +112,13 @@ class ExecdClient {
   bool ping(const ExecdEndpoint& endpoint, std::chrono::milliseconds timeout,
             const sdk::CancelToken& cancel);
 
+  // A terminal's HTTP half (its WebSocket is sdk::ExecdTerminal's): POST /pty with the JSON
+  // `body`, returning the terminal's id, and DELETE /pty/{id} (NOT_FOUND for an unknown id).
+  std::string open_pty(const ExecdEndpoint& endpoint, const std::string& body,
+                       const sdk::CancelToken& cancel);
+  void delete_pty(const ExecdEndpoint& endpoint, const std::string& id,
+                  const sdk::CancelToken& cancel);
+
   // POST /files/upload (multipart, streamed from `source` on the calling thread).
   // With `check`: a transfer that makes no progress (no byte sent or received) for 1 s, then
   // 5, 10, 20, ... up to 60 s, asks `check` whether to go on; its error ends the transfer (a

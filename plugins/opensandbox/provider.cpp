@@ -608,7 +608,130 @@ void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& 
 }
 
 void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  as_box(sandbox).terminals().clear();  // their attachments end (NOT_FOUND) first
   remove_sandbox(sandbox.id(), cancel);
+}
+
+// ---- sbx.pty/1 over execd's /pty (sdk::ExecdTerminal) -------------------------------------------
+
+namespace {
+
+// Where the WebSocket goes: the endpoint's host and port, its path as the prefix, its headers.
+sdk::ExecdPlace execd_place(const OpenSandbox& box) {
+  const std::string& url = box.execd().base_url;
+  constexpr std::string_view kHttp = "http://";
+  if (!url.starts_with(kHttp)) {
+    throw sdk::Error::unimplemented("terminals need a plain http execd endpoint, not " +
+                                    url.substr(0, url.find("://")));
+  }
+  const std::string rest = url.substr(kHttp.size());
+  const size_t slash = rest.find('/');
+  const std::string authority = rest.substr(0, slash);
+  sdk::ExecdPlace place;
+  place.prefix = slash == std::string::npos ? "" : rest.substr(slash);
+  const size_t colon = authority.rfind(':');
+  const bool bracketed = authority.starts_with('[');
+  std::string host = authority, port = "80";
+  if (colon != std::string::npos && (!bracketed || authority.find(']') < colon)) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  place.endpoint.host = host;
+  try {
+    place.endpoint.port = static_cast<uint16_t>(std::stoul(port));
+  } catch (const std::exception&) {
+    throw sdk::Error::internal("the execd endpoint " + authority + " has no port number");
+  }
+  place.headers = box.execd().headers;
+  return place;
+}
+
+// `command` (none: the image's bash, else sh) after `export` of `env`, as execd's body has no env.
+std::optional<std::string> with_env(const sdk::PtyRequest& request) {
+  if (request.env.empty()) return request.command;
+  std::string out;
+  for (const auto& [k, v] : request.env)
+    out += "export " + k + "=" + shell_quote(v) + "; ";
+  return out + request.command.value_or("exec \"$(command -v bash || echo sh)\"");
+}
+
+}  // namespace
+
+std::string OpenSandboxProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
+                                          const sdk::CancelToken& cancel) {
+  OpenSandbox& box = as_box(sandbox);
+  if (request.user) {
+    throw sdk::Error::unimplemented(
+        "execd's terminals run as the sandbox's user: a terminal's user cannot be chosen");
+  }
+  for (const auto& [k, v] : request.env) {
+    if (k.empty() || k.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                         "0123456789_") != std::string::npos) {
+      throw sdk::Error::invalid_argument("a terminal's variable name must be [A-Za-z0-9_]+: " + k);
+    }
+  }
+  const sdk::ExecdPlace place = execd_place(box);
+  boost::json::object body;
+  if (const auto command = with_env(request)) body["command"] = *command;
+  if (const auto cwd = request.cwd ? request.cwd : box.workdir()) body["cwd"] = *cwd;
+  const std::string id = execd_.open_pty(box.execd(), boost::json::serialize(body), cancel);
+  try {
+    auto terminal = std::make_shared<sdk::ExecdTerminal>(place, id, request.tty, log_);
+    // execd starts terminals at 80 x 24; a resize before anything is typed sets the size asked.
+    if (request.tty && (request.rows != 24 || request.cols != 80)) {
+      terminal->resize(request.rows, request.cols);
+    }
+    box.terminals().add(std::move(terminal));
+  } catch (...) {
+    try {
+      execd_.delete_pty(box.execd(), id, sdk::CancelToken());
+    } catch (const sdk::Error& e) {
+      log_.warn("opensandbox: terminal ", id, " of sandbox ", box.id(),
+                " could not be deleted: ", e.what());
+    }
+    throw;
+  }
+  return id;
+}
+
+std::shared_ptr<sdk::ExecdTerminal> OpenSandboxProvider::terminal(OpenSandbox& box,
+                                                                  const std::string& id,
+                                                                  bool takeover) {
+  return box.terminals().find_or(id, [&] {
+    return std::make_shared<sdk::ExecdTerminal>(execd_place(box), id,
+                                                sdk::ExecdTerminal::TakeUp{takeover}, log_);
+  });
+}
+
+void OpenSandboxProvider::attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since,
+                                     bool takeover, sdk::PtyAttachCompletion done) {
+  terminal(as_box(sandbox), id, takeover)->output().attach(since, takeover, std::move(done));
+}
+
+void OpenSandboxProvider::write_pty(sdk::Sandbox& sandbox, const std::string& id,
+                                    std::string_view input) {
+  OpenSandbox& box = as_box(sandbox);
+  if (box.paused()) throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
+  terminal(box, id, true)->write(input);
+}
+
+void OpenSandboxProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
+                                     uint16_t cols) {
+  OpenSandbox& box = as_box(sandbox);
+  if (box.paused()) throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
+  terminal(box, id, true)->resize(rows, cols);
+}
+
+void OpenSandboxProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
+                                    const sdk::CancelToken& cancel) {
+  OpenSandbox& box = as_box(sandbox);
+  const auto mine = box.terminals().remove(id);  // null: another's
+  try {
+    execd_.delete_pty(box.execd(), id, cancel);
+  } catch (const sdk::Error& e) {
+    if (e.status() != SBX_STATUS_NOT_FOUND || !mine || !mine->output().exit_code()) throw;
+  }
 }
 
 void OpenSandboxProvider::remove_sandbox(const std::string& id, const sdk::CancelToken& cancel) {

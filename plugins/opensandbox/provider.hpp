@@ -9,6 +9,7 @@
 #include "lifecycle.hpp"
 
 #include <sbx/sdk/blocking.hpp>
+#include <sbx/sdk/execd_terminal.hpp>
 #include <sbx/sdk/plugin.hpp>
 
 #include <atomic>
@@ -40,12 +41,15 @@ class OpenSandbox final : public sdk::Sandbox {
   // THREADING: thread-safe.
   bool paused() const noexcept { return paused_.load(); }
   void set_paused(bool paused) noexcept { paused_.store(paused); }
+  // The terminals this handle opened or took up (execd's /pty). THREADING: thread-safe.
+  sdk::ExecdTerminals& terminals() noexcept { return terminals_; }
 
  private:
   ExecdEndpoint execd_;
   std::optional<std::string> workdir_;
   std::vector<uint16_t> ports_;
   std::atomic<bool> paused_{false};
+  sdk::ExecdTerminals terminals_;
 };
 
 // The value of the sbx.workdir metadata a create adds (decision 216): the hex of the workdir's
@@ -84,7 +88,8 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
                                   public sdk::BlockingPause,
                                   public sdk::BlockingConnect,
                                   public sdk::BlockingRenew,
-                                  public sdk::BlockingShellSessions {
+                                  public sdk::BlockingShellSessions,
+                                  public sdk::BlockingPty {
  public:
   static constexpr const char* kId = "opensandbox";
   static constexpr const char* kDescription =
@@ -110,6 +115,20 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
                 const sdk::CancelToken& cancel) override;
   sdk::SandboxStatus status(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   void close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
+
+  // sbx.pty/1 over execd's /pty routes (sdk::ExecdTerminal; plain http endpoints only). execd's
+  // POST /pty takes only cwd and command: env becomes exports before the command, the size a
+  // resize once connected; a user is refused (UNIMPLEMENTED). A terminal another process opened
+  // is taken up from execd by id.
+  std::string open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
+                       const sdk::CancelToken& cancel) override;
+  void attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since, bool takeover,
+                  sdk::PtyAttachCompletion done) override;
+  void write_pty(sdk::Sandbox& sandbox, const std::string& id, std::string_view input) override;
+  void resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
+                  uint16_t cols) override;
+  void close_pty(sdk::Sandbox& sandbox, const std::string& id,
+                 const sdk::CancelToken& cancel) override;
 
   // sbx.endpoint/1: GET the sandbox's endpoint for `port` (the same request and handling as
   // execd's endpoint: scheme from the connection when it has none, the connection's headers under
@@ -142,6 +161,10 @@ class OpenSandboxProvider final : public sdk::BlockingProvider,
                 const sdk::CancelToken& cancel) override;
 
  private:
+  // The handle's terminal `id`, or one another process opened, taken up from execd.
+  std::shared_ptr<sdk::ExecdTerminal> terminal(OpenSandbox& box, const std::string& id,
+                                               bool takeover);
+
   // One create attempt: POST, endpoint, health check, workdir, probe; on a failure after the POST
   // the new sandbox is deleted (errors of that cleanup are logged and swallowed).
   // `skip_health_check`: the config's or the sandbox's option (provider_options).

@@ -5,8 +5,9 @@
 #
 # The server runs with an API key (from $SBX_OS_TEST_KEY), so the plugin's direct execd calls must
 # carry the endpoint's X-EXECD-ACCESS-TOKEN and its lifecycle calls the key. The whole suite runs in
-# direct mode, a few cases again in server-proxy mode. Three cases are left out, because the
-# OpenSandbox protocol cannot carry what they check (docs/decisions.md):
+# direct mode, a few cases again in server-proxy mode (a terminal's WebSocket among them). Three
+# cases are left out, because the OpenSandbox protocol cannot carry what they check
+# (docs/decisions.md):
 #   exec.output,    execd sends output as lines without their terminator: a last line without a
 #   files.startup   newline ("printf out", "cat" of a file without one) cannot be told from one
 #                   with it, so it comes back with "\n" added;
@@ -86,7 +87,7 @@ run() {  # CONFIG PATTERN
 for pattern in 'lifecycle.[!t]*' 'exec.[!o]*' 'files.[!s]*' 'ext.*' 'labels.*'; do
   run "$work/direct.json" "$pattern"
 done
-for pattern in 'exec.exit-code' 'exec.streaming' 'files.round-trip'; do
+for pattern in 'exec.exit-code' 'exec.streaming' 'files.round-trip' 'ext.pty.attach'; do
   run "$work/proxy.json" "$pattern"
 done
 

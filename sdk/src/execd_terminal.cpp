@@ -1,6 +1,6 @@
-// local_docker's terminals through the agent's WebSocket (terminals.hpp).
+// sbx::ExecdTerminal (execd_terminal.hpp): execd's terminal WebSocket, client side.
 
-#include "terminals.hpp"
+#include <sbx/sdk/execd_terminal.hpp>
 
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <chrono>
 
-namespace sbx::local_docker {
+namespace sbx::sdk {
 
 namespace json = boost::json;
 
@@ -17,34 +17,36 @@ namespace {
 
 constexpr std::chrono::milliseconds kTimeout{10'000};  // the handshake, and one frame's send
 constexpr size_t kInputFrame = 64 * 1024;
-// The agent's close code for an attachment another client took over (agent/README.md).
+// execd's close code for an attachment another client took over (agent/README.md).
 constexpr uint16_t kTakenOver = 4001;
 
 }  // namespace
 
-AgentTerminal::AgentTerminal(const std::string& socket, std::string id, bool tty, sdk::Logger log)
+ExecdTerminal::ExecdTerminal(const ExecdPlace& place, std::string id, bool tty, Logger log)
     : id_(std::move(id)),
       log_(log),
-      socket_(sdk::WebSocket::open({.unix_socket = socket},
-                                   "/pty/" + id_ + "/ws" + (tty ? "" : "?pty=0"), {}, kTimeout)) {
+      socket_(WebSocket::open(place.endpoint,
+                              place.prefix + "/pty/" + id_ + "/ws" + (tty ? "" : "?pty=0"),
+                              place.headers, kTimeout)) {
   reader_ = std::thread([this] { read_loop(); });
 }
 
 namespace {
 
-sdk::WebSocket take_up_socket(const std::string& socket, const std::string& id, bool takeover) {
+WebSocket take_up_socket(const ExecdPlace& place, const std::string& id, bool takeover) {
   try {
-    return sdk::WebSocket::open({.unix_socket = socket},
-                                "/pty/" + id + "/ws?since=0" + (takeover ? "&takeover=1" : ""), {},
-                                kTimeout);
-  } catch (const sdk::Error& e) {
+    return WebSocket::open(
+        place.endpoint,
+        place.prefix + "/pty/" + id + "/ws?since=0" + (takeover ? "&takeover=1" : ""),
+        place.headers, kTimeout);
+  } catch (const Error& e) {
     const std::string what = e.what();
     if (what.find(" 404 ") != std::string::npos) {
-      throw sdk::Error::not_found("terminal " + id + " not found");
+      throw Error::not_found("terminal " + id + " not found");
     }
     if (what.find(" 409 ") != std::string::npos) {
-      throw sdk::Error::failed_precondition("terminal " + id +
-                                            " is attached elsewhere (take it over to attach)");
+      throw Error::failed_precondition("terminal " + id +
+                                       " is attached elsewhere (take it over to attach)");
     }
     throw;
   }
@@ -52,35 +54,34 @@ sdk::WebSocket take_up_socket(const std::string& socket, const std::string& id, 
 
 }  // namespace
 
-AgentTerminal::AgentTerminal(const std::string& socket, std::string id, TakeUp take_up,
-                             sdk::Logger log)
-    : id_(std::move(id)), log_(log), socket_(take_up_socket(socket, id_, take_up.takeover)) {
+ExecdTerminal::ExecdTerminal(const ExecdPlace& place, std::string id, TakeUp take_up, Logger log)
+    : id_(std::move(id)), log_(log), socket_(take_up_socket(place, id_, take_up.takeover)) {
   replaying_ = true;
   reader_ = std::thread([this] { read_loop(); });
 }
 
-AgentTerminal::~AgentTerminal() {
+ExecdTerminal::~ExecdTerminal() {
   socket_.shutdown();
   if (reader_.joinable()) reader_.join();
   output_.close();
 }
 
-bool AgentTerminal::gone() const {
+bool ExecdTerminal::gone() const {
   std::lock_guard lock(mutex_);
   return !gone_.empty() && !output_.exit_code();
 }
 
-void AgentTerminal::check_open() const {
+void ExecdTerminal::check_open() const {
   if (output_.exit_code()) {
-    throw sdk::Error::failed_precondition("terminal " + id_ + " has exited (code " +
-                                          std::to_string(*output_.exit_code()) + ")");
+    throw Error::failed_precondition("terminal " + id_ + " has exited (code " +
+                                     std::to_string(*output_.exit_code()) + ")");
   }
 }
 
-void AgentTerminal::write(std::string_view input) {
+void ExecdTerminal::write(std::string_view input) {
   {
     std::lock_guard lock(mutex_);
-    if (!gone_.empty()) throw sdk::Error::failed_precondition(gone_);
+    if (!gone_.empty()) throw Error::failed_precondition(gone_);
   }
   check_open();
   while (!input.empty()) {
@@ -92,35 +93,35 @@ void AgentTerminal::write(std::string_view input) {
   }
 }
 
-void AgentTerminal::resize(uint16_t rows, uint16_t cols) {
+void ExecdTerminal::resize(uint16_t rows, uint16_t cols) {
   {
     std::lock_guard lock(mutex_);
-    if (!gone_.empty()) throw sdk::Error::failed_precondition(gone_);
+    if (!gone_.empty()) throw Error::failed_precondition(gone_);
   }
   check_open();
   socket_.send_text(
       json::serialize(json::object{{"type", "resize"}, {"rows", rows}, {"cols", cols}}));
 }
 
-void AgentTerminal::read_loop() {
-  std::string why = "terminal " + id_ + ": the sandbox's agent closed its connection";
+void ExecdTerminal::read_loop() {
+  std::string why = "terminal " + id_ + ": the server closed its connection";
   bool taken_over = false;
   while (auto message = socket_.receive()) {
-    if (message->kind == sdk::WebSocket::Message::Kind::binary) {
+    if (message->kind == WebSocket::Message::Kind::binary) {
       const std::string& p = message->payload;
       if (p.empty()) continue;
       if (p[0] == '\x01') {
-        output_.append(sdk::StdStream::out, std::string_view(p).substr(1));
+        output_.append(StdStream::out, std::string_view(p).substr(1));
       } else if (p[0] == '\x02') {
-        output_.append(sdk::StdStream::err, std::string_view(p).substr(1));
+        output_.append(StdStream::err, std::string_view(p).substr(1));
       } else if (p[0] == '\x03' && replaying_ && p.size() > 9) {  // offset, then the bytes
         uint64_t offset = 0;
         for (int i = 1; i <= 8; ++i)
           offset = (offset << 8) | static_cast<uint8_t>(p[i]);
         output_.skip_to(offset);  // the agent's ring may start after byte 0
-        output_.append(sdk::StdStream::out, std::string_view(p).substr(9));
+        output_.append(StdStream::out, std::string_view(p).substr(9));
       }
-    } else if (message->kind == sdk::WebSocket::Message::Kind::text) {
+    } else if (message->kind == WebSocket::Message::Kind::text) {
       try {
         const json::object frame = json::parse(message->payload).as_object();
         const auto* type = frame.if_contains("type");
@@ -129,14 +130,14 @@ void AgentTerminal::read_loop() {
           output_.exited(static_cast<int32_t>(frame.at("exit_code").to_number<int64_t>()));
           why = "terminal " + id_ + " has exited";
         } else if (type->as_string() == "error") {
-          log_.warn("terminal ", id_, ": the agent says: ", json::serialize(frame));
+          log_.warn("terminal ", id_, ": the server says: ", json::serialize(frame));
         }
       } catch (const std::exception& e) {
-        log_.warn("terminal ", id_, ": a frame the agent sent is not understood: ", e.what());
+        log_.warn("terminal ", id_, ": a frame the server sent is not understood: ", e.what());
       }
     } else {  // close
       if (message->close_code == kTakenOver) {
-        why = "terminal " + id_ + " was taken over by another client of the sandbox's agent";
+        why = "terminal " + id_ + " was taken over by another client";
         taken_over = true;
       }
       break;
@@ -148,27 +149,27 @@ void AgentTerminal::read_loop() {
   }
   if (output_.exit_code()) return;
   if (taken_over) {  // the attachment ends as one taken over here would
-    sdk::ErrorDetails details;
+    ErrorDetails details;
     details.reason = SBX_REASON_TAKEN_OVER;
-    output_.close(sdk::Error(SBX_STATUS_FAILED_PRECONDITION, why, std::move(details)));
+    output_.close(Error(SBX_STATUS_FAILED_PRECONDITION, why, std::move(details)));
   } else {
     output_.close();  // NOT_FOUND
   }
 }
 
-std::shared_ptr<AgentTerminal> Terminals::add(std::shared_ptr<AgentTerminal> terminal) {
+std::shared_ptr<ExecdTerminal> ExecdTerminals::add(std::shared_ptr<ExecdTerminal> terminal) {
   std::lock_guard lock(mutex_);
   auto [it, added] = terminals_.try_emplace(terminal->id(), terminal);
   return it->second;
 }
 
-std::shared_ptr<AgentTerminal> Terminals::find(const std::string& id) const {
+std::shared_ptr<ExecdTerminal> ExecdTerminals::find(const std::string& id) const {
   std::lock_guard lock(mutex_);
   const auto it = terminals_.find(id);
   return it == terminals_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<AgentTerminal> Terminals::remove(const std::string& id) {
+std::shared_ptr<ExecdTerminal> ExecdTerminals::remove(const std::string& id) {
   std::lock_guard lock(mutex_);
   const auto it = terminals_.find(id);
   if (it == terminals_.end()) return nullptr;
@@ -177,8 +178,8 @@ std::shared_ptr<AgentTerminal> Terminals::remove(const std::string& id) {
   return terminal;
 }
 
-void Terminals::clear() {
-  std::map<std::string, std::shared_ptr<AgentTerminal>> gone;
+void ExecdTerminals::clear() {
+  std::map<std::string, std::shared_ptr<ExecdTerminal>> gone;
   {
     std::lock_guard lock(mutex_);
     gone.swap(terminals_);
@@ -186,4 +187,4 @@ void Terminals::clear() {
   // Destroyed here, outside the lock: each joins its reader.
 }
 
-}  // namespace sbx::local_docker
+}  // namespace sbx::sdk
