@@ -224,6 +224,25 @@ TEST_CASE("pipe mode (pty=0): stdout and stderr apart, stdin read, the exit code
   CHECK(q.text_of("exit").at("exit_code") == 2);
 }
 
+TEST_CASE("a server stopped with a terminal attached and one only watched exits cleanly") {
+  Fixture f;
+  const std::string watched = f.new_terminal(R"({"command":"echo up; cat"})");
+  {
+    Client c(f.attach(watched));
+    REQUIRE(c.read_until([&] { return has(c.out, "up"); }));
+    c.ws.close();
+    REQUIRE(c.read_until([&] { return c.close_code.has_value(); }));
+  }
+  const std::string held = f.new_terminal(R"({"command":"echo up; cat"})");
+  Client c(f.attach(held));
+  REQUIRE(c.read_until([&] { return has(c.out, "up"); }));
+  CHECK(f.server->stop() == 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  c.read_until([&] { return false; });  // returns when the socket ends (or after 30 s)
+  CHECK(std::chrono::steady_clock::now() - stopped < 20s);
+  CHECK(f.log_text().find("ERROR") == std::string::npos);
+}
+
 TEST_CASE("refusals: an unknown terminal, no upgrade, a bad since, a bad body") {
   Fixture f;
   CHECK(request(f.port(), "GET", f.execd("/pty/nope")).status == 404);
