@@ -198,6 +198,8 @@ void ExecdClient::delete_pty(const ExecdEndpoint& endpoint, const std::string& i
                              const sdk::CancelToken& cancel) {
   auto request = to(endpoint, "DELETE", "/pty/" + sdk::http::url_encode(id));
   request.timeout = std::chrono::milliseconds(30'000);
+  // The real server's proxy answers a DELETE without a length 411 (Length Required).
+  request.headers.emplace_back("Content-Length", "0");
   const auto response = http_.send(std::move(request), cancel);
   if (response.status == 404) throw sdk::Error::not_found("terminal " + id + " not found");
   if (response.status != 200 && response.status != 204) {
@@ -749,6 +751,7 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   void interrupt(const std::string& id) {
     auto request = to(endpoint_, "DELETE", "/command?id=" + sdk::http::url_encode(id));
     request.timeout = kInterruptTimeout;
+    request.headers.emplace_back("Content-Length", "0");  // the real server's proxy needs one
     {
       std::lock_guard lock(client_.interrupts_mutex_);
       ++client_.interrupts_pending_;
