@@ -62,6 +62,20 @@ std::string run_cli_in_bash(const fs::path& tmpdir, const std::string& script) {
   return run_shell("bash " + file.string()).out;
 }
 
+// Waits (at most 30 s) until process `pid` blocks SIGINT, as sbx does once it handles Ctrl-C:
+// a SIGINT sent before that could be lost (a background job of a script ignores it until then).
+bool sigint_blocked(pid_t pid) {
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigBlk:", 0) == 0 && (std::stoull(line.substr(7), nullptr, 16) & 2u) != 0)
+        return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 // Starts `sbx ARGS...` with TMPDIR set (where test_processes makes its sandbox directories).
 pid_t spawn_cli(const fs::path& tmpdir, std::vector<std::string> args) {
   std::string cli = SBX_CLI;
@@ -395,7 +409,7 @@ TEST_CASE(
   for (const bool twice : {false, true}) {
     const pid_t pid = spawn_cli(root.path, {"--config", config, "run", "--provider", "m",
                                             "--stop-timeout", twice ? "60" : "2", "--", "true"});
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the exec is pending
+    REQUIRE(sigint_blocked(pid));  // sbx handles Ctrl-C from now on
     const auto start = std::chrono::steady_clock::now();
     ::kill(pid, SIGINT);
     if (twice) {
@@ -409,8 +423,12 @@ TEST_CASE(
   }
   const std::string out = run_cli_in_bash(
       root.path, "--config " + config +
-                     " run --provider m --stop-timeout 1 -- true &\npid=$!; sleep 0.5; kill -INT "
-                     "$pid; wait $pid; echo \" rc=$?\"");
+                     " run --provider m --stop-timeout 1 -- true &\npid=$!\n"
+                     // Ctrl-C once sbx blocks SIGINT (SigBlk bit 2): before that, a background
+                     // job of a script ignores it.
+                     "for i in $(seq 3000); do m=$(awk '/^SigBlk/ {print $2}' /proc/$pid/status); "
+                     "(( 0x$m & 2 )) && break; sleep 0.01; done\n"
+                     "kill -INT $pid; wait $pid; echo \" rc=$?\"");
   CHECK(has(out, "stopped waiting for provider 'm'; sandbox mis-"));
   CHECK(has(out, "may still exist. Remove it with: sbx reap --provider m --label sbx.run="));
   CHECK(has(out, "rc=130"));

@@ -159,7 +159,7 @@ TEST_CASE("a timed-out exec with a slow output callback stops within 1 s of its 
   CHECK(*r.error_type == "timeout");
   MESSAGE("timeout 1.5 s, returned after ", took, " s");
   CHECK(took >= 1.5);
-  CHECK(took < 2.5);
+  CHECK(took < 1.5 + sbx::testing::slack(1.0));  // as the flood case above (ASan CI: 2.50055 s)
   CHECK(processes_matching(box, "/dev/zero") == "");
   box.close();
 }
