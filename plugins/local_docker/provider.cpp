@@ -751,14 +751,8 @@ void LocalDockerProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& i
 void LocalDockerProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  const std::shared_ptr<sdk::ExecdTerminal> mine = box.terminals().remove(id);  // null: another's
-  try {
-    agent_client_->delete_pty(box.agent_socket(), id, cancel);  // kills what runs on it
-  } catch (const sdk::Error& e) {
-    // Unknown to the agent: one of ours that had exited was forgotten (its bound), closed all
-    // the same; otherwise another client closed it, or it never was.
-    if (e.status() != SBX_STATUS_NOT_FOUND || !mine || !mine->output().exit_code()) throw;
-  }
+  // The agent kills what runs on it.
+  box.terminals().close(id, [&] { agent_client_->delete_pty(box.agent_socket(), id, cancel); });
 }
 
 void LocalDockerProvider::pause(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {

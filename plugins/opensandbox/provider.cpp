@@ -726,12 +726,7 @@ void OpenSandboxProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& i
 void OpenSandboxProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     const sdk::CancelToken& cancel) {
   OpenSandbox& box = as_box(sandbox);
-  const auto mine = box.terminals().remove(id);  // null: another's
-  try {
-    execd_.delete_pty(box.execd(), id, cancel);
-  } catch (const sdk::Error& e) {
-    if (e.status() != SBX_STATUS_NOT_FOUND || !mine || !mine->output().exit_code()) throw;
-  }
+  box.terminals().close(id, [&] { execd_.delete_pty(box.execd(), id, cancel); });
 }
 
 void OpenSandboxProvider::remove_sandbox(const std::string& id, const sdk::CancelToken& cancel) {

@@ -93,6 +93,19 @@ class ExecdTerminals {
     remove(id);  // one whose connection ended is taken up again
     return add(take_up());
   }
+  // Closes terminal `id`: forgets it here and calls `delete_remote` (the server's
+  // DELETE /pty/{id}, which throws NOT_FOUND for an id the server does not know). NOT_FOUND then
+  // stands unless the terminal was ours and had exited (the server may forget an exited one):
+  // closed all the same.
+  template <class DeleteRemote>
+  void close(const std::string& id, DeleteRemote delete_remote) {
+    const std::shared_ptr<ExecdTerminal> mine = remove(id);  // null: another process's
+    try {
+      delete_remote();
+    } catch (const Error& e) {
+      if (e.status() != SBX_STATUS_NOT_FOUND || !mine || !mine->output().exit_code()) throw;
+    }
+  }
   // Every terminal, removed: the sandbox is closing.
   void clear();
 
