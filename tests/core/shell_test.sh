@@ -63,6 +63,13 @@ for ((i = 0; i < 400; i++)); do
 done
 pgrep -f '^sleep 61$' >/dev/null || fail "the remote sleep never started"
 keys C-c
+# Type on once the shell is back at a bare prompt: keys sent while the remote tty still ran the
+# sleep are echoed by the line discipline before ash redraws, and the output line merges with it.
+for ((i = 0; i < 400; i++)); do
+  pgrep -f '^sleep 61$' >/dev/null || break
+  sleep 0.05
+done
+wait_for '^#$'
 keys 'echo after-ctrl-c' Enter
 wait_for '^after-ctrl-c$'
 pane | grep -q '^not-interrupted$' && fail "Ctrl-C did not interrupt the remote sleep"
