@@ -130,52 +130,6 @@ class ExecOutput {
   bool holding_ = false;
 };
 
-// Decodes Docker's multiplexed stream: frames of an 8-byte header (stream byte, three zero bytes,
-// big-endian payload length) and the payload. Accepts any chunking.
-class FrameDecoder {
- public:
-  explicit FrameDecoder(ExecOutput& out) : out_(out) {}
-
-  void feed(std::string_view bytes) {
-    while (!bytes.empty()) {
-      if (remaining_ == 0) {
-        const size_t n = std::min(header_.size() - header_len_, bytes.size());
-        std::memcpy(header_.data() + header_len_, bytes.data(), n);
-        header_len_ += n;
-        bytes.remove_prefix(n);
-        if (header_len_ < header_.size()) return;
-        begin_frame();
-        continue;
-      }
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, bytes.size()));
-      out_.write(stream_, bytes.substr(0, n));
-      remaining_ -= n;
-      bytes.remove_prefix(n);
-      if (remaining_ == 0) out_.end_frame();
-    }
-  }
-
- private:
-  void begin_frame() {
-    header_len_ = 0;
-    stream_ = header_[0];
-    if (stream_ > 3 || header_[1] != 0 || header_[2] != 0 || header_[3] != 0) {
-      throw sdk::Error::internal("exec output: not a multiplexed stream (bad frame header)");
-    }
-    remaining_ = (uint32_t{header_[4]} << 24) | (uint32_t{header_[5]} << 16) |
-                 (uint32_t{header_[6]} << 8) | uint32_t{header_[7]};
-    if (stream_ == 0) stream_ = 1;  // stdin echo does not happen without a TTY; treat as stdout
-    out_.begin_frame(stream_, remaining_);
-    if (remaining_ == 0) out_.end_frame();
-  }
-
-  ExecOutput& out_;
-  std::array<uint8_t, 8> header_{};
-  size_t header_len_ = 0;
-  uint64_t remaining_ = 0;
-  uint8_t stream_ = 1;
-};
-
 // Ends a started call and waits until its callbacks can no longer run (they use the caller's
 // stack). Idempotent; a finished call is left as it is.
 void settle(const http::Call& call) noexcept {
@@ -197,8 +151,10 @@ std::string describe(const std::string& container) {
 
 // The body of POST /containers/{id}/exec.
 std::string exec_body(const ExecParams& params, const std::optional<std::string>& tag) {
-  json::object body{
-      {"AttachStdin", false}, {"AttachStdout", true}, {"AttachStderr", true}, {"Tty", false}};
+  json::object body{{"AttachStdin", params.open_stdin},
+                    {"AttachStdout", true},
+                    {"AttachStderr", true},
+                    {"Tty", params.tty}};
   json::array argv;
   for (const auto& arg : params.argv)
     argv.emplace_back(arg);
@@ -223,51 +179,6 @@ std::string exec_id_of(std::string_view response_body, const std::string& contai
   const auto* id = result.if_contains("Id");
   if (!id || !id->is_string()) throw sdk::Error::internal(describe(container) + ": no exec Id");
   return std::string(id->get_string());
-}
-
-std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
-                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
-  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
-                                           exec_body(params, tag), describe(container), cancel);
-  return exec_id_of(response.body, container);
-}
-
-struct ExecState {
-  bool running = true;
-  std::optional<int32_t> exit_code;
-  int64_t pid = 0;
-};
-
-ExecState inspect_exec(DockerApi& api, const std::string& exec_id, const std::string& container,
-                       const sdk::CancelToken& cancel) {
-  const http::Response response =
-      api.call("GET", "/exec/" + exec_id + "/json", "", describe(container), cancel);
-  const json::object body = parse_body(response.body, describe(container));
-  ExecState state;
-  if (const auto* v = body.if_contains("Running"); v && v->is_bool()) state.running = v->get_bool();
-  if (const auto* v = body.if_contains("ExitCode"); v && v->is_number()) {
-    state.exit_code = v->to_number<int32_t>();
-  }
-  if (const auto* v = body.if_contains("Pid"); v && v->is_number())
-    state.pid = v->to_number<int64_t>();
-  return state;
-}
-
-// The exit code is recorded just before the stream closes; allow the daemon a moment regardless.
-ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::string& container,
-                         const sdk::CancelToken& cancel) {
-  const auto give_up = Clock::now() + kExitCodeWait;
-  auto pause = 2ms;
-  for (;;) {
-    ExecState state = inspect_exec(api, exec_id, container, cancel);
-    if (!state.running && state.exit_code) return state;
-    if (Clock::now() >= give_up) {
-      throw sdk::Error::internal(describe(container) +
-                                 ": the output ended but Docker reports no exit code");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
-  }
 }
 
 // One pass of the kill script (as the command's user, with its shell), run without blocking: the
@@ -497,6 +408,68 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
   }
   if (runtime_failure || too_large) return sdk::ExitStatus::sandbox_failure();
   return sdk::ExitStatus::exited(*state.exit_code);
+}
+
+std::string create_exec(DockerApi& api, const std::string& container, const ExecParams& params,
+                        const std::optional<std::string>& tag, const sdk::CancelToken& cancel) {
+  const http::Response response = api.call("POST", "/containers/" + container + "/exec",
+                                           exec_body(params, tag), describe(container), cancel);
+  return exec_id_of(response.body, container);
+}
+
+namespace {
+
+ExecState inspect_exec(DockerApi& api, const std::string& exec_id, const std::string& container,
+                       const sdk::CancelToken& cancel) {
+  const http::Response response =
+      api.call("GET", "/exec/" + exec_id + "/json", "", describe(container), cancel);
+  const json::object body = parse_body(response.body, describe(container));
+  ExecState state;
+  if (const auto* v = body.if_contains("Running"); v && v->is_bool()) state.running = v->get_bool();
+  if (const auto* v = body.if_contains("ExitCode"); v && v->is_number()) {
+    state.exit_code = v->to_number<int32_t>();
+  }
+  if (const auto* v = body.if_contains("Pid"); v && v->is_number())
+    state.pid = v->to_number<int64_t>();
+  return state;
+}
+
+}  // namespace
+
+// The exit code is recorded just before the stream closes; allow the daemon a moment regardless.
+ExecState wait_exit_code(DockerApi& api, const std::string& exec_id, const std::string& container,
+                         const sdk::CancelToken& cancel) {
+  const auto give_up = Clock::now() + kExitCodeWait;
+  auto pause = 2ms;
+  for (;;) {
+    ExecState state = inspect_exec(api, exec_id, container, cancel);
+    if (!state.running && state.exit_code) return state;
+    if (Clock::now() >= give_up) {
+      throw sdk::Error::internal(describe(container) +
+                                 ": the output ended but Docker reports no exit code");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+void kill_tagged(DockerApi& api, const std::string& container, const std::string& shell,
+                 const std::optional<std::string>& user, const std::string& tag,
+                 const sdk::Logger& log) {
+  ExecParams kill;
+  kill.argv = {shell, "-c", std::string(kKillScript), "sbx-kill", tag};
+  kill.user = user;
+  kill.timeout = kKillPass;
+  CollectingSink out;
+  try {
+    const sdk::ExitStatus status = run_exec(api, container, kill, out, log, sdk::CancelToken());
+    if (status.return_code != 0) {
+      log.warn("could not kill the processes of a terminal in sandbox ", container,
+               ": the kill exited ", status.return_code, ": ", shorten(out.stderr_text));
+    }
+  } catch (const std::exception& e) {
+    log.warn("could not kill the processes of a terminal in sandbox ", container, ": ", e.what());
+  }
 }
 
 std::optional<std::string> oversized_argument(const ExecParams& params) {

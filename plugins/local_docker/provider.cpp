@@ -427,11 +427,7 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     }
     box.set_paused(false);
   }
-  std::string shell = box.shell();
-  if (shell.empty()) {  // a connected sandbox: find out once (two first execs may both look)
-    shell = resolve_shell(box.container(), box.agent_socket(), std::nullopt, cancel);
-    box.set_shell(shell);
-  }
+  const std::string shell = shell_of(box, cancel);
   if (agent_client_ && !box.agent_socket().empty()) {
     return run_command(box.container(), box.agent_socket(), box.expires_at(),
                        exec_params(box, shell, request), out, cancel);
@@ -516,6 +512,15 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
         completion->fail(*error);
       },
       cancel);
+}
+
+std::string LocalDockerProvider::shell_of(DockerSandbox& box, const sdk::CancelToken& cancel) {
+  std::string shell = box.shell();
+  if (shell.empty()) {  // a connected sandbox: find out once (two first execs may both look)
+    shell = resolve_shell(box.container(), box.agent_socket(), std::nullopt, cancel);
+    box.set_shell(shell);
+  }
+  return shell;
 }
 
 ExecParams LocalDockerProvider::exec_params(const DockerSandbox& box, const std::string& shell,
@@ -663,12 +668,13 @@ sdk::SandboxStatus LocalDockerProvider::status(sdk::Sandbox& sandbox,
 void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
   box.terminals().clear();  // their attachments end (NOT_FOUND) before the container goes
+  box.exec_terminals().clear();
   remove_container(api_, box.container(), cancel);
   // Ours by its name only (a label is not trusted with a path to delete).
   if (!box.agent_socket().empty()) agent_files_.remove_run_dir(box.container());
 }
 
-// ---- sbx.pty/1 (sdk::ExecdTerminal)
+// ---- sbx.pty/1 (sdk::ExecdTerminal through the agent, ExecTerminal without it)
 // ------------------------------------------------------------------
 
 namespace {
@@ -679,10 +685,6 @@ sdk::ExecdPlace agent_place(const DockerSandbox& box) {
 
 DockerSandbox& terminal_box(sdk::Sandbox& sandbox) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
-  if (box.agent_socket().empty()) {
-    throw sdk::Error::unimplemented("sandbox " + box.id() +
-                                    " runs without the agent: local_docker's terminals need it");
-  }
   if (box.paused()) {
     throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
   }
@@ -694,6 +696,18 @@ DockerSandbox& terminal_box(sdk::Sandbox& sandbox) {
 std::string LocalDockerProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
                                           const sdk::CancelToken& cancel) {
   DockerSandbox& box = terminal_box(sandbox);
+  if (box.agent_socket().empty()) {
+    const std::string shell = shell_of(box, cancel);
+    std::optional<std::string> user = docker_user(request.user);
+    if (!user && !box.default_user().empty()) user = box.default_user();
+    sdk::PtyRequest exec_request = request;
+    if (!exec_request.cwd) exec_request.cwd = box.workdir();
+    auto made = std::make_shared<ExecTerminal>(api_, box.container(), shell, exec_request, user,
+                                               log_, cancel);
+    const std::string id = made->id();
+    box.exec_terminals().add(std::move(made));
+    return id;
+  }
   json::object body{{"rows", request.rows}, {"cols", request.cols}};
   if (request.command) body["command"] = *request.command;
   if (const auto cwd = request.cwd ? request.cwd : box.workdir()) body["cwd"] = *cwd;
@@ -735,22 +749,36 @@ std::shared_ptr<sdk::ExecdTerminal> LocalDockerProvider::terminal(DockerSandbox&
 void LocalDockerProvider::attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since,
                                      bool takeover, sdk::PtyAttachCompletion done) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
+  if (box.agent_socket().empty()) {
+    box.exec_terminals().get(id)->output().attach(since, takeover, std::move(done));
+    return;
+  }
   terminal(box, id, takeover)->output().attach(since, takeover, std::move(done));
 }
 
 void LocalDockerProvider::write_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     std::string_view input) {
-  terminal(terminal_box(sandbox), id, true)->write(input);
+  DockerSandbox& box = terminal_box(sandbox);
+  if (box.agent_socket().empty()) return box.exec_terminals().get(id)->write(input);
+  terminal(box, id, true)->write(input);
 }
 
 void LocalDockerProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
                                      uint16_t cols) {
-  terminal(terminal_box(sandbox), id, true)->resize(rows, cols);
+  DockerSandbox& box = terminal_box(sandbox);
+  if (box.agent_socket().empty()) return box.exec_terminals().get(id)->resize(rows, cols);
+  terminal(box, id, true)->resize(rows, cols);
 }
 
 void LocalDockerProvider::close_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     const sdk::CancelToken& cancel) {
   auto& box = static_cast<DockerSandbox&>(sandbox);
+  if (box.agent_socket().empty()) {
+    const std::shared_ptr<ExecTerminal> gone = box.exec_terminals().take(id);
+    gone->output().close();  // a reader still attached ends NOT_FOUND, not with the kill's 137
+    gone->kill();
+    return;
+  }
   // The agent kills what runs on it.
   box.terminals().close(id, [&] { agent_client_->delete_pty(box.agent_socket(), id, cancel); });
 }

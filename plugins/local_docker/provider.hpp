@@ -9,6 +9,7 @@
 #include "exec.hpp"
 #include "images.hpp"
 #include "reaper.hpp"
+#include "terminal.hpp"
 
 #include <sbx/sdk/blocking.hpp>
 #include <sbx/sdk/execd_terminal.hpp>
@@ -84,6 +85,8 @@ class DockerSandbox final : public sdk::Sandbox {
   void set_agent_is_root(bool root) noexcept { agent_is_root_.store(root ? 1 : 0); }
   // The terminals this handle opened or took up (through its agent). THREADING: thread-safe.
   sdk::ExecdTerminals& terminals() noexcept { return terminals_; }
+  // The terminals it opened as Docker execs (without the agent). THREADING: thread-safe.
+  ExecTerminals& exec_terminals() noexcept { return exec_terminals_; }
 
  private:
   std::string container_id_;  // Docker's Id: a descriptor names this container, not only its name
@@ -99,6 +102,7 @@ class DockerSandbox final : public sdk::Sandbox {
   std::atomic<bool> paused_{false};
   std::atomic<int> agent_is_root_{-1};  // -1 not asked yet
   sdk::ExecdTerminals terminals_;
+  ExecTerminals exec_terminals_;
 };
 
 // Caps the execs (or creates) in flight. Waiting can be cancelled.
@@ -191,11 +195,11 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                 const sdk::CancelToken& cancel) override;
 
-  // sbx.pty/1 through the sandbox's agent (sdk::ExecdTerminal over its socket, decision 231):
-  // offered with config.agent; a sandbox without the agent refuses UNIMPLEMENTED. A handle holds
-  // the terminals it opened or took up; a terminal of another process is taken up from the agent
-  // (with its replay) on first use.
-  bool offers_pty() const override { return config_.agent; }
+  // sbx.pty/1 through the sandbox's agent (sdk::ExecdTerminal over its socket, decision 231): a
+  // handle holds the terminals it opened or took up; a terminal of another process is taken up
+  // from the agent (with its replay) on first use. A sandbox without the agent opens Docker execs
+  // with a TTY on a hijacked stream (ExecTerminal, decision 235), reachable from the handle that
+  // opened them only.
   std::string open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
                        const sdk::CancelToken& cancel) override;
   void attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since, bool takeover,
@@ -212,6 +216,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // The handle's terminal `id`, or one another process opened, taken up from the agent.
   std::shared_ptr<sdk::ExecdTerminal> terminal(DockerSandbox& box, const std::string& id,
                                                bool takeover);
+  // The shell a sandbox's commands run with (found out at the first use after a connect).
+  std::string shell_of(DockerSandbox& box, const sdk::CancelToken& cancel);
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,

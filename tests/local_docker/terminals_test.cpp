@@ -1,11 +1,11 @@
 // local_docker's sbx.pty/1 against the real daemon: terminals through the sandbox's agent (a real
-// pseudo-terminal in the container, the plugin holding its WebSocket). What every provider must do
+// pseudo-terminal in the container, the plugin holding its WebSocket) and, in the .docker_exec
+// twin, without it (a Docker exec with a TTY on a hijacked stream). What every provider must do
 // (echo, sizes, Ctrl-C, takeover and replay, pipe mode) is the conformance suite's (ext.pty.*, run
-// as conformance.local_docker); here, what is local_docker's own: pipe mode as the image's user
-// with env and cwd, closing a terminal kills its processes, a terminal taken up by another handle
-// (as another process would) with the agent's replay, closing the sandbox ends its readers.
-// Without the agent (the .docker_exec twin, which runs only the first case) the extension is not
-// offered. Every wait is on an event, bounded.
+// as conformance.local_docker and its twin); here, what is local_docker's own: pipe mode as the
+// image's user with env and cwd, closing a terminal kills its processes, closing the sandbox ends
+// its readers, and a terminal another handle opened (as another process would): taken up with the
+// agent's replay, or NOT_FOUND without the agent. Every wait is on an event, bounded.
 
 #include "support.hpp"
 
@@ -28,15 +28,13 @@ using sbx::testing::Screen;
 
 }  // namespace
 
-TEST_CASE("without the agent there are no terminals; with it, sbx.pty/1 is offered") {
+TEST_CASE("sbx.pty/1 is offered with the agent and without it") {
   sbx::Sandbox box = provider().create(ldtest::spec());
-  CHECK(box.supports("sbx.pty/1") == ldtest::agent_mode());
-  if (!ldtest::agent_mode()) CHECK_THROWS_AS(box.open_pty({}), sbx::UnimplementedError);
+  CHECK(box.supports("sbx.pty/1"));
   box.close();
 }
 
 TEST_CASE("pipe mode with env, cwd and the image's user; stdout and stderr apart") {
-  REQUIRE(ldtest::agent_mode());
   auto spec = ldtest::spec();
   spec.image = "sbx-busybox-user:latest";  // USER sbx (uid 1000): scripts/docker-up.sh
   sbx::Sandbox box = provider().create(spec);
@@ -58,7 +56,6 @@ TEST_CASE("pipe mode with env, cwd and the image's user; stdout and stderr apart
 }
 
 TEST_CASE("closing a terminal kills what runs on it and ends a waiting reader") {
-  REQUIRE(ldtest::agent_mode());
   sbx::Sandbox box = provider().create(ldtest::spec());
   sbx::Pty pty = box.open_pty({.command = "echo first-line; cat"});
   Screen screen;
@@ -71,8 +68,10 @@ TEST_CASE("closing a terminal kills what runs on it and ends a waiting reader") 
   box.close();
 }
 
-TEST_CASE("a terminal another handle opened is taken up with the agent's replay") {
-  REQUIRE(ldtest::agent_mode());
+namespace {
+
+// With the agent: the second handle takes the terminal up, with the agent's replay.
+void taken_up_with_replay() {
   sbx::Sandbox box = provider().create(ldtest::spec());
   sbx::Pty pty = box.open_pty({.command = "echo first-line; cat"});
   Screen one;
@@ -108,8 +107,35 @@ TEST_CASE("a terminal another handle opened is taken up with the agent's replay"
   box.close();
 }
 
+// Without it: the terminal is the first handle's own (Docker attaches no second stream to an exec).
+void handle_only() {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  sbx::Pty pty = box.open_pty({.command = "echo first-line; cat"});
+  Screen one;
+  auto first = pty.attach_async({.since = 0, .on_output = one.sink()});
+  REQUIRE(one.wait_for("first-line"));
+  sbx::Sandbox other = provider().connect(box.serialize());
+  auto refused = other.pty(pty.id()).attach_async({.since = 0, .on_output = [](auto...) {}});
+  CHECK(attach_error<sbx::NotFoundError>(refused).status() == SBX_STATUS_NOT_FOUND);
+  CHECK_THROWS_AS(other.pty(pty.id()).write("x\n"), sbx::NotFoundError);
+  pty.write("still-mine\n");  // the first handle's attachment goes on
+  CHECK(one.wait_for("still-mine"));
+  pty.close();
+  CHECK(attach_error<sbx::NotFoundError>(first).status() == SBX_STATUS_NOT_FOUND);
+  box.close();
+}
+
+}  // namespace
+
+TEST_CASE("a terminal another handle opened: taken up with the agent's replay, else not found") {
+  if (ldtest::agent_mode()) {
+    taken_up_with_replay();
+  } else {
+    handle_only();
+  }
+}
+
 TEST_CASE("closing the sandbox ends its terminals' readers") {
-  REQUIRE(ldtest::agent_mode());
   sbx::Sandbox box = provider().create(ldtest::spec());
   sbx::Pty pty = box.open_pty({});
   Screen screen;

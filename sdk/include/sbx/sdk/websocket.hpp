@@ -3,9 +3,9 @@
 // (`GET /pty/{id}/ws`). Over a Unix-domain socket or plain TCP; no TLS, no extensions, no
 // fragmented messages (a fragment from the server is a protocol error, as for sbx-agent).
 //
-// The handshake checks the status (101) and the Upgrade header; Sec-WebSocket-Accept is not
-// checked (that would need SHA-1; the key guards against caching proxies, which a Unix socket or
-// a loopback port has none of).
+// The handshake (sdk::UpgradedStream) checks the status (101) and the Upgrade header;
+// Sec-WebSocket-Accept is not checked (that would need SHA-1; the key guards against caching
+// proxies, which a Unix socket or a loopback port has none of).
 //
 // THREADING: send_*() and close() are thread-safe (one frame at a time, whole); receive() is for
 // one reader thread at a time. shutdown() may be called from any thread, at any time: it wakes a
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <sbx/sdk/error.hpp>
+#include <sbx/sdk/upgraded_stream.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -32,11 +33,7 @@ namespace sbx::sdk {
 
 class WebSocket {
  public:
-  struct Endpoint {
-    std::string unix_socket;  // when set, host and port are not used
-    std::string host = "127.0.0.1";
-    uint16_t port = 0;
-  };
+  using Endpoint = UpgradedStream::Endpoint;
   struct Message {
     enum class Kind { text, binary, close };
     Kind kind = Kind::binary;
@@ -50,10 +47,11 @@ class WebSocket {
                         const std::vector<std::pair<std::string, std::string>>& headers,
                         std::chrono::milliseconds timeout);
 
-  WebSocket(WebSocket&& other) noexcept;
+  WebSocket(WebSocket&& other) noexcept
+      : stream_(std::move(other.stream_)), in_(std::move(other.in_)) {}
   WebSocket& operator=(WebSocket&&) = delete;
   WebSocket(const WebSocket&) = delete;
-  ~WebSocket();  // closes the socket (without a close frame)
+  ~WebSocket() = default;  // closes the socket (without a close frame)
 
   void send_text(std::string_view payload) { send(0x1, payload); }
   void send_binary(std::string_view payload) { send(0x2, payload); }
@@ -69,11 +67,11 @@ class WebSocket {
   void shutdown() noexcept;
 
  private:
-  explicit WebSocket(int fd, std::string pending) : fd_(fd), in_(std::move(pending)) {}
+  explicit WebSocket(UpgradedStream stream) : stream_(std::move(stream)) {}
   void send(uint8_t opcode, std::string_view payload);
   bool fill(size_t want);  // reads until in_ holds `want` bytes; false at the end
 
-  int fd_ = -1;
+  UpgradedStream stream_;
   std::string in_;  // bytes read and not yet parsed
   std::mutex send_mutex_;
   bool close_sent_ = false;  // guarded by send_mutex_
