@@ -581,6 +581,7 @@ struct Launch : std::enable_shared_from_this<Launch> {
   std::shared_ptr<Command> command;
   std::string text;  // the command as given
   sbx::ExecOptions options;
+  sbx::Session session;            // valid: a run of this provider session, not an exec
   std::shared_ptr<Foreground> fg;  // foreground only: its stream
   std::chrono::steady_clock::time_point admitted = std::chrono::steady_clock::now();
 
@@ -594,7 +595,8 @@ struct Launch : std::enable_shared_from_this<Launch> {
   void start() {
     sbx::Operation<sbx::ExecResult> op;
     try {
-      op = entry->box()->exec_async(text, std::move(options));
+      op = session.valid() ? session.run_async(text, std::move(options))
+                           : entry->box()->exec_async(text, std::move(options));
     } catch (const std::exception& e) {
       spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
       end(Outcome{error_event(e.what(), e.what()), -1, std::string(e.what())});
@@ -696,6 +698,7 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
   launch->execd = entry->execd;
   launch->command = command;
   launch->text = std::move(cmd.command);
+  launch->session = std::move(cmd.session);
   sbx::ExecOptions& options = launch->options;
   options.cwd = cmd.cwd;
   options.env = cmd.envs;

@@ -456,6 +456,9 @@ struct CommandRequest {
   std::optional<int64_t> timeout_ms;  // none: no limit
   sbx::StringMap envs;
   std::optional<uint32_t> uid, gid;
+  // A run of the provider's own session (sbx.session/1, routes_execd_session.cpp) rather than an
+  // exec: the command is given to Session::run as it is.
+  sbx::Session session;
 };
 // Runs `cmd` in the sandbox as POST /command does: admitted (or refused with 429/503), then an
 // event stream through `open_stream` (foreground) or the background log. `init_text`: the text of

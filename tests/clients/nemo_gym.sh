@@ -5,8 +5,9 @@
 # (harness/with_serve.py; nemo_gym_check.py says what is checked: exec, a 1 MiB single line,
 # preserve_background_services=True, files). Installs nemo-gym[sandbox]==0.7.0 into DIR/venv the
 # first time (it needs Python 3.13: SBX_NEMO_PYTHON, default pyenv's 3.13.0; about 110 s and
-# 1.6 GB from PyPI); DIR/stamp keeps it. Not a ctest by default (the install is too big for CI's
-# budget): configure with -DSBX_NEMO_GYM_TEST=ON to register it as clients_nemo_gym.
+# 1.6 GB from PyPI); DIR/stamp keeps it. Registered as clients_nemo_gym_direct and
+# clients_nemo_gym_proxy in every preset (DIR: SBX_NEMO_GYM_DIR, ~/.cache/sbx-nemo-gym, shared by
+# the presets); -DSBX_NEMO_GYM_TEST=OFF leaves them out.
 set -Eeuo pipefail
 
 die() {

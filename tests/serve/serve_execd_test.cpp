@@ -38,9 +38,9 @@ namespace {
 struct Fixture : ProcessesServer {
   std::string id;  // a sandbox made by the fixture
 
-  explicit Fixture(std::vector<std::string> extra = {},
-                   std::map<std::string, std::string> env = {}) {
-    write_config(processes_block());
+  explicit Fixture(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {},
+                   json::object plugin_config = {}) {
+    write_config(processes_block(std::move(plugin_config)));
     start(std::move(extra), std::move(env));
   }
 
@@ -292,98 +292,125 @@ TEST_CASE("POST /command: a 1 MiB line is one event, a line of exactly 8 MiB too
   CHECK(f.server->stop() == 0);
 }
 
+namespace {
+
+// The two ways the server serves sessions: the provider's sbx.session/1 (test_processes offers
+// it), or its own script over exec ("sessions": false turns the provider's off). A run of the
+// provider's session carries SBX_SESSION_ID (sdk::ShellSessions sets it); the server's does not.
+struct SessionMode {
+  bool provider;
+  json::object config() const {
+    return provider ? json::object{} : json::object{{"sessions", false}};
+  }
+};
+constexpr SessionMode kSessionModes[] = {{true}, {false}};
+
+}  // namespace
+
 // Bash sessions (execd's create_session / run_in_session / delete_session): `cd` and `export`
 // carry from run to run, a run's own cwd wins for that run, and the stream is POST /command's with
-// the session's id in its init event.
+// the session's id in its init event. Both ways (SessionMode).
 TEST_CASE("sessions: state carries across runs; a run's cwd; exit codes; bad bodies; unknown ids") {
-  Fixture f;
-  f.create();
-  fs::create_directories(f.root / f.id / "work" / "sub");
-  fs::create_directories(f.root / f.id / "other");
-  const auto created =
-      request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":"/work"})"));
-  REQUIRE(created.status == 200);
-  CHECK(keys(created.json().as_object()) == std::vector<std::string>{"session_id"});
-  const std::string sid(created.json().at("session_id").as_string());
-  const auto run_in = [&](const std::string& body) {
-    StreamClient s(f.port(), "POST", f.direct("/session/" + sid + "/run"), body);
-    REQUIRE(s.status() == 200);
-    CHECK(s.headers().at("content-type") == "text/event-stream");
-    std::vector<json::object> out;
-    for (auto& e : s.rest())
-      if (e.at("type") != "ping") out.push_back(std::move(e));
-    return out;
-  };
-  auto events = run_in(command_body("pwd; cd sub; export SBX_SESSION_A='one two'; B=unexported"));
-  REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "execution_complete"});
-  CHECK(events[0].at("text") == json::value(sid));
-  CHECK(std::string(events[1].at("text").as_string()).ends_with("/work"));
-  events = run_in(command_body("pwd; echo \"[$SBX_SESSION_A][$B]\""));
-  REQUIRE(types(events) ==
-          std::vector<std::string>{"init", "stdout", "stdout", "execution_complete"});
-  CHECK(std::string(events[1].at("text").as_string()).ends_with("/work/sub"));
-  CHECK(events[2].at("text") == "[one two][]");
-  // A run's own cwd is that run's; the session keeps where the run ended.
-  events = run_in(R"({"command":"pwd","cwd":"/other"})");
-  REQUIRE(events.size() == 3);
-  CHECK(std::string(events[1].at("text").as_string()).ends_with("/other"));
-  events = run_in(command_body("pwd; exit 3"));
-  REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "error"});
-  CHECK(std::string(events[1].at("text").as_string()).ends_with("/other"));
-  CHECK(events[2].at("error").at("evalue") == "3");
-  // Output without a final newline is sent as it is: nothing of the session's script shows.
-  events = run_in(command_body("printf 'no newline'"));
-  REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "execution_complete"});
-  CHECK(events[1].at("text") == "no newline");
+  for (const SessionMode mode : kSessionModes) {
+    CAPTURE(mode.provider);
+    Fixture f({}, {}, mode.config());
+    f.create();
+    fs::create_directories(f.root / f.id / "work" / "sub");
+    fs::create_directories(f.root / f.id / "other");
+    const auto created =
+        request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":"/work"})"));
+    REQUIRE(created.status == 200);
+    CHECK(keys(created.json().as_object()) == std::vector<std::string>{"session_id"});
+    const std::string sid(created.json().at("session_id").as_string());
+    const auto run_in = [&](const std::string& body) {
+      StreamClient s(f.port(), "POST", f.direct("/session/" + sid + "/run"), body);
+      REQUIRE(s.status() == 200);
+      CHECK(s.headers().at("content-type") == "text/event-stream");
+      std::vector<json::object> out;
+      for (auto& e : s.rest())
+        if (e.at("type") != "ping") out.push_back(std::move(e));
+      return out;
+    };
+    auto events = run_in(command_body("echo \"${SBX_SESSION_ID:-the server's}\""));
+    REQUIRE(events.size() == 3);
+    CHECK((events[1].at("text") != "the server's") == mode.provider);
+    events = run_in(command_body("pwd; cd sub; export SBX_SESSION_A='one two'; B=unexported"));
+    REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "execution_complete"});
+    CHECK(events[0].at("text") == json::value(sid));
+    CHECK(std::string(events[1].at("text").as_string()).ends_with("/work"));
+    events = run_in(command_body("pwd; echo \"[$SBX_SESSION_A][$B]\""));
+    REQUIRE(types(events) ==
+            std::vector<std::string>{"init", "stdout", "stdout", "execution_complete"});
+    CHECK(std::string(events[1].at("text").as_string()).ends_with("/work/sub"));
+    CHECK(events[2].at("text") == "[one two][]");
+    // A run's own cwd is that run's; the session keeps where the run ended.
+    events = run_in(R"({"command":"pwd","cwd":"/other"})");
+    REQUIRE(events.size() == 3);
+    CHECK(std::string(events[1].at("text").as_string()).ends_with("/other"));
+    events = run_in(command_body("pwd; exit 3"));
+    REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "error"});
+    CHECK(std::string(events[1].at("text").as_string()).ends_with("/other"));
+    CHECK(events[2].at("error").at("evalue") == "3");
+    // Output without a final newline is sent as it is: nothing of the session's script shows.
+    events = run_in(command_body("printf 'no newline'"));
+    REQUIRE(types(events) == std::vector<std::string>{"init", "stdout", "execution_complete"});
+    CHECK(events[1].at("text") == "no newline");
 
-  for (const char* bad : {"{", "[]", "{}", R"({"command":""})", R"({"command":1})",
-                          R"({"command":"true","timeout":-1})", R"({"command":"true","cwd":1})"}) {
-    CAPTURE(bad);
-    const auto r =
-        request(f.port(), "POST", f.direct("/session/" + sid + "/run"), std::string(bad));
-    CHECK(r.status == 400);
-    CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
-  }
-  CHECK(request(f.port(), "POST", f.direct("/session"), std::string("{")).status == 400);
-  CHECK(request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":7})")).status == 400);
-  const auto empty = request(f.port(), "POST", f.proxied("/session"), std::string());
-  REQUIRE(empty.status == 200);  // an empty body: default options
-  const std::string other(empty.json().at("session_id").as_string());
-  CHECK(other != sid);
+    for (const char* bad :
+         {"{", "[]", "{}", R"({"command":""})", R"({"command":1})",
+          R"({"command":"true","timeout":-1})", R"({"command":"true","cwd":1})"}) {
+      CAPTURE(bad);
+      const auto r =
+          request(f.port(), "POST", f.direct("/session/" + sid + "/run"), std::string(bad));
+      CHECK(r.status == 400);
+      CHECK(r.json().at("code") == "INVALID_REQUEST_BODY");
+    }
+    CHECK(request(f.port(), "POST", f.direct("/session"), std::string("{")).status == 400);
+    CHECK(request(f.port(), "POST", f.direct("/session"), std::string(R"({"cwd":7})")).status ==
+          400);
+    const auto empty = request(f.port(), "POST", f.proxied("/session"), std::string());
+    REQUIRE(empty.status == 200);  // an empty body: default options
+    const std::string other(empty.json().at("session_id").as_string());
+    CHECK(other != sid);
 
-  CHECK(request(f.port(), "DELETE", f.direct("/session/" + sid)).status == 200);
-  for (const auto& [method, path] :
-       std::vector<std::pair<std::string, std::string>>{{"DELETE", "/session/" + sid},
-                                                        {"POST", "/session/" + sid + "/run"},
-                                                        {"DELETE", "/session/nope"}}) {
-    CAPTURE(path);
-    const auto r = request(f.port(), method, f.direct(path), std::string(R"({"command":"true"})"));
-    CHECK(r.status == 404);
-    CHECK(r.json().at("code") == "CONTEXT_NOT_FOUND");
+    CHECK(request(f.port(), "DELETE", f.direct("/session/" + sid)).status == 200);
+    for (const auto& [method, path] :
+         std::vector<std::pair<std::string, std::string>>{{"DELETE", "/session/" + sid},
+                                                          {"POST", "/session/" + sid + "/run"},
+                                                          {"DELETE", "/session/nope"}}) {
+      CAPTURE(path);
+      const auto r =
+          request(f.port(), method, f.direct(path), std::string(R"({"command":"true"})"));
+      CHECK(r.status == 404);
+      CHECK(r.json().at("code") == "CONTEXT_NOT_FOUND");
+    }
+    CHECK(request(f.port(), "DELETE", f.proxied("/session/" + other)).status == 200);
+    CHECK(f.server->stop() == 0);
   }
-  CHECK(request(f.port(), "DELETE", f.proxied("/session/" + other)).status == 200);
-  CHECK(f.server->stop() == 0);
 }
 
 TEST_CASE("sessions: DELETE kills a run still going (error -1); its stream ends at once") {
-  Fixture f;
-  f.create();
-  const auto created = request(f.port(), "POST", f.direct("/session"), std::string("{}"));
-  REQUIRE(created.status == 200);
-  const std::string sid(created.json().at("session_id").as_string());
-  const auto started = std::chrono::steady_clock::now();
-  StreamClient s(f.port(), "POST", f.direct("/session/" + sid + "/run"),
-                 command_body("echo started; sleep 30"));
-  REQUIRE(s.status() == 200);
-  for (auto e = s.next_event(); e; e = s.next_event())
-    if (e->at("type") == "stdout") break;  // running
-  CHECK(request(f.port(), "DELETE", f.direct("/session/" + sid)).status == 200);
-  const auto rest = s.rest();
-  REQUIRE(!rest.empty());
-  CHECK(rest.back().at("type") == "error");
-  CHECK(rest.back().at("error").at("evalue") == "-1");
-  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
-  CHECK(f.server->stop() == 0);
+  for (const SessionMode mode : kSessionModes) {
+    CAPTURE(mode.provider);
+    Fixture f({}, {}, mode.config());
+    f.create();
+    const auto created = request(f.port(), "POST", f.direct("/session"), std::string("{}"));
+    REQUIRE(created.status == 200);
+    const std::string sid(created.json().at("session_id").as_string());
+    const auto started = std::chrono::steady_clock::now();
+    StreamClient s(f.port(), "POST", f.direct("/session/" + sid + "/run"),
+                   command_body("echo started; sleep 30"));
+    REQUIRE(s.status() == 200);
+    for (auto e = s.next_event(); e; e = s.next_event())
+      if (e->at("type") == "stdout") break;  // running
+    CHECK(request(f.port(), "DELETE", f.direct("/session/" + sid)).status == 200);
+    const auto rest = s.rest();
+    REQUIRE(!rest.empty());
+    CHECK(rest.back().at("type") == "error");
+    CHECK(rest.back().at("error").at("evalue") == "-1");
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
+    CHECK(f.server->stop() == 0);
+  }
 }
 
 TEST_CASE("POST /command: a timeout of 1000 ms kills sleep 5 (error -1, signal: killed)") {

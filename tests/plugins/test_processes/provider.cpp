@@ -85,6 +85,8 @@ struct Config {
   // A renew does its work, then creates `<renew_gate>.waiting-<N>` (N counts renews from 1) and
   // completes only once `renew_gate` exists: a test holds a renew's completion back.
   std::optional<std::string> renew_gate;
+  // false: sbx.session/1 is not offered (a host's fallback for providers without it is tested).
+  bool sessions = true;
 
   static Config read(const boost::json::object& json) {
     sdk::json::ObjectReader r(json);
@@ -111,6 +113,7 @@ struct Config {
           "$.hang_in: one of \"init\", \"create\", \"exec\", with \"hang_fifo\"");
     }
     c.renew_gate = r.string("renew_gate");
+    c.sessions = r.boolean("sessions", true);
     r.finish();
     return c;
   }
@@ -379,7 +382,8 @@ class TestProcessesProvider final : public sdk::Provider,
     "upload_delay_ms": {"type": "integer", "minimum": 0},
     "hang_in": {"enum": ["init", "create", "exec"]},
     "hang_fifo": {"type": "string"},
-    "renew_gate": {"type": "string"}
+    "renew_gate": {"type": "string"},
+    "sessions": {"type": "boolean"}
   }
 })";
 
@@ -389,6 +393,10 @@ class TestProcessesProvider final : public sdk::Provider,
         log_(context.log),
         pool_({.max_threads = 32}) {
     maybe_hang("init");
+  }
+
+  sdk::SessionExtension* session_extension() override {
+    return config_.sessions ? sdk::Provider::session_extension() : nullptr;
   }
 
   void create(sdk::Spec spec, sdk::Completion<std::unique_ptr<sdk::Sandbox>> done) override {
