@@ -3,7 +3,9 @@
 //     line discipline's), through the host API (Pty::write, an attachment)
 //                                                               target: median <= 2 ms
 //     and through `sbx serve`'s WebSocket (GET /pty/{id}/ws, a 0x00 frame out, the 0x01 back),
-//     samples alternating                                       target: median <= 5 ms
+//                                                               target: median <= 5 ms
+//     and through the host API on local_docker without the agent ("agent": false: a Docker exec
+//     with a TTY on a hijacked stream), the three samples alternating (no target: for comparison)
 //   - N terminals (200) held by one `sbx serve`, each with a WebSocket attached and a shell that
 //     answered a command, over S sandboxes (4: the agent keeps at most 64 per sandbox): the
 //     server's resident set and threads idle (S sandboxes) and with the N held
@@ -158,7 +160,10 @@ int main(int argc, char** argv) {
     }
   } remove_dir{dir};
   const std::string config_text = json::serialize(json::object{
-      {"providers", json::object{{"docker", json::object{{"plugin", "local_docker"}}}}}});
+      {"providers",
+       json::object{{"docker", json::object{{"plugin", "local_docker"}}},
+                    {"docker_exec", json::object{{"plugin", "local_docker"},
+                                                 {"config", json::object{{"agent", false}}}}}}}});
   std::ofstream(dir / "sbx.json") << config_text;
 
   ServeChild server(sbx, dir / "sbx.json", dir / "serve.log");
@@ -184,25 +189,34 @@ int main(int argc, char** argv) {
       {.since = 0, .on_output = [&](sbx::OutputStream, uint64_t, std::string_view bytes) {
          seen.add(bytes.size());
        }});
+  sbx::Sandbox hijacked = host.provider("docker_exec").create(spec);
+  sbx::Pty exec_pty = hijacked.open_pty({.command = "cat"});
+  Counter exec_seen;
+  auto exec_reader = exec_pty.attach_async(
+      {.since = 0, .on_output = [&](sbx::OutputStream, uint64_t, std::string_view bytes) {
+         exec_seen.add(bytes.size());
+       }});
   ServeClient client(server.port());
   const std::string gateway_box = client.create_sandbox(o.image);
   WebSocket ws = attach(server.port(), gateway_box, new_terminal(client, gateway_box, "cat"));
 
-  auto direct_round_trip = [&] {
-    const size_t before = seen.now();
+  auto host_round_trip = [&](sbx::Pty& terminal, Counter& echoed) {
+    const size_t before = echoed.now();
     const auto start = Clock::now();
-    pty.write("x");
-    if (!seen.wait_beyond(before)) die("no echo through the host API within 10 s");
+    terminal.write("x");
+    if (!echoed.wait_beyond(before)) die("no echo through the host API within 10 s");
     return ms_since(start);
   };
-  for (int i = 0; i < 20; ++i) {  // warm both
-    direct_round_trip();
+  for (int i = 0; i < 20; ++i) {  // warm all three
+    host_round_trip(pty, seen);
     ws_round_trip(ws);
+    host_round_trip(exec_pty, exec_seen);
   }
-  std::vector<double> direct_ms, gateway_ms;
+  std::vector<double> direct_ms, gateway_ms, exec_ms;
   for (int i = 0; i < o.samples; ++i) {
-    direct_ms.push_back(direct_round_trip());
+    direct_ms.push_back(host_round_trip(pty, seen));
     gateway_ms.push_back(ws_round_trip(ws));
+    exec_ms.push_back(host_round_trip(exec_pty, exec_seen));
   }
   const double direct_median = median(direct_ms), gateway_median = median(gateway_ms);
   std::printf("keystroke round trip, host API:        median %.3f ms, p90 %.3f ms  (target <= 2)\n",
@@ -210,7 +224,15 @@ int main(int argc, char** argv) {
   std::printf("keystroke round trip, serve WebSocket: median %.3f ms, p90 %.3f ms  (target <= 5)\n",
               gateway_median, percentile(gateway_ms, 0.9));
   std::printf("ratio serve / host API: %.2fx\n", gateway_median / direct_median);
+  const double exec_median = median(exec_ms);
+  std::printf(
+      "keystroke round trip, host API without the agent (Docker exec TTY): median %.3f ms, "
+      "p90 %.3f ms; %.2fx the agent's\n",
+      exec_median, percentile(exec_ms, 0.9), exec_median / direct_median);
   std::fflush(stdout);
+  exec_reader.cancel();
+  exec_pty.close();
+  hijacked.close();
   reader.cancel();
   pty.close();
   direct.close();
