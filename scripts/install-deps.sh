@@ -27,6 +27,8 @@ packages=(
   libssl-dev
   # runtime / test tools
   docker.io busybox-static docker-registry iproute2 curl python3 clang-format
+  # the Python package's module and its tests (python/, scripts/python-env.sh)
+  python3-dev python3-venv
   # sbx shell's test drives a real terminal (tests/core/shell_test.sh)
   tmux
   # the SDK HTTP client's TLS tests run `openssl req` and `openssl s_server`

@@ -4,7 +4,9 @@
 # CMake preset configures, builds and runs ctest; finally fails if a Docker
 # container labelled sbx.sandbox was left behind. After the default preset's
 # tests, scripts/kit-test.sh checks the install, the Debian packages and the
-# out-of-tree examples. Stops at the first failure.
+# out-of-tree examples. The default preset also builds the Python package's
+# module and runs its tests (python/, in a venv from scripts/python-env.sh).
+# Stops at the first failure.
 #
 # Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
 # Environment:
@@ -115,8 +117,15 @@ run_ctest() { # preset
 }
 
 for preset in "${presets[@]}"; do
+  # The Python package's module and its pytest suite (python_test) in the default preset: a
+  # sanitizer build of a module would need the interpreter started under the sanitizer.
+  python_args=()
+  if [[ ${preset} == default ]]; then
+    step "the Python package's venv (scripts/python-env.sh)"
+    python_args=(-DSBX_PYTHON=ON "-DPython_EXECUTABLE=$(scripts/python-env.sh)")
+  fi
   step "configure (${preset})"
-  cmake --preset "${preset}" "${launcher[@]}"
+  cmake --preset "${preset}" "${launcher[@]}" "${python_args[@]}"
   step "build (${preset})"
   cmake --build --preset "${preset}" --parallel "${jobs}"
   step "test (${preset})"

@@ -1,0 +1,408 @@
+"""Host and Provider: sbx's host API for Python, asynchronous first.
+
+Every asynchronous call starts the host's operation at once and returns an awaitable completed
+from the host's completion callback through the event loop's ``call_soon_threadsafe``: no Python
+thread runs per call, and the GIL is not held while the host works. Cancelling the awaiting task
+cancels the operation (a cancelled command is killed in the sandbox) and waits for its end before
+the task sees ``asyncio.CancelledError``. ``Provider.blocking`` has the same calls for scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import _sbx
+from ._errors import InvalidArgumentError, error_from
+from ._types import (
+    Endpoint,
+    SandboxExecResult,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStatus,
+)
+
+T = TypeVar("T")
+# A native call: its arguments, then done(value, error); returns an _sbx.Op.
+Start = Callable[..., Any]
+
+
+def _native_call(fn: Callable[..., T], *args: Any) -> T:
+    """A synchronous native call, its HostError as the package's exception."""
+    try:
+        return fn(*args)
+    except _sbx.HostError as e:
+        raise error_from(e.args[0]) from None
+
+
+async def _await(start: Start, *args: Any, convert: Callable[[Any], T] = lambda v: v) -> T:
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[Any] = loop.create_future()
+    ended = threading.Event()
+
+    def settle(value: Any, error: Any) -> None:
+        if result.done():
+            return
+        if error is not None:
+            result.set_exception(error_from(error))
+        else:
+            result.set_result(value)
+
+    def done(value: Any, error: Any) -> None:  # a host thread, with the GIL
+        ended.set()
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    op = _native_call(start, *args, done)
+    try:
+        value = await result
+    except asyncio.CancelledError:
+        op.cancel()
+        # The operation ends soon after (the host bounds it); wait for it off the loop's thread.
+        await asyncio.shield(loop.run_in_executor(None, ended.wait))
+        raise
+    return convert(value)
+
+
+def _blocking(start: Start, *args: Any, convert: Callable[[Any], T] = lambda v: v) -> T:
+    ended = threading.Event()
+    outcome: list[Any] = []
+
+    def done(value: Any, error: Any) -> None:
+        outcome[:] = [value, error]
+        ended.set()
+
+    op = _native_call(start, *args, done)
+    try:
+        ended.wait()
+    except BaseException:  # KeyboardInterrupt: stop the operation, then let it through
+        op.cancel()
+        ended.wait()
+        raise
+    value, error = outcome
+    if error is not None:
+        raise error_from(error)
+    return convert(value)
+
+
+def _config_text(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> tuple[str, str]:
+    if config is None:
+        return "{}", "config"
+    if isinstance(config, Mapping):
+        return json.dumps(config), "config"
+    path = Path(config)
+    try:
+        return path.read_text(), str(path)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read the config file {path}: {e.strerror}") from None
+
+
+def _native(handle: SandboxHandle) -> Any:
+    if not isinstance(handle, SandboxHandle) or not isinstance(handle.raw, _sbx.Sandbox):
+        raise InvalidArgumentError("not a handle of an sbx provider: " + repr(handle))
+    return handle.raw
+
+
+def _handle(native: Any) -> SandboxHandle:
+    return SandboxHandle(sandbox_id=native.id, provider_name=native.provider_name, raw=native)
+
+
+def _result(value: dict[str, Any]) -> SandboxExecResult:
+    return SandboxExecResult(
+        stdout=value["stdout"].decode("utf-8", "replace"),
+        stderr=value["stderr"].decode("utf-8", "replace"),
+        return_code=value["return_code"],
+        error_type=value["error_type"],
+    )
+
+
+def _spec_json(spec: SandboxSpec | Mapping[str, Any] | None) -> str:
+    if spec is None:
+        spec = SandboxSpec()
+    elif isinstance(spec, Mapping):
+        spec = SandboxSpec(**dict(spec))
+    return json.dumps(spec.to_json())
+
+
+def _user(user: str | int | None) -> str | None:
+    return None if user is None else str(user)
+
+
+def _exec_args(
+    handle: SandboxHandle,
+    command: str,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout_s: float | None,
+    user: str | int | None,
+) -> tuple[Any, ...]:
+    """The native exec and its arguments before ``on_output`` and ``done``."""
+    timeout = None if timeout_s is None else float(timeout_s)
+    return (_native(handle).exec, command, cwd, dict(env or {}), timeout, _user(user))
+
+
+def _endpoint(pair: tuple[str, dict[str, str]]) -> Endpoint:
+    return Endpoint(url=pair[0], headers=dict(pair[1]))
+
+
+class ExecStream:
+    """A running command's output as an async iterator of ``(stream, bytes)``, ``stream`` being
+    ``"stdout"`` or ``"stderr"``, in the order the provider delivered it; then
+    ``await stream.result()``. Leaving it unread keeps the output in memory (no back-pressure);
+    ``cancel()`` (or cancelling the task that awaits ``result()``) kills the command."""
+
+    def __init__(self, exec_args: tuple[Any, ...]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+        self._result: asyncio.Future[Any] = self._loop.create_future()
+        self._ended = threading.Event()
+
+        def on_output(stream: int, data: bytes) -> None:  # a host thread, with the GIL
+            item = ("stderr" if stream == 2 else "stdout", data)
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            except RuntimeError:
+                pass
+
+        def settle(value: Any, error: Any) -> None:
+            self._queue.put_nowait(None)
+            if self._result.done():
+                return
+            if error is not None:
+                self._result.set_exception(error_from(error))
+            else:
+                self._result.set_result(value)
+
+        def done(value: Any, error: Any) -> None:
+            self._ended.set()
+            try:
+                self._loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:
+                pass
+
+        self._op = _native_call(*exec_args, on_output, done)
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, bytes]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[tuple[str, bytes]]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def cancel(self) -> None:
+        """Asks the provider to stop the command (it is killed in the sandbox)."""
+        self._op.cancel()
+
+    async def result(self) -> SandboxExecResult:
+        """The command's outcome (its output is what the iterator gave; here it is empty)."""
+        try:
+            value = await asyncio.shield(self._result)
+        except asyncio.CancelledError:
+            self._op.cancel()
+            await asyncio.shield(self._loop.run_in_executor(None, self._ended.wait))
+            raise
+        return _result(value)
+
+
+class Provider:
+    """A configured provider (NeMo Gym's ``SandboxProvider`` shape): every call takes the
+    :class:`SandboxHandle` that :meth:`create` or :meth:`connect` returned."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self.blocking = BlockingProvider(self)
+
+    @property
+    def name(self) -> str:
+        """The provider's name in the config (or its plugin's id)."""
+        return str(self._native.name)
+
+    async def create(self, spec: SandboxSpec | Mapping[str, Any] | None = None) -> SandboxHandle:
+        """Creates a sandbox ready to run commands; SandboxCreateError (or its verification
+        subclass) when the provider could not."""
+        return await _await(self._native.create, _spec_json(spec), convert=_handle)
+
+    async def connect(self, descriptor: str) -> SandboxHandle:
+        """The sandbox a :meth:`serialize_handle` descriptor names, from this or another
+        process (sbx.connect/1)."""
+        return await _await(self._native.connect, descriptor, convert=_handle)
+
+    async def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult:
+        """Runs a shell command; a non-zero exit, a timeout (125, "timeout") and a command the
+        sandbox could not start (125, "sandbox") are results, not errors."""
+        args = _exec_args(handle, command, cwd, env, timeout_s, user)
+        return await _await(*args, None, convert=_result)
+
+    def exec_stream(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        user: str | int | None = None,
+    ) -> ExecStream:
+        """Starts a command whose output is read while it runs (see :class:`ExecStream`). Call
+        it from a running event loop."""
+        return ExecStream(_exec_args(handle, command, cwd, env, timeout_s, user))
+
+    async def upload_file(
+        self, handle: SandboxHandle, source_path: str | os.PathLike[str], target_path: str
+    ) -> None:
+        """Copies a local file in, with its permission bits."""
+        await _await(_native(handle).upload, os.fspath(source_path), target_path)
+
+    async def upload_bytes(self, handle: SandboxHandle, data: bytes, target_path: str) -> None:
+        """Writes ``data`` to a sandbox file (mode 0644)."""
+        await _await(_native(handle).upload_bytes, bytes(data), target_path)
+
+    async def download_file(
+        self, handle: SandboxHandle, source_path: str, target_path: str | os.PathLike[str]
+    ) -> None:
+        """Copies one sandbox file to a local path; it appears complete or not at all."""
+        await _await(_native(handle).download, source_path, os.fspath(target_path))
+
+    async def status(self, handle: SandboxHandle) -> SandboxStatus:
+        """The sandbox's state (STOPPED once closed)."""
+        return await _await(_native(handle).status, convert=SandboxStatus)
+
+    async def close(self, handle: SandboxHandle) -> None:
+        """Ends the sandbox; closing twice does nothing."""
+        await _await(_native(handle).close)
+
+    async def pause(self, handle: SandboxHandle) -> None:
+        """Freezes every process of the sandbox (sbx.pause/1)."""
+        await _await(_native(handle).pause)
+
+    async def resume(self, handle: SandboxHandle) -> None:
+        """Thaws a paused sandbox (sbx.pause/1)."""
+        await _await(_native(handle).resume)
+
+    async def serialize_handle(self, handle: SandboxHandle) -> str:
+        """A descriptor (JSON text, no secret) that :meth:`connect` turns back into a handle,
+        in this process or another (sbx.connect/1)."""
+        return await _await(_native(handle).serialize)
+
+    async def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint:
+        """The route to a service on a port the spec declared."""
+        native = _native(handle)
+        loop = asyncio.get_running_loop()
+        pair = await loop.run_in_executor(None, _native_call, native.endpoint, int(port))
+        return _endpoint(pair)
+
+    async def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
+        """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force (Unix
+        seconds)."""
+        return float(await _await(_native(handle).renew, float(ttl_s)))
+
+    def supports(self, handle: SandboxHandle, extension_id: str) -> bool:
+        """Whether the sandbox's provider offers an extension (``"sbx.pause/1"``...)."""
+        return bool(_native(handle).supports(extension_id))
+
+
+class BlockingProvider:
+    """:class:`Provider`'s calls as blocking functions (for scripts): each waits with the GIL
+    released; Ctrl-C cancels the operation, waits for its end, then raises."""
+
+    def __init__(self, provider: Provider) -> None:
+        self._p = provider
+
+    def create(self, spec: SandboxSpec | Mapping[str, Any] | None = None) -> SandboxHandle:
+        return _blocking(self._p._native.create, _spec_json(spec), convert=_handle)
+
+    def connect(self, descriptor: str) -> SandboxHandle:
+        return _blocking(self._p._native.connect, descriptor, convert=_handle)
+
+    def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult:
+        args = _exec_args(handle, command, cwd, env, timeout_s, user)
+        return _blocking(*args, None, convert=_result)
+
+    def upload_file(
+        self, handle: SandboxHandle, source_path: str | os.PathLike[str], target_path: str
+    ) -> None:
+        _blocking(_native(handle).upload, os.fspath(source_path), target_path)
+
+    def upload_bytes(self, handle: SandboxHandle, data: bytes, target_path: str) -> None:
+        _blocking(_native(handle).upload_bytes, bytes(data), target_path)
+
+    def download_file(
+        self, handle: SandboxHandle, source_path: str, target_path: str | os.PathLike[str]
+    ) -> None:
+        _blocking(_native(handle).download, source_path, os.fspath(target_path))
+
+    def status(self, handle: SandboxHandle) -> SandboxStatus:
+        return _blocking(_native(handle).status, convert=SandboxStatus)
+
+    def close(self, handle: SandboxHandle) -> None:
+        _blocking(_native(handle).close)
+
+    def pause(self, handle: SandboxHandle) -> None:
+        _blocking(_native(handle).pause)
+
+    def resume(self, handle: SandboxHandle) -> None:
+        _blocking(_native(handle).resume)
+
+    def serialize_handle(self, handle: SandboxHandle) -> str:
+        return _blocking(_native(handle).serialize)
+
+    def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint:
+        return _endpoint(_native_call(_native(handle).endpoint, int(port)))
+
+    def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
+        return float(_blocking(_native(handle).renew, float(ttl_s)))
+
+
+class Host:
+    """The sbx host: its config (a dict, or a path to the same JSON ``sbx --config`` reads) and
+    the directories its plugins are found in (before the defaults, unless
+    ``use_default_plugin_dirs`` is False). A plugin that fails to load, a bad config or an
+    unknown provider raise the package's exceptions with the host's message."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        plugin_dirs: Sequence[str | os.PathLike[str]] = (),
+        use_default_plugin_dirs: bool = True,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        text, origin = _config_text(config)
+        self._native = _native_call(
+            _sbx.Host,
+            text,
+            origin,
+            [os.fspath(d) for d in plugin_dirs],
+            use_default_plugin_dirs,
+            dict(labels or {}),
+        )
+
+    def provider(self, name: str) -> Provider:
+        """The provider block ``name`` of the config (or a plugin of that id), loaded and
+        initialised on first use."""
+        return Provider(_native_call(self._native.provider, name))

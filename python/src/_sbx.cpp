@@ -1,0 +1,349 @@
+// sbx._sbx: the host API (core/, sbx/sbx.hpp) for Python, through nanobind. Deliberately thin:
+// the Python layer (sbx/_host.py) makes the public API, its awaitables and its errors.
+//
+// Every call is asynchronous: it takes `done`, a Python callable called exactly once, on a host
+// thread with the GIL taken (or at once, when the operation has already ended), as
+// done(value, None) or done(None, error), where error is a dict of the sbx::Error (status,
+// message, retryable, reason, create_failure). The Python side hands it to its event loop with
+// call_soon_threadsafe (no Python thread per call), or to a waiting thread for the blocking forms.
+// Each returns an Op whose cancel() asks the provider to stop. No call holds the GIL while the
+// host works.
+//
+// THREADING: every object may be used from any thread, as the C++ objects they hold.
+// OWNERSHIP: a Sandbox here holds the sbx::Sandbox (closed when dropped unless detached); every
+// object holds the Host it came from (a shared_ptr), so the host outlives its sandboxes.
+
+#include <sbx/sbx.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <boost/json/parse.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace nb = nanobind;
+
+namespace {
+
+nb::dict error_dict(const sbx::Error& e) {
+  nb::dict d;
+  d["status"] = std::string(e.status_name());
+  d["message"] = std::string(e.what());
+  d["retryable"] = e.retryable();
+  d["reason"] = e.reason();
+  d["create_failure"] = e.create_failure();
+  return d;
+}
+
+// A Python callable kept by C++ code that may drop it on any thread: taken and released under
+// the GIL.
+class PyCallback {
+ public:
+  explicit PyCallback(nb::callable fn) : fn_(new nb::callable(std::move(fn))) {}
+  PyCallback(const PyCallback&) = delete;
+  PyCallback& operator=(const PyCallback&) = delete;
+  ~PyCallback() {
+    if (!fn_) return;
+    nb::gil_scoped_acquire gil;
+    delete fn_;
+  }
+  // Calls it with the GIL; an exception it raises is printed by Python (it has nobody to reach).
+  template <class... Args>
+  void operator()(Args&&... args) {
+    nb::gil_scoped_acquire gil;
+    try {
+      (*fn_)(std::forward<Args>(args)...);
+    } catch (nb::python_error& e) {
+      e.restore();
+      PyErr_WriteUnraisable(fn_->ptr());
+    }
+  }
+
+ private:
+  nb::callable* fn_;
+};
+
+// Completes `done` from an Operation<T>: `convert` turns the value into a Python object (under
+// the GIL).
+template <class T, class Convert>
+void complete_with(const sbx::Operation<T>& op, nb::callable done, Convert convert) {
+  auto callback = std::make_shared<PyCallback>(std::move(done));
+  op.then([callback, convert](sbx::Operation<T>& finished) mutable {
+    std::optional<sbx::Error> error;
+    std::optional<std::conditional_t<std::is_void_v<T>, std::monostate, T>> value;
+    try {
+      if constexpr (std::is_void_v<T>) {
+        finished.get();
+        value.emplace();
+      } else {
+        value.emplace(finished.get());
+      }
+    } catch (const sbx::Error& e) {
+      error.emplace(e);
+    } catch (const std::exception& e) {
+      error.emplace(SBX_STATUS_INTERNAL, e.what());
+    }
+    nb::gil_scoped_acquire gil;
+    if (error) {
+      (*callback)(nb::none(), error_dict(*error));
+    } else if constexpr (std::is_void_v<T>) {
+      (*callback)(nb::none(), nb::none());
+    } else {
+      (*callback)(convert(std::move(*value)), nb::none());
+    }
+  });
+}
+
+// What an asynchronous call returns: its cancellation.
+struct Op {
+  std::function<void()> cancel_fn;
+  void cancel() const {
+    if (cancel_fn) cancel_fn();
+  }
+};
+
+template <class T>
+Op op_of(const sbx::Operation<T>& op) {
+  return Op{[op] { op.cancel(); }};
+}
+
+// Starts an operation with the GIL released (`start` returns its Operation) and completes
+// `done` from it with `convert`'s Python value (unused for Operation<void>).
+template <class Start, class Convert>
+Op start_op(Start start, nb::callable done, Convert convert) {
+  decltype(start()) op;
+  {
+    nb::gil_scoped_release release;
+    op = start();
+  }
+  complete_with(op, std::move(done), convert);
+  return op_of(op);
+}
+
+constexpr auto kNoValue = [] {};
+
+}  // namespace
+
+namespace {
+
+// The holders are destroyed by Python with the GIL held; what they hold may wait for host
+// threads (a closing sandbox, the host joining its pool) whose callbacks need the GIL, so the
+// last reference goes with the GIL released.
+template <class T>
+void release_without_gil(std::shared_ptr<T>& p) {
+  if (p && p.use_count() == 1 && PyGILState_Check()) {
+    nb::gil_scoped_release release;
+    p.reset();
+  }
+  p.reset();
+}
+
+struct HostHolder {
+  std::shared_ptr<sbx::Host> host;
+  ~HostHolder() { release_without_gil(host); }
+};
+
+struct SandboxHolder {
+  std::shared_ptr<sbx::Host> host;
+  std::shared_ptr<sbx::Sandbox> box;
+  ~SandboxHolder() {
+    release_without_gil(box);
+    release_without_gil(host);
+  }
+};
+
+struct ProviderHolder {
+  std::shared_ptr<sbx::Host> host;
+  sbx::Provider provider;
+  ~ProviderHolder() { release_without_gil(host); }
+};
+
+nb::dict result_dict(const sbx::ExecResult& r) {
+  nb::dict d;
+  d["stdout"] = nb::bytes(r.stdout_text.data(), r.stdout_text.size());
+  d["stderr"] = nb::bytes(r.stderr_text.data(), r.stderr_text.size());
+  d["return_code"] = r.return_code;
+  d["error_type"] = r.error_type;
+  return d;
+}
+
+sbx::ExecOptions exec_options(std::optional<std::string> cwd,
+                              std::map<std::string, std::string> env,
+                              std::optional<double> timeout_s, std::optional<std::string> user,
+                              std::optional<nb::callable> on_output) {
+  sbx::ExecOptions options;
+  options.cwd = std::move(cwd);
+  options.env = std::move(env);
+  options.timeout_s = timeout_s;
+  options.user = std::move(user);
+  if (on_output) {
+    auto callback = std::make_shared<PyCallback>(std::move(*on_output));
+    options.on_output = [callback](sbx::OutputStream stream, std::string_view bytes) {
+      nb::gil_scoped_acquire gil;
+      (*callback)(stream == sbx::OutputStream::err ? 2 : 1, nb::bytes(bytes.data(), bytes.size()));
+    };
+  }
+  return options;
+}
+
+}  // namespace
+
+NB_MODULE(_sbx, m) {
+  m.doc() = "The sbx host API (sbx/sbx.hpp) for the Python package; use the `sbx` package instead.";
+
+  static nb::object host_error =
+      nb::steal(PyErr_NewException("sbx._sbx.HostError", PyExc_RuntimeError, nullptr));
+  m.attr("HostError") = host_error;
+  // A synchronous call's sbx::Error: HostError(dict), mapped by the Python layer.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const sbx::Error& e) {
+      PyErr_SetObject(host_error.ptr(), error_dict(e).ptr());
+    }
+  });
+
+  nb::class_<Op>(m, "Op").def("cancel", &Op::cancel);
+
+  nb::class_<SandboxHolder>(m, "Sandbox")
+      .def_prop_ro("id", [](const SandboxHolder& s) { return s.box->id(); })
+      .def_prop_ro("provider_name", [](const SandboxHolder& s) { return s.box->provider_name(); })
+      .def("supports",
+           [](const SandboxHolder& s, const std::string& id) { return s.box->supports(id); })
+      .def(
+          "exec",
+          [](const SandboxHolder& s, std::string command, std::optional<std::string> cwd,
+             std::map<std::string, std::string> env, std::optional<double> timeout_s,
+             std::optional<std::string> user, std::optional<nb::callable> on_output,
+             nb::callable done) {
+            auto options = exec_options(std::move(cwd), std::move(env), timeout_s, std::move(user),
+                                        std::move(on_output));
+            return start_op(
+                [&] { return s.box->exec_async(std::move(command), std::move(options)); },
+                std::move(done), [](sbx::ExecResult r) { return result_dict(r); });
+          },
+          nb::arg("command"), nb::arg("cwd").none(), nb::arg("env"), nb::arg("timeout_s").none(),
+          nb::arg("user").none(), nb::arg("on_output").none(), nb::arg("done"))
+      .def("upload",
+           [](const SandboxHolder& s, std::string local, std::string remote, nb::callable done) {
+             return start_op([&] { return s.box->upload_async(local, std::move(remote)); },
+                             std::move(done), kNoValue);
+           })
+      .def("upload_bytes",
+           [](const SandboxHolder& s, nb::bytes data, std::string remote, nb::callable done) {
+             std::string contents(data.c_str(), data.size());
+             return start_op(
+                 [&] { return s.box->upload_bytes_async(std::move(contents), std::move(remote)); },
+                 std::move(done), kNoValue);
+           })
+      .def("download",
+           [](const SandboxHolder& s, std::string remote, std::string local, nb::callable done) {
+             return start_op([&] { return s.box->download_async(std::move(remote), local); },
+                             std::move(done), kNoValue);
+           })
+      .def("status",
+           [](const SandboxHolder& s, nb::callable done) {
+             return start_op(
+                 [&] { return s.box->status_async(); }, std::move(done),
+                 [](sbx::SandboxStatus status) { return std::string(sbx::to_string(status)); });
+           })
+      .def("pause",
+           [](const SandboxHolder& s, nb::callable done) {
+             return start_op([&] { return s.box->pause_async(); }, std::move(done), kNoValue);
+           })
+      .def("resume",
+           [](const SandboxHolder& s, nb::callable done) {
+             return start_op([&] { return s.box->resume_async(); }, std::move(done), kNoValue);
+           })
+      .def("serialize",
+           [](const SandboxHolder& s, nb::callable done) {
+             return start_op([&] { return s.box->serialize_async(); }, std::move(done),
+                             [](std::string text) { return text; });
+           })
+      .def("renew",
+           [](const SandboxHolder& s, double ttl_s, nb::callable done) {
+             return start_op(
+                 [&] {
+                   const auto at = std::chrono::system_clock::now() +
+                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                       std::chrono::duration<double>(ttl_s));
+                   return s.box->renew_async(at);
+                 },
+                 std::move(done),
+                 [](std::chrono::system_clock::time_point at) {
+                   return std::chrono::duration<double>(at.time_since_epoch()).count();
+                 });
+           })
+      .def("endpoint",
+           [](const SandboxHolder& s, int64_t port) {
+             sbx::Endpoint e;
+             {
+               nb::gil_scoped_release release;
+               e = s.box->endpoint(port);
+             }
+             return std::make_pair(e.url, e.headers);
+           })
+      .def("close",
+           [](const SandboxHolder& s, nb::callable done) {
+             return start_op([&] { return s.box->close_async(); }, std::move(done), kNoValue);
+           })
+      .def("detach", [](const SandboxHolder& s) { s.box->detach(); });
+
+  nb::class_<ProviderHolder>(m, "Provider")
+      .def_prop_ro("name", [](const ProviderHolder& p) { return p.provider.name(); })
+      .def("create",
+           [](const ProviderHolder& p, const std::string& spec_json, nb::callable done) {
+             return start_op(
+                 [&] {
+                   return p.provider.create_async(
+                       sbx::SandboxSpec::from_json(boost::json::parse(spec_json)));
+                 },
+                 std::move(done),
+                 [host = p.host](sbx::Sandbox box) {
+                   return SandboxHolder{host, std::make_shared<sbx::Sandbox>(std::move(box))};
+                 });
+           })
+      .def("connect", [](const ProviderHolder& p, std::string descriptor, nb::callable done) {
+        return start_op(
+            [&] { return p.provider.connect_async(std::move(descriptor)); }, std::move(done),
+            [host = p.host](sbx::Sandbox box) {
+              return SandboxHolder{host, std::make_shared<sbx::Sandbox>(std::move(box))};
+            });
+      });
+
+  nb::class_<HostHolder>(m, "Host")
+      .def(
+          "__init__",
+          [](HostHolder* self, const std::string& config_json, const std::string& origin,
+             std::vector<std::string> plugin_dirs, bool use_default_plugin_dirs,
+             std::map<std::string, std::string> labels) {
+            sbx::Host::Options options;
+            options.config = sbx::Config::parse(config_json, origin);
+            for (auto& dir : plugin_dirs)
+              options.plugin_dirs.emplace_back(std::move(dir));
+            options.use_default_plugin_dirs = use_default_plugin_dirs;
+            options.labels = std::move(labels);
+            std::shared_ptr<sbx::Host> host;
+            {
+              nb::gil_scoped_release release;
+              host = std::make_shared<sbx::Host>(std::move(options));
+            }
+            new (self) HostHolder{std::move(host)};
+          },
+          nb::arg("config_json"), nb::arg("origin"), nb::arg("plugin_dirs"),
+          nb::arg("use_default_plugin_dirs"), nb::arg("labels"))
+      .def("provider", [](const HostHolder& h, const std::string& name) {
+        nb::gil_scoped_release release;
+        return ProviderHolder{h.host, h.host->provider(name)};
+      });
+}
