@@ -37,7 +37,7 @@ from ._errors import (
 )
 from ._host import BlockingProvider, ExecStream, Host, Provider
 from ._types import (
-    Endpoint,
+    SandboxEndpoint,
     ExecResult,
     SandboxExecResult,
     SandboxHandle,
@@ -49,7 +49,7 @@ from ._types import (
 __all__ = [
     "BlockingProvider",
     "CancelledError",
-    "Endpoint",
+    "SandboxEndpoint",
     "ExecResult",
     "ExecStream",
     "FailedPreconditionError",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from . import _sbx
 from ._errors import InvalidArgumentError, error_from
 from ._types import (
-    Endpoint,
+    SandboxEndpoint,
     SandboxExecResult,
     SandboxHandle,
     SandboxSpec,
@@ -148,8 +148,8 @@ def _exec_args(
     return (_native(handle).exec, command, cwd, dict(env or {}), timeout, _user(user))
 
 
-def _endpoint(pair: tuple[str, dict[str, str]]) -> Endpoint:
-    return Endpoint(url=pair[0], headers=dict(pair[1]))
+def _endpoint(pair: tuple[str, dict[str, str]]) -> SandboxEndpoint:
+    return SandboxEndpoint(endpoint=pair[0], headers=dict(pair[1]))
 
 
 class ExecStream:
@@ -301,7 +301,7 @@ class Provider:
         in this process or another (sbx.connect/1)."""
         return await _await(_native(handle).serialize)
 
-    async def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint:
+    async def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
         """The route to a service on a port the spec declared."""
         native = _native(handle)
         loop = asyncio.get_running_loop()
@@ -371,7 +371,7 @@ class BlockingProvider:
     def serialize_handle(self, handle: SandboxHandle) -> str:
         return _blocking(_native(handle).serialize)
 
-    def endpoint(self, handle: SandboxHandle, port: int) -> Endpoint:
+    def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
         return _endpoint(_native_call(_native(handle).endpoint, int(port)))
 
     def renew(self, handle: SandboxHandle, ttl_s: float) -> float:

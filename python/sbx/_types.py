@@ -39,7 +39,7 @@ class SandboxSpec:
     resources: SandboxResources | Mapping[str, Any] = field(default_factory=SandboxResources)
     entrypoint: list[str] | None = None
     provider_options: dict[str, Any] = field(default_factory=dict)
-    ports: list[int] = field(default_factory=list)
+    ports: tuple[int, ...] | list[int] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
         """The spec as the host's JSON (sbx::SandboxSpec::from_json), unset fields left out."""
@@ -62,7 +62,7 @@ class SandboxSpec:
         return out
 
 
-class SandboxStatus(enum.Enum):
+class SandboxStatus(str, enum.Enum):
     """A sandbox's lifecycle state."""
 
     STARTING = "starting"
@@ -87,7 +87,7 @@ class SandboxExecResult:
 ExecResult = SandboxExecResult
 
 
-@dataclass(frozen=True)
+@dataclass
 class SandboxHandle:
     """A created (or connected) sandbox. ``raw`` is the package's own state: pass the handle back
     to its provider rather than using it."""
@@ -98,8 +98,8 @@ class SandboxHandle:
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """How to reach a service on a declared port: its URL and the headers to send."""
+class SandboxEndpoint:
+    """How to reach a service on a declared port: its absolute URL and the headers to send."""
 
-    url: str
+    endpoint: str
     headers: dict[str, str] = field(default_factory=dict)

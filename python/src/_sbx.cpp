@@ -24,9 +24,14 @@
 
 #include <boost/json/parse.hpp>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -45,39 +50,101 @@ nb::dict error_dict(const sbx::Error& e) {
   return d;
 }
 
-// A Python callable kept by C++ code that may drop it on any thread: taken and released under
-// the GIL.
+// The interpreter's exit. A host thread must not be inside Python once finalization starts (a
+// thread that asks for the GIL then is ended by pthread_exit, which unwinds through our GIL
+// guards and aborts the process). So an atexit hook (quiesce(), registered at import) stops new
+// entries and waits for those under way; from then on callbacks are skipped, and the Python
+// objects they hold are left to the exiting process.
+std::atomic<bool> g_exiting{false};
+std::mutex g_calls_mutex;
+std::condition_variable g_calls_done;
+int g_calls = 0;  // host threads inside Python through PyCallback (guarded by g_calls_mutex)
+
+bool finalizing() noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+  return g_exiting.load() || Py_IsFinalizing() != 0;
+#else
+  return g_exiting.load() || _Py_IsFinalizing() != 0;
+#endif
+}
+
+// Counts a thread in Python for quiesce(); `entered` false when the interpreter is exiting.
+class PythonEntry {
+ public:
+  PythonEntry() {
+    std::lock_guard lock(g_calls_mutex);
+    entered_ = !finalizing();
+    if (entered_) ++g_calls;
+  }
+  ~PythonEntry() {
+    if (!entered_) return;
+    std::lock_guard lock(g_calls_mutex);
+    if (--g_calls == 0) g_calls_done.notify_all();
+  }
+  PythonEntry(const PythonEntry&) = delete;
+  PythonEntry& operator=(const PythonEntry&) = delete;
+  bool entered() const noexcept { return entered_; }
+
+ private:
+  bool entered_ = false;
+};
+
+// atexit: no host thread enters Python from now on; those inside finish (10 s at most).
+void quiesce() {
+  {
+    std::lock_guard lock(g_calls_mutex);
+    g_exiting.store(true);
+  }
+  nb::gil_scoped_release release;
+  std::unique_lock lock(g_calls_mutex);
+  g_calls_done.wait_for(lock, std::chrono::seconds(10), [] { return g_calls == 0; });
+}
+
+// A Python callable kept by C++ code that calls and drops it on any thread, with the GIL.
+// `once`: dropped right after its call (a completion), so whatever still holds this object later
+// holds no Python object.
 class PyCallback {
  public:
-  explicit PyCallback(nb::callable fn) : fn_(new nb::callable(std::move(fn))) {}
+  PyCallback(nb::callable fn, bool once) : fn_(new nb::callable(std::move(fn))), once_(once) {}
   PyCallback(const PyCallback&) = delete;
   PyCallback& operator=(const PyCallback&) = delete;
   ~PyCallback() {
     if (!fn_) return;
+    const PythonEntry entry;
+    if (!entry.entered()) return;
     nb::gil_scoped_acquire gil;
     delete fn_;
   }
-  // Calls it with the GIL; an exception it raises is printed by Python (it has nobody to reach).
-  template <class... Args>
-  void operator()(Args&&... args) {
+  // Calls it with the arguments `make_args()` returns (a tuple, made with the GIL held); an
+  // exception it raises is printed by Python (it has nobody to reach).
+  template <class MakeArgs>
+  void call(MakeArgs make_args) {
+    const PythonEntry entry;
+    if (!entry.entered()) return;
     nb::gil_scoped_acquire gil;
+    if (!fn_) return;
     try {
-      (*fn_)(std::forward<Args>(args)...);
+      std::apply(*fn_, make_args());
     } catch (nb::python_error& e) {
       e.restore();
       PyErr_WriteUnraisable(fn_->ptr());
     }
+    if (once_) {
+      delete fn_;
+      fn_ = nullptr;
+    }
   }
 
  private:
-  nb::callable* fn_;
+  nb::callable* fn_;  // guarded by the GIL
+  bool once_;
 };
 
 // Completes `done` from an Operation<T>: `convert` turns the value into a Python object (under
 // the GIL).
 template <class T, class Convert>
 void complete_with(const sbx::Operation<T>& op, nb::callable done, Convert convert) {
-  auto callback = std::make_shared<PyCallback>(std::move(done));
+  auto callback = std::make_shared<PyCallback>(std::move(done), true);
   op.then([callback, convert](sbx::Operation<T>& finished) mutable {
     std::optional<sbx::Error> error;
     std::optional<std::conditional_t<std::is_void_v<T>, std::monostate, T>> value;
@@ -93,14 +160,15 @@ void complete_with(const sbx::Operation<T>& op, nb::callable done, Convert conve
     } catch (const std::exception& e) {
       error.emplace(SBX_STATUS_INTERNAL, e.what());
     }
-    nb::gil_scoped_acquire gil;
-    if (error) {
-      (*callback)(nb::none(), error_dict(*error));
-    } else if constexpr (std::is_void_v<T>) {
-      (*callback)(nb::none(), nb::none());
-    } else {
-      (*callback)(convert(std::move(*value)), nb::none());
-    }
+    callback->call([&] {
+      if (error) return std::make_tuple(nb::object(nb::none()), nb::object(error_dict(*error)));
+      if constexpr (std::is_void_v<T>) {
+        return std::make_tuple(nb::object(nb::none()), nb::object(nb::none()));
+      } else {
+        return std::make_tuple(nb::object(nb::cast(convert(std::move(*value)))),
+                               nb::object(nb::none()));
+      }
+    });
   });
 }
 
@@ -141,7 +209,7 @@ namespace {
 // last reference goes with the GIL released.
 template <class T>
 void release_without_gil(std::shared_ptr<T>& p) {
-  if (p && p.use_count() == 1 && PyGILState_Check()) {
+  if (p && p.use_count() == 1 && PyGILState_Check() && !finalizing()) {
     nb::gil_scoped_release release;
     p.reset();
   }
@@ -153,10 +221,14 @@ struct HostHolder {
   ~HostHolder() { release_without_gil(host); }
 };
 
+// A sandbox from create() is closed when its last holder goes (as a C++ sbx::Sandbox is); one
+// from connect() is left running (`owned` false): its owner is elsewhere.
 struct SandboxHolder {
   std::shared_ptr<sbx::Host> host;
   std::shared_ptr<sbx::Sandbox> box;
+  bool owned = true;
   ~SandboxHolder() {
+    if (!owned && box && box.use_count() == 1) box->detach();
     release_without_gil(box);
     release_without_gil(host);
   }
@@ -187,10 +259,12 @@ sbx::ExecOptions exec_options(std::optional<std::string> cwd,
   options.timeout_s = timeout_s;
   options.user = std::move(user);
   if (on_output) {
-    auto callback = std::make_shared<PyCallback>(std::move(*on_output));
+    auto callback = std::make_shared<PyCallback>(std::move(*on_output), false);
     options.on_output = [callback](sbx::OutputStream stream, std::string_view bytes) {
-      nb::gil_scoped_acquire gil;
-      (*callback)(stream == sbx::OutputStream::err ? 2 : 1, nb::bytes(bytes.data(), bytes.size()));
+      callback->call([&] {
+        return std::make_tuple(stream == sbx::OutputStream::err ? 2 : 1,
+                               nb::bytes(bytes.data(), bytes.size()));
+      });
     };
   }
   return options;
@@ -204,6 +278,8 @@ NB_MODULE(_sbx, m) {
   static nb::object host_error =
       nb::steal(PyErr_NewException("sbx._sbx.HostError", PyExc_RuntimeError, nullptr));
   m.attr("HostError") = host_error;
+  m.def("_quiesce", &quiesce);
+  nb::module_::import_("atexit").attr("register")(m.attr("_quiesce"));
   // A synchronous call's sbx::Error: HostError(dict), mapped by the Python layer.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -317,7 +393,7 @@ NB_MODULE(_sbx, m) {
         return start_op(
             [&] { return p.provider.connect_async(std::move(descriptor)); }, std::move(done),
             [host = p.host](sbx::Sandbox box) {
-              return SandboxHolder{host, std::make_shared<sbx::Sandbox>(std::move(box))};
+              return SandboxHolder{host, std::make_shared<sbx::Sandbox>(std::move(box)), false};
             });
       });
 

@@ -68,7 +68,7 @@ def test_pause_resume_and_a_handle_connected_in_another_process(docker: sbx.Prov
                 "    p = host.provider('docker')\n"
                 "    box = await p.connect(sys.stdin.read())\n"
                 "    print((await p.exec(box, 'cat /tmp/note')).stdout, end='')\n"
-                "    box.raw.detach()\n"  # leave it running for the first process
+                # dropped without close: a connected handle leaves its sandbox running
                 "asyncio.run(main())\n"
             )
             out = await asyncio.to_thread(

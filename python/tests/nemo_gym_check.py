@@ -1,0 +1,133 @@
+"""NeMo Gym 0.7.0, unchanged, on the package's provider (ctest python_nemo_gym_test).
+
+Runs under NeMo Gym's venv (tests/clients/nemo_gym_venv.sh) with PYTHONPATH at the build's
+package, whose dist-info publishes the entry point `sbx` of `nemo_gym.sandbox_providers`, as an
+installed wheel does. Settings come from the environment (NeMo Gym parses sys.argv with Hydra):
+SBX_PLUGIN_DIR (the build's plugins), SBX_NEMO_IMAGE (default sbx-busybox:latest).
+
+Checks, each printed as "ok NAME" or "FAIL NAME: why" (exit 1 on any failure): NeMo Gym's
+registry finds the provider by its entry point and its capability protocols see it; through
+AsyncSandbox: create with spec fields, exec with cwd, env, timeout and user, a non-zero exit, a
+timeout, a 1 MiB output, upload and download of a binary file, status, pause and resume, a
+descriptor serialised here and connected in another process, stop twice, exec after stop (NeMo
+Gym's own error); the sync Sandbox wrapper; NeMo Gym's create error for a daemon not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from nemo_gym.sandbox.api import AsyncSandbox, Sandbox
+from nemo_gym.sandbox.providers import base
+from nemo_gym.sandbox.providers.registry import create_provider
+
+import sbx.nemo_gym
+
+failures: list[str] = []
+PLUGIN_DIR = os.environ["SBX_PLUGIN_DIR"]
+IMAGE = os.environ.get("SBX_NEMO_IMAGE", "sbx-busybox:latest")
+CONFIG = {"sbx": {"provider": "local_docker", "plugin_dirs": [PLUGIN_DIR],
+                  "labels": {"sbx.python-test": "nemo_gym_check"}}}
+
+
+def check(name: str, ok: bool, why: object = "") -> None:
+    if ok:
+        print(f"ok {name}", flush=True)
+    else:
+        print(f"FAIL {name}: {why}", flush=True)
+        failures.append(name)
+
+
+async def main() -> None:
+    provider = create_provider(CONFIG)
+    check("the registry finds the entry point", isinstance(provider, sbx.nemo_gym.SbxProvider),
+          type(provider))
+    check("capabilities", isinstance(provider, base.SupportsSandboxPauseResume)
+          and isinstance(provider, base.ConnectableProvider)
+          and isinstance(provider, base.SupportsSandboxEndpoint))
+
+    spec = base.SandboxSpec(image=IMAGE, ttl_s=600, workdir="/work", env={"FROM_SPEC": "yes"},
+                            files={"/work/hello.txt": "hi\n"}, metadata={"case": "nemo"},
+                            resources={"cpu": 1, "memory_mib": 256})
+    box = await AsyncSandbox(provider, spec, owns_provider=False).start()
+    r = await box.exec("cat hello.txt; echo $FROM_SPEC-$X; pwd", env={"X": "y"})
+    check("create with spec fields, exec with env", r.stdout == "hi\nyes-y\n/work\n", r)
+    r = await box.exec("pwd", cwd="/tmp")
+    check("exec cwd", r.stdout == "/tmp\n", r)
+    r = await box.exec("id -un", user="nobody")
+    check("exec user", r.stdout == "nobody\n", r)
+    r = await box.exec("echo out; echo err >&2; exit 7")
+    check("a non-zero exit is a result",
+          (r.stdout, r.stderr, r.return_code) == ("out\n", "err\n", 7), r)
+    r = await box.exec("sleep 30", timeout_s=0.5)
+    check("a timeout", (r.return_code, r.error_type) == (125, "timeout"), r)
+    r = await box.exec("head -c 1048576 /dev/zero | tr '\\0' a")
+    check("a 1 MiB output", r.stdout == "a" * (1 << 20), len(r.stdout or ""))
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.urandom(300_000) + bytes(range(256))
+        (Path(tmp) / "in.bin").write_bytes(data)
+        await box.upload(Path(tmp) / "in.bin", "/work/blob.bin")
+        await box.download("/work/blob.bin", Path(tmp) / "out.bin")
+        check("upload and download of a binary file", (Path(tmp) / "out.bin").read_bytes() == data)
+    check("status running", await box.status() == base.SandboxStatus.RUNNING)
+    await box.pause()
+    check("paused", await box.status() == base.SandboxStatus.PAUSED)
+    await box.resume()
+    check("resumed", (await box.exec("echo back")).stdout == "back\n")
+
+    descriptor = await box.serialize()
+    other = subprocess.run(
+        [sys.executable, "-c", CONNECT_SCRIPT], input=json.dumps(descriptor), text=True,
+        capture_output=True, timeout=120, env=os.environ)
+    check("serialize here, connect in another process", other.returncode == 0
+          and other.stdout == "hi\n", other.stdout + other.stderr)
+    check("still running after the other process", await box.status() == base.SandboxStatus.RUNNING)
+
+    await box.stop()
+    await box.stop()
+    check("stopped", await box.status() == base.SandboxStatus.STOPPED)
+    try:
+        await box.exec("true")
+        check("exec after stop", False, "no error")
+    except RuntimeError as e:
+        check("exec after stop", "not been started" in str(e), e)
+
+    def sync_wrapper() -> str:
+        with Sandbox(CONFIG, base.SandboxSpec(image=IMAGE, ttl_s=600)).start() as s:
+            return s.exec("echo sync").stdout
+
+    check("the sync Sandbox wrapper", await asyncio.to_thread(sync_wrapper) == "sync\n")
+
+    gone = create_provider({"sbx": {"provider": "local_docker", "plugin_dirs": [PLUGIN_DIR],
+                                    "config": {"socket": "/nonexistent/docker.sock"}}})
+    try:
+        await AsyncSandbox(gone, base.SandboxSpec(image=IMAGE)).start()
+        check("NeMo Gym's create error", False, "no error")
+    except base.SandboxCreateError as e:
+        check("NeMo Gym's create error", "/nonexistent/docker.sock" in str(e), e)
+    await provider.aclose()
+
+
+CONNECT_SCRIPT = """
+import asyncio, json, os, sys
+from nemo_gym.sandbox.api import AsyncSandbox
+from nemo_gym.sandbox.providers.registry import create_provider
+async def main():
+    provider = create_provider({"sbx": {"provider": "local_docker",
+                                        "plugin_dirs": [os.environ["SBX_PLUGIN_DIR"]]}})
+    box = await AsyncSandbox.connect(json.loads(sys.stdin.read()), provider=provider)
+    print((await box.exec("cat hello.txt")).stdout, end="")
+    await provider.aclose()  # without stop(): the sandbox stays the first process's
+asyncio.run(main())
+"""
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    print("all passed" if not failures else f"{len(failures)} failed: {', '.join(failures)}")
+    sys.exit(1 if failures else 0)
