@@ -5,7 +5,8 @@
 # container labelled sbx.sandbox was left behind. After the default preset's
 # tests, scripts/kit-test.sh checks the install, the Debian packages and the
 # out-of-tree examples. The default preset also builds the Python package's
-# module and runs its tests (python/, in a venv from scripts/python-env.sh).
+# module and runs its tests (python/, in a venv from scripts/python-env.sh), and
+# scripts/python-wheel-test.sh builds the wheel and runs it installed.
 # Stops at the first failure.
 #
 # Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
@@ -55,6 +56,9 @@ fi
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
   export CCACHE_DIR=${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}
+  # The build directory is not part of a compile's key: the Python wheel's build of the same
+  # sources (scripts/python-wheel-test.sh) hits what the presets compiled.
+  export CCACHE_NOHASHDIR=1
   mkdir -p "${CCACHE_DIR}"
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   printf 'test.sh: using ccache (CCACHE_DIR=%s)\n' "${CCACHE_DIR}"
@@ -133,6 +137,8 @@ for preset in "${presets[@]}"; do
   if [[ ${preset} == default ]]; then
     step "the plugin author's kit: install, packages, out-of-tree examples (scripts/kit-test.sh)"
     scripts/kit-test.sh build
+    step "the Python package's wheel: pip wheel ./python, installed and run (scripts/python-wheel-test.sh)"
+    scripts/python-wheel-test.sh
   fi
 done
 

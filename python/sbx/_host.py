@@ -28,6 +28,10 @@ from ._types import (
 )
 
 T = TypeVar("T")
+# What a wheel puts inside the package (python/CMakeLists.txt): the in-tree plugins and the probe.
+_PACKAGE = Path(__file__).resolve().parent
+_PACKAGED_PLUGINS = _PACKAGE / "plugins"
+_PACKAGED_PROBE = _PACKAGE / "libexec" / "sbx-plugin-probe"
 # A native call: its arguments, then done(value, error); returns an _sbx.Op.
 Start = Callable[..., Any]
 
@@ -380,8 +384,8 @@ class BlockingProvider:
 
 class Host:
     """The sbx host: its config (a dict, or a path to the same JSON ``sbx --config`` reads) and
-    the directories its plugins are found in (before the defaults, unless
-    ``use_default_plugin_dirs`` is False). A plugin that fails to load, a bad config or an
+    the directories its plugins are found in (before the defaults: the wheel's own plugins, then
+    the host's, unless ``use_default_plugin_dirs`` is False). A plugin that fails to load, a bad config or an
     unknown provider raise the package's exceptions with the host's message."""
 
     def __init__(
@@ -393,13 +397,12 @@ class Host:
         labels: Mapping[str, str] | None = None,
     ) -> None:
         text, origin = _config_text(config)
+        dirs = [os.fspath(d) for d in plugin_dirs]
+        if use_default_plugin_dirs and _PACKAGED_PLUGINS.is_dir():
+            dirs.append(os.fspath(_PACKAGED_PLUGINS))  # the wheel's, after the caller's
+        probe = os.fspath(_PACKAGED_PROBE) if _PACKAGED_PROBE.exists() else ""
         self._native = _native_call(
-            _sbx.Host,
-            text,
-            origin,
-            [os.fspath(d) for d in plugin_dirs],
-            use_default_plugin_dirs,
-            dict(labels or {}),
+            _sbx.Host, text, origin, dirs, use_default_plugin_dirs, dict(labels or {}), probe
         )
 
     def provider(self, name: str) -> Provider:

@@ -402,13 +402,14 @@ NB_MODULE(_sbx, m) {
           "__init__",
           [](HostHolder* self, const std::string& config_json, const std::string& origin,
              std::vector<std::string> plugin_dirs, bool use_default_plugin_dirs,
-             std::map<std::string, std::string> labels) {
+             std::map<std::string, std::string> labels, std::string probe_program) {
             sbx::Host::Options options;
             options.config = sbx::Config::parse(config_json, origin);
             for (auto& dir : plugin_dirs)
               options.plugin_dirs.emplace_back(std::move(dir));
             options.use_default_plugin_dirs = use_default_plugin_dirs;
             options.labels = std::move(labels);
+            options.probe_program = probe_program;
             std::shared_ptr<sbx::Host> host;
             {
               nb::gil_scoped_release release;
@@ -417,7 +418,7 @@ NB_MODULE(_sbx, m) {
             new (self) HostHolder{std::move(host)};
           },
           nb::arg("config_json"), nb::arg("origin"), nb::arg("plugin_dirs"),
-          nb::arg("use_default_plugin_dirs"), nb::arg("labels"))
+          nb::arg("use_default_plugin_dirs"), nb::arg("labels"), nb::arg("probe_program"))
       .def("provider", [](const HostHolder& h, const std::string& name) {
         nb::gil_scoped_release release;
         return ProviderHolder{h.host, h.host->provider(name)};
