@@ -330,9 +330,11 @@ class BlockingProvider:
         self._p = provider
 
     def create(self, spec: SandboxSpec | Mapping[str, Any] | None = None) -> SandboxHandle:
+        """Creates a sandbox ready to run commands (see :meth:`Provider.create`)."""
         return _blocking(self._p._native.create, _spec_json(spec), convert=_handle)
 
     def connect(self, descriptor: str) -> SandboxHandle:
+        """The sandbox a descriptor names (see :meth:`Provider.connect`)."""
         return _blocking(self._p._native.connect, descriptor, convert=_handle)
 
     def exec(
@@ -344,41 +346,52 @@ class BlockingProvider:
         timeout_s: float | None = None,
         user: str | int | None = None,
     ) -> SandboxExecResult:
+        """Runs a shell command; a non-zero exit or a timeout is a result."""
         args = _exec_args(handle, command, cwd, env, timeout_s, user)
         return _blocking(*args, None, convert=_result)
 
     def upload_file(
         self, handle: SandboxHandle, source_path: str | os.PathLike[str], target_path: str
     ) -> None:
+        """Copies a local file in, with its permission bits."""
         _blocking(_native(handle).upload, os.fspath(source_path), target_path)
 
     def upload_bytes(self, handle: SandboxHandle, data: bytes, target_path: str) -> None:
+        """Writes ``data`` to a sandbox file (mode 0644)."""
         _blocking(_native(handle).upload_bytes, bytes(data), target_path)
 
     def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: str | os.PathLike[str]
     ) -> None:
+        """Copies one sandbox file to a local path; complete or not at all."""
         _blocking(_native(handle).download, source_path, os.fspath(target_path))
 
     def status(self, handle: SandboxHandle) -> SandboxStatus:
+        """The sandbox's state (STOPPED once closed)."""
         return _blocking(_native(handle).status, convert=SandboxStatus)
 
     def close(self, handle: SandboxHandle) -> None:
+        """Ends the sandbox; closing twice does nothing."""
         _blocking(_native(handle).close)
 
     def pause(self, handle: SandboxHandle) -> None:
+        """Freezes every process of the sandbox (sbx.pause/1)."""
         _blocking(_native(handle).pause)
 
     def resume(self, handle: SandboxHandle) -> None:
+        """Thaws a paused sandbox (sbx.pause/1)."""
         _blocking(_native(handle).resume)
 
     def serialize_handle(self, handle: SandboxHandle) -> str:
+        """A descriptor that :meth:`connect` turns back into a handle."""
         return _blocking(_native(handle).serialize)
 
     def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
+        """The route to a service on a port the spec declared."""
         return _endpoint(_native_call(_native(handle).endpoint, int(port)))
 
     def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
+        """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force."""
         return float(_blocking(_native(handle).renew, float(ttl_s)))
 
 

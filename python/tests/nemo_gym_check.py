@@ -10,7 +10,8 @@ registry finds the provider by its entry point and its capability protocols see 
 AsyncSandbox: create with spec fields, exec with cwd, env, timeout and user, a non-zero exit, a
 timeout, a 1 MiB output, upload and download of a binary file, status, pause and resume, a
 descriptor serialised here and connected in another process, stop twice, exec after stop (NeMo
-Gym's own error); the sync Sandbox wrapper; NeMo Gym's create error for a daemon not there.
+Gym's own error); the endpoint of a declared port reaching a server in the sandbox; the sync
+Sandbox wrapper; NeMo Gym's create error for a daemon not there.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from nemo_gym.sandbox.api import AsyncSandbox, Sandbox
@@ -97,6 +99,27 @@ async def main() -> None:
         check("exec after stop", False, "no error")
     except RuntimeError as e:
         check("exec after stop", "not been started" in str(e), e)
+
+    bridge = create_provider({"sbx": {"provider": "local_docker", "plugin_dirs": [PLUGIN_DIR],
+                                      "config": {"create": {"network": "bridge"}},
+                                      "labels": {"sbx.python-test": "nemo_gym_check"}}})
+    served = await AsyncSandbox(bridge, base.SandboxSpec(
+        image=IMAGE, ttl_s=600, ports=(8000,), files={"/www/index.html": "served\n"})).start()
+    try:
+        await served.exec("httpd -p 8000 -h /www")
+        endpoint = await served.endpoint(8000)
+        body = ""
+        for _ in range(50):  # httpd binds after it was started
+            try:
+                body = await asyncio.to_thread(lambda: urllib.request.urlopen(
+                    endpoint.endpoint + "/index.html", timeout=5).read().decode())
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        check("the endpoint reaches a server in the sandbox",
+              isinstance(endpoint, base.SandboxEndpoint) and body == "served\n", (endpoint, body))
+    finally:
+        await served.stop()
 
     def sync_wrapper() -> str:
         with Sandbox(CONFIG, base.SandboxSpec(image=IMAGE, ttl_s=600)).start() as s:

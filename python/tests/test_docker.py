@@ -1,18 +1,20 @@
 """The package's API over local_docker on the real Docker daemon (image sbx-busybox:latest):
 spec fields, users, pause and resume, a handle serialised in one process and connected in
-another, closing twice, and a daemon that is not there."""
+another, closing twice, an endpoint reaching a server in the sandbox, and a daemon that is not
+there."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import sbx
-from conftest import IMAGE, PLUGIN_DIR
+from conftest import IMAGE, PLUGIN_DIR, docker_sandboxes
 
 
 def run(coro):
@@ -100,3 +102,43 @@ def test_a_daemon_that_is_not_there(tmp_path: Path) -> None:
         docker.blocking.create(sbx.SandboxSpec(image=IMAGE))
     assert str(socket) in str(caught.value)
     assert caught.value.status == "UNAVAILABLE"
+
+
+def test_the_endpoint_reaches_a_server_in_the_sandbox(request: pytest.FixtureRequest) -> None:
+    """A declared port, published on 127.0.0.1 (network bridge): the endpoint's URL reaches the
+    sandbox's httpd; an undeclared port is refused."""
+    label = "test_the_endpoint"
+    host = sbx.Host(
+        {"providers": {"bridge": {"plugin": "local_docker",
+                                  "config": {"create": {"network": "bridge"}}}}},
+        plugin_dirs=[PLUGIN_DIR],
+        use_default_plugin_dirs=False,
+        labels={"sbx.python-test": label},
+    )
+    bridge = host.provider("bridge")
+
+    async def main() -> None:
+        box = await bridge.create(sbx.SandboxSpec(
+            image=IMAGE, ttl_s=600, ports=[8000], files={"/www/index.html": "hello\n"}))
+        try:
+            assert (await bridge.exec(box, "httpd -p 8000 -h /www")).return_code == 0
+            endpoint = await bridge.endpoint(box, 8000)
+            assert endpoint.endpoint.startswith("http://127.0.0.1:"), endpoint
+            body = ""
+            for _ in range(50):  # httpd binds after it was started
+                try:
+                    body = await asyncio.to_thread(
+                        lambda: urllib.request.urlopen(endpoint.endpoint + "/index.html",
+                                                       timeout=5).read().decode())
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            assert body == "hello\n"
+            with pytest.raises(sbx.InvalidArgumentError):
+                await bridge.endpoint(box, 7000)
+        finally:
+            await bridge.close(box)
+
+    run(main())
+    del bridge, host
+    assert docker_sandboxes("sbx.python-test=" + label) == []
