@@ -36,6 +36,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._host import BlockingProvider, ExecStream, Host, Provider
+from ._terminals import Attachment, Session, Terminal
 from ._types import (
     SandboxEndpoint,
     ExecResult,
@@ -47,6 +48,7 @@ from ._types import (
 )
 
 __all__ = [
+    "Attachment",
     "BlockingProvider",
     "CancelledError",
     "SandboxEndpoint",
@@ -69,6 +71,8 @@ __all__ = [
     "SandboxSpec",
     "SandboxStatus",
     "SandboxTimeoutError",
+    "Session",
+    "Terminal",
     "UnavailableError",
     "UnimplementedError",
 ]

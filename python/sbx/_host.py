@@ -12,13 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from . import _sbx
+from ._calls import await_op as _await
+from ._calls import blocking as _blocking
+from ._calls import exec_result as _result
+from ._calls import native_call as _native_call
+from ._calls import Streamed
 from ._errors import InvalidArgumentError, error_from
+from ._terminals import Session, Terminal
 from ._types import (
     SandboxEndpoint,
     SandboxExecResult,
@@ -27,73 +32,10 @@ from ._types import (
     SandboxStatus,
 )
 
-T = TypeVar("T")
 # What a wheel puts inside the package (python/CMakeLists.txt): the in-tree plugins and the probe.
 _PACKAGE = Path(__file__).resolve().parent
 _PACKAGED_PLUGINS = _PACKAGE / "plugins"
 _PACKAGED_PROBE = _PACKAGE / "libexec" / "sbx-plugin-probe"
-# A native call: its arguments, then done(value, error); returns an _sbx.Op.
-Start = Callable[..., Any]
-
-
-def _native_call(fn: Callable[..., T], *args: Any) -> T:
-    """A synchronous native call, its HostError as the package's exception."""
-    try:
-        return fn(*args)
-    except _sbx.HostError as e:
-        raise error_from(e.args[0]) from None
-
-
-async def _await(start: Start, *args: Any, convert: Callable[[Any], T] = lambda v: v) -> T:
-    loop = asyncio.get_running_loop()
-    result: asyncio.Future[Any] = loop.create_future()
-    ended = threading.Event()
-
-    def settle(value: Any, error: Any) -> None:
-        if result.done():
-            return
-        if error is not None:
-            result.set_exception(error_from(error))
-        else:
-            result.set_result(value)
-
-    def done(value: Any, error: Any) -> None:  # a host thread, with the GIL
-        ended.set()
-        try:
-            loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
-
-    op = _native_call(start, *args, done)
-    try:
-        value = await result
-    except asyncio.CancelledError:
-        op.cancel()
-        # The operation ends soon after (the host bounds it); wait for it off the loop's thread.
-        await asyncio.shield(loop.run_in_executor(None, ended.wait))
-        raise
-    return convert(value)
-
-
-def _blocking(start: Start, *args: Any, convert: Callable[[Any], T] = lambda v: v) -> T:
-    ended = threading.Event()
-    outcome: list[Any] = []
-
-    def done(value: Any, error: Any) -> None:
-        outcome[:] = [value, error]
-        ended.set()
-
-    op = _native_call(start, *args, done)
-    try:
-        ended.wait()
-    except BaseException:  # KeyboardInterrupt: stop the operation, then let it through
-        op.cancel()
-        ended.wait()
-        raise
-    value, error = outcome
-    if error is not None:
-        raise error_from(error)
-    return convert(value)
 
 
 def _config_text(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> tuple[str, str]:
@@ -116,15 +58,6 @@ def _native(handle: SandboxHandle) -> Any:
 
 def _handle(native: Any) -> SandboxHandle:
     return SandboxHandle(sandbox_id=native.id, provider_name=native.provider_name, raw=native)
-
-
-def _result(value: dict[str, Any]) -> SandboxExecResult:
-    return SandboxExecResult(
-        stdout=value["stdout"].decode("utf-8", "replace"),
-        stderr=value["stderr"].decode("utf-8", "replace"),
-        return_code=value["return_code"],
-        error_type=value["error_type"],
-    )
 
 
 def _spec_json(spec: SandboxSpec | Mapping[str, Any] | None) -> str:
@@ -163,59 +96,21 @@ class ExecStream:
     ``cancel()`` (or cancelling the task that awaits ``result()``) kills the command."""
 
     def __init__(self, exec_args: tuple[Any, ...]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
-        self._result: asyncio.Future[Any] = self._loop.create_future()
-        self._ended = threading.Event()
-
-        def on_output(stream: int, data: bytes) -> None:  # a host thread, with the GIL
-            item = ("stderr" if stream == 2 else "stdout", data)
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-            except RuntimeError:
-                pass
-
-        def settle(value: Any, error: Any) -> None:
-            self._queue.put_nowait(None)
-            if self._result.done():
-                return
-            if error is not None:
-                self._result.set_exception(error_from(error))
-            else:
-                self._result.set_result(value)
-
-        def done(value: Any, error: Any) -> None:
-            self._ended.set()
-            try:
-                self._loop.call_soon_threadsafe(settle, value, error)
-            except RuntimeError:
-                pass
-
-        self._op = _native_call(*exec_args, on_output, done)
+        self._call = Streamed(
+            *exec_args,
+            make_item=lambda stream, data: ("stderr" if stream == 2 else "stdout", data),
+        )
 
     def __aiter__(self) -> AsyncIterator[tuple[str, bytes]]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[tuple[str, bytes]]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            yield item
+        return self._call.items()
 
     def cancel(self) -> None:
         """Asks the provider to stop the command (it is killed in the sandbox)."""
-        self._op.cancel()
+        self._call.cancel()
 
     async def result(self) -> SandboxExecResult:
         """The command's outcome (its output is what the iterator gave; here it is empty)."""
-        try:
-            value = await asyncio.shield(self._result)
-        except asyncio.CancelledError:
-            self._op.cancel()
-            await asyncio.shield(self._loop.run_in_executor(None, self._ended.wait))
-            raise
-        return _result(value)
+        return _result(await self._call.outcome(cancel_with_task=True))
 
 
 class Provider:
@@ -316,6 +211,48 @@ class Provider:
         """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force (Unix
         seconds)."""
         return float(await _await(_native(handle).renew, float(ttl_s)))
+
+    async def open_session(
+        self,
+        handle: SandboxHandle,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+    ) -> Session:
+        """A persistent shell (sbx.session/1): its cwd, exported variables and background jobs
+        carry from one run to the next. UnimplementedError when the provider has none."""
+        native = _native(handle)
+        return await _await(
+            native.open_session, cwd, dict(env or {}), _user(user), convert=Session
+        )
+
+    def session(self, handle: SandboxHandle, session_id: str) -> Session:
+        """A session opened before (by this or another client), by its id."""
+        return Session(_native_call(_native(handle).session, session_id))
+
+    async def open_pty(
+        self,
+        handle: SandboxHandle,
+        command: str | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        tty: bool = True,
+    ) -> Terminal:
+        """A terminal (sbx.pty/1) running ``command`` (by ``sh -c``; None: the user's shell) on
+        a TTY of rows x cols, or in pipe mode (``tty=False``: stdout and stderr apart).
+        UnimplementedError when the provider has none."""
+        native = _native(handle)
+        return await _await(
+            native.open_pty, command, cwd, dict(env or {}), _user(user), int(rows), int(cols),
+            bool(tty), convert=lambda pty: Terminal(pty, tty))
+
+    def pty(self, handle: SandboxHandle, terminal_id: str) -> Terminal:
+        """A terminal opened before (by this or another client), by its id."""
+        return Terminal(_native_call(_native(handle).pty, terminal_id))
 
     def supports(self, handle: SandboxHandle, extension_id: str) -> bool:
         """Whether the sandbox's provider offers an extension (``"sbx.pause/1"``...)."""

@@ -241,6 +241,19 @@ struct ProviderHolder {
   ~ProviderHolder() { release_without_gil(host); }
 };
 
+// A persistent shell (sbx.session/1) or a terminal (sbx.pty/1) of a sandbox; each keeps the host.
+struct SessionHolder {
+  std::shared_ptr<sbx::Host> host;
+  sbx::Session session;
+  ~SessionHolder() { release_without_gil(host); }
+};
+
+struct PtyHolder {
+  std::shared_ptr<sbx::Host> host;
+  sbx::Pty pty;
+  ~PtyHolder() { release_without_gil(host); }
+};
+
 nb::dict result_dict(const sbx::ExecResult& r) {
   nb::dict d;
   d["stdout"] = nb::bytes(r.stdout_text.data(), r.stdout_text.size());
@@ -374,7 +387,104 @@ NB_MODULE(_sbx, m) {
            [](const SandboxHolder& s, nb::callable done) {
              return start_op([&] { return s.box->close_async(); }, std::move(done), kNoValue);
            })
-      .def("detach", [](const SandboxHolder& s) { s.box->detach(); });
+      .def("detach", [](const SandboxHolder& s) { s.box->detach(); })
+      .def(
+          "open_session",
+          [](const SandboxHolder& s, std::optional<std::string> cwd,
+             std::map<std::string, std::string> env, std::optional<std::string> user,
+             nb::callable done) {
+            sbx::SessionOptions options{
+                .cwd = std::move(cwd), .env = std::move(env), .user = std::move(user)};
+            return start_op([&] { return s.box->open_session_async(std::move(options)); },
+                            std::move(done),
+                            [host = s.host](sbx::Session session) {
+                              return SessionHolder{host, std::move(session)};
+                            });
+          },
+          nb::arg("cwd").none(), nb::arg("env"), nb::arg("user").none(), nb::arg("done"))
+      .def("session",
+           [](const SandboxHolder& s, std::string id) {
+             return SessionHolder{s.host, s.box->session(std::move(id))};
+           })
+      .def(
+          "open_pty",
+          [](const SandboxHolder& s, std::optional<std::string> command,
+             std::optional<std::string> cwd, std::map<std::string, std::string> env,
+             std::optional<std::string> user, uint16_t rows, uint16_t cols, bool tty,
+             nb::callable done) {
+            sbx::PtyOptions options{.command = std::move(command),
+                                    .cwd = std::move(cwd),
+                                    .env = std::move(env),
+                                    .user = std::move(user),
+                                    .rows = rows,
+                                    .cols = cols,
+                                    .tty = tty};
+            return start_op([&] { return s.box->open_pty_async(std::move(options)); },
+                            std::move(done),
+                            [host = s.host](sbx::Pty pty) {
+                              return PtyHolder{host, std::move(pty)};
+                            });
+          },
+          nb::arg("command").none(), nb::arg("cwd").none(), nb::arg("env"), nb::arg("user").none(),
+          nb::arg("rows"), nb::arg("cols"), nb::arg("tty"), nb::arg("done"))
+      .def("pty", [](const SandboxHolder& s, std::string id) {
+        return PtyHolder{s.host, s.box->pty(std::move(id))};
+      });
+
+  nb::class_<SessionHolder>(m, "Session")
+      .def_prop_ro("id", [](const SessionHolder& h) { return h.session.id(); })
+      .def(
+          "run",
+          [](SessionHolder& h, std::string command, std::optional<std::string> cwd,
+             std::map<std::string, std::string> env, std::optional<double> timeout_s,
+             std::optional<nb::callable> on_output, nb::callable done) {
+            auto options = exec_options(std::move(cwd), std::move(env), timeout_s, std::nullopt,
+                                        std::move(on_output));
+            return start_op(
+                [&] { return h.session.run_async(std::move(command), std::move(options)); },
+                std::move(done), [](sbx::ExecResult r) { return result_dict(r); });
+          },
+          nb::arg("command"), nb::arg("cwd").none(), nb::arg("env"), nb::arg("timeout_s").none(),
+          nb::arg("on_output").none(), nb::arg("done"))
+      .def("close", [](SessionHolder& h, nb::callable done) {
+        return start_op([&] { return h.session.close_async(); }, std::move(done), kNoValue);
+      });
+
+  nb::class_<PtyHolder>(m, "Pty")
+      .def_prop_ro("id", [](const PtyHolder& h) { return h.pty.id(); })
+      .def(
+          "attach",
+          [](PtyHolder& h, std::optional<uint64_t> since, bool takeover, nb::callable on_output,
+             nb::callable done) {
+            auto callback = std::make_shared<PyCallback>(std::move(on_output), false);
+            sbx::PtyAttachOptions options{
+                .since = since,
+                .takeover = takeover,
+                .on_output = [callback](sbx::OutputStream stream, uint64_t offset,
+                                        std::string_view bytes) {
+                  callback->call([&] {
+                    return std::make_tuple(stream == sbx::OutputStream::err ? 2 : 1, offset,
+                                           nb::bytes(bytes.data(), bytes.size()));
+                  });
+                }};
+            return start_op([&] { return h.pty.attach_async(std::move(options)); }, std::move(done),
+                            [](int32_t code) { return code; });
+          },
+          nb::arg("since").none(), nb::arg("takeover"), nb::arg("on_output"), nb::arg("done"))
+      .def("write",
+           [](PtyHolder& h, nb::bytes data, nb::callable done) {
+             std::string input(data.c_str(), data.size());
+             return start_op([&] { return h.pty.write_async(std::move(input)); }, std::move(done),
+                             kNoValue);
+           })
+      .def("resize",
+           [](PtyHolder& h, uint16_t rows, uint16_t cols, nb::callable done) {
+             return start_op([&] { return h.pty.resize_async(rows, cols); }, std::move(done),
+                             kNoValue);
+           })
+      .def("close", [](PtyHolder& h, nb::callable done) {
+        return start_op([&] { return h.pty.close_async(); }, std::move(done), kNoValue);
+      });
 
   nb::class_<ProviderHolder>(m, "Provider")
       .def_prop_ro("name", [](const ProviderHolder& p) { return p.provider.name(); })

@@ -10,8 +10,10 @@ registry finds the provider by its entry point and its capability protocols see 
 AsyncSandbox: create with spec fields, exec with cwd, env, timeout and user, a non-zero exit, a
 timeout, a 1 MiB output, upload and download of a binary file, status, pause and resume, a
 descriptor serialised here and connected in another process, stop twice, exec after stop (NeMo
-Gym's own error); the endpoint of a declared port reaching a server in the sandbox; the sync
-Sandbox wrapper; NeMo Gym's create error for a daemon not there.
+Gym's own error); the endpoint of a declared port reaching a server in the sandbox;
+preserve_background_services; terminals (the size asked for, typed input, attach with takeover
+and replay, the first holder failing, the exit code, pipe mode with env); the sync Sandbox
+wrapper; NeMo Gym's create error for a daemon not there.
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ async def main() -> None:
           type(provider))
     check("capabilities", isinstance(provider, base.SupportsSandboxPauseResume)
           and isinstance(provider, base.ConnectableProvider)
-          and isinstance(provider, base.SupportsSandboxEndpoint))
+          and isinstance(provider, base.SupportsSandboxEndpoint)
+          and isinstance(provider, base.SupportsSandboxPty)
+          and isinstance(provider, base.SupportsSandboxPtyAttach)
+          and isinstance(provider, base.SupportsSandboxBackgroundServices))
 
     spec = base.SandboxSpec(image=IMAGE, ttl_s=600, workdir="/work", env={"FROM_SPEC": "yes"},
                             files={"/work/hello.txt": "hi\n"}, metadata={"case": "nemo"},
@@ -82,6 +87,47 @@ async def main() -> None:
     check("paused", await box.status() == base.SandboxStatus.PAUSED)
     await box.resume()
     check("resumed", (await box.exec("echo back")).stdout == "back\n")
+
+    # preserve_background_services: a service one run starts outlives the run.
+    r = await box.exec("(sleep 60 >/dev/null 2>&1 &); echo started", preserve_background_services=True)
+    later = await box.exec("ps -o args | grep -c '^sleep 60$'")
+    check("preserve_background_services", r.stdout == "started\n" and later.stdout == "1\n",
+          (r, later))
+
+    # Terminals: the size asked for, typed input, pipe mode, takeover with a replay, the exit code.
+    term = await box.pty.create("stty size; cat", rows=30, cols=100)
+    seen = b""
+    while b"30 100" not in seen:
+        seen += await term.read(timeout_s=30)
+    check("pty: the size asked for", True)
+    await term.write(b"typed\n")
+    while seen.count(b"typed") < 2:  # the echo and cat's copy
+        seen += await term.read(timeout_s=30)
+    check("pty: typed input", True)
+    other = await box.pty.attach(term.session_id, takeover=True, since=0)
+    replay = b""
+    while b"typed" not in replay:
+        replay += await other.read(timeout_s=30)
+    check("pty: attach takes over and replays", b"30 100" in replay)
+    try:
+        while await term.read(timeout_s=30):
+            pass
+        check("pty: the first holder fails", False, "it read on")
+    except base.SandboxPtyError:
+        check("pty: the first holder fails", True)
+    await other.write(b"\x04")
+    check("pty: the exit code", await other.wait_exit(timeout_s=30) == 0)
+    await other.close()
+    await term.close()
+    pipe = await box.pty.create("echo out-$X; echo err >&2; exit 5", env={"X": "y"}, pty=False)
+    out, err = b"", b""
+    while chunk := await pipe.read(timeout_s=30):
+        out += chunk
+    while chunk := await pipe.read_stderr(timeout_s=30):
+        err += chunk
+    check("pty: pipe mode, env, stdout and stderr apart",
+          (out, err, await pipe.wait_exit(timeout_s=30)) == (b"out-y\n", b"err\n", 5), (out, err))
+    await pipe.close()
 
     descriptor = await box.serialize()
     other = subprocess.run(
