@@ -6,7 +6,6 @@
 
 #include <boost/json/serialize.hpp>
 
-#include <algorithm>
 #include <chrono>
 
 namespace sbx::local_docker {

@@ -22,7 +22,7 @@ from ._calls import blocking as _blocking
 from ._calls import exec_result as _result
 from ._calls import native_call as _native_call
 from ._calls import Streamed
-from ._errors import InvalidArgumentError, error_from
+from ._errors import InvalidArgumentError
 from ._terminals import Session, Terminal
 from ._types import (
     SandboxEndpoint,

@@ -99,11 +99,11 @@ async def main() -> None:
     seen = b""
     while b"30 100" not in seen:
         seen += await term.read(timeout_s=30)
-    check("pty: the size asked for", True)
+    check("pty: the size asked for", b"30 100" in seen)  # a timeout above raises
     await term.write(b"typed\n")
     while seen.count(b"typed") < 2:  # the echo and cat's copy
         seen += await term.read(timeout_s=30)
-    check("pty: typed input", True)
+    check("pty: typed input", seen.count(b"typed") >= 2)
     other = await box.pty.attach(term.session_id, takeover=True, since=0)
     replay = b""
     while b"typed" not in replay:

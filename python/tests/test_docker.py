@@ -104,7 +104,7 @@ def test_a_daemon_that_is_not_there(tmp_path: Path) -> None:
     assert caught.value.status == "UNAVAILABLE"
 
 
-def test_the_endpoint_reaches_a_server_in_the_sandbox(request: pytest.FixtureRequest) -> None:
+def test_the_endpoint_reaches_a_server_in_the_sandbox() -> None:
     """A declared port, published on 127.0.0.1 (network bridge): the endpoint's URL reaches the
     sandbox's httpd; an undeclared port is refused."""
     label = "test_the_endpoint"
