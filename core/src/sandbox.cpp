@@ -785,7 +785,7 @@ SandboxStatus Sandbox::status() {
   return status_async().get();
 }
 
-Endpoint Sandbox::endpoint(int64_t port) {
+Operation<Endpoint> Sandbox::endpoint_async(int64_t port) {
   started(state_);
   // The seed's order: port range, then declaration, then capability.
   if (port < 1 || port > 65535) {
@@ -815,8 +815,10 @@ Endpoint Sandbox::endpoint(int64_t port) {
                                          &detail::EndpointCtx::on_complete};
                                      return ext->get(g->provider, state_->handle,
                                                      static_cast<uint16_t>(port), &callbacks);
-                                   })
-      .get();
+                                   });
+}
+Endpoint Sandbox::endpoint(int64_t port) {
+  return endpoint_async(port).get();
 }
 
 Operation<void> Sandbox::close_async() {

@@ -30,9 +30,10 @@ async def await_op(start: Start, *args: Any, convert: Callable[[Any], T] = lambd
     waits for its end before it sees the cancellation."""
     loop = asyncio.get_running_loop()
     result: asyncio.Future[Any] = loop.create_future()
-    ended = threading.Event()
+    ended: asyncio.Future[None] = loop.create_future()  # the operation's end, even if cancelled
 
     def settle(value: Any, error: Any) -> None:
+        ended.set_result(None)
         if result.done():
             return
         if error is not None:
@@ -41,7 +42,6 @@ async def await_op(start: Start, *args: Any, convert: Callable[[Any], T] = lambd
             result.set_result(value)
 
     def done(value: Any, error: Any) -> None:  # a host thread, with the GIL
-        ended.set()
         try:
             loop.call_soon_threadsafe(settle, value, error)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
@@ -52,8 +52,8 @@ async def await_op(start: Start, *args: Any, convert: Callable[[Any], T] = lambd
         value = await result
     except asyncio.CancelledError:
         op.cancel()
-        # The operation ends soon after (the host bounds it); wait for it off the loop's thread.
-        await asyncio.shield(loop.run_in_executor(None, ended.wait))
+        # The operation ends soon after (the host bounds it); its done() says when.
+        await asyncio.shield(ended)
         raise
     return convert(value)
 
@@ -90,7 +90,7 @@ class Streamed:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._outcome: asyncio.Future[Any] = self._loop.create_future()
-        self._ended = threading.Event()
+        self._ended: asyncio.Future[None] = self._loop.create_future()
 
         def on_item(*native: Any) -> None:  # a host thread, with the GIL
             try:
@@ -99,6 +99,7 @@ class Streamed:
                 pass
 
         def settle(value: Any, error: Any) -> None:
+            self._ended.set_result(None)
             self._queue.put_nowait(None)
             if self._outcome.done():
                 return
@@ -108,7 +109,6 @@ class Streamed:
                 self._outcome.set_result(value)
 
         def done(value: Any, error: Any) -> None:
-            self._ended.set()
             try:
                 self._loop.call_soon_threadsafe(settle, value, error)
             except RuntimeError:
@@ -138,7 +138,7 @@ class Streamed:
         except asyncio.CancelledError:
             if cancel_with_task:
                 self._op.cancel()
-                await asyncio.shield(self._loop.run_in_executor(None, self._ended.wait))
+                await asyncio.shield(self._ended)
             raise
 
 

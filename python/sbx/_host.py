@@ -9,7 +9,6 @@ the task sees ``asyncio.CancelledError``. ``Provider.blocking`` has the same cal
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -202,10 +201,7 @@ class Provider:
 
     async def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
         """The route to a service on a port the spec declared."""
-        native = _native(handle)
-        loop = asyncio.get_running_loop()
-        pair = await loop.run_in_executor(None, _native_call, native.endpoint, int(port))
-        return _endpoint(pair)
+        return _endpoint(await _await(_native(handle).endpoint, int(port)))
 
     async def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
         """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force (Unix
@@ -325,7 +321,7 @@ class BlockingProvider:
 
     def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
         """The route to a service on a port the spec declared."""
-        return _endpoint(_native_call(_native(handle).endpoint, int(port)))
+        return _endpoint(_blocking(_native(handle).endpoint, int(port)))
 
     def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
         """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force."""

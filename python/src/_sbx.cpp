@@ -375,13 +375,11 @@ NB_MODULE(_sbx, m) {
                  });
            })
       .def("endpoint",
-           [](const SandboxHolder& s, int64_t port) {
-             sbx::Endpoint e;
-             {
-               nb::gil_scoped_release release;
-               e = s.box->endpoint(port);
-             }
-             return std::make_pair(e.url, e.headers);
+           [](const SandboxHolder& s, int64_t port, nb::callable done) {
+             return start_op([&] { return s.box->endpoint_async(port); }, std::move(done),
+                             [](sbx::Endpoint e) {
+                               return std::make_pair(std::move(e.url), std::move(e.headers));
+                             });
            })
       .def("close",
            [](const SandboxHolder& s, nb::callable done) {

@@ -1,5 +1,5 @@
 """The package's API over local_docker on the real Docker daemon (image sbx-busybox:latest):
-spec fields, users, pause and resume, a handle serialised in one process and connected in
+spec fields, users, renew, pause and resume, a handle serialised in one process and connected in
 another, closing twice, an endpoint reaching a server in the sandbox, and a daemon that is not
 there."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -42,6 +43,13 @@ def test_create_with_spec_fields_exec_as_a_user(docker: sbx.Provider) -> None:
             r = await docker.exec(box, "sleep 30", timeout_s=0.5)
             assert r.error_type == "timeout"
             assert docker.supports(box, "sbx.pause/1")
+            # renew moves the expiry the spec's ttl_s set, both ways, and says where it is now
+            before = time.time()
+            expires_at = await docker.renew(box, 1200)
+            assert before + 1200 - 1 <= expires_at <= time.time() + 1200 + 1
+            expires_at = docker.blocking.renew(box, 300)
+            assert before + 300 - 1 <= expires_at <= time.time() + 300 + 1
+            assert await docker.status(box) is sbx.SandboxStatus.RUNNING
         finally:
             await docker.close(box)
         await docker.close(box)

@@ -76,8 +76,10 @@ class Sandbox {
   Operation<SandboxStatus> status_async();
 
   // A route to a service on a declared port (spec.ports). Throws InvalidArgumentError for a port
-  // outside 1..65535 or not declared, UnimplementedError if the provider has no endpoints.
+  // outside 1..65535 or not declared, UnimplementedError if the provider has no endpoints (the
+  // asynchronous form throws these before it starts).
   Endpoint endpoint(int64_t port);
+  Operation<Endpoint> endpoint_async(int64_t port);
 
   // sbx.pause/1: freezes every process of the sandbox; while paused, status() is `paused` and exec,
   // upload and download fail at once with FailedPreconditionError. UnimplementedError when the
