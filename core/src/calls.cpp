@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <pthread.h>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -180,6 +181,7 @@ class DeadlineTimer {
   using Key = std::pair<Clock::time_point, uint64_t>;
 
   void run() {
+    pthread_setname_np(pthread_self(), "sbx-deadlines");  // one per process, named for a reader
     std::unique_lock lock(mutex_);
     for (;;) {
       const auto now = Clock::now();

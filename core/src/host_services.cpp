@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <vector>
 
@@ -100,6 +101,7 @@ class Janitor {
 
  private:
   void run() {
+    pthread_setname_np(pthread_self(), "sbx-janitor");  // one per process, named for a reader
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
