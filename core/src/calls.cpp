@@ -9,12 +9,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
 #include <array>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
-#include <pthread.h>
 #include <set>
 #include <thread>
 #include <unordered_map>
