@@ -32,6 +32,9 @@ Error Error::cancelled(std::string m) {
 Error Error::unavailable(std::string m, bool retryable) {
   return {SBX_STATUS_UNAVAILABLE, std::move(m), retryable_if(retryable)};
 }
+Error Error::resource_exhausted(std::string m, bool retryable) {
+  return {SBX_STATUS_RESOURCE_EXHAUSTED, std::move(m), retryable_if(retryable)};
+}
 Error Error::failed_precondition(std::string m) {
   return {SBX_STATUS_FAILED_PRECONDITION, std::move(m)};
 }

@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,28 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr auto kLogWait = 30s;  // real time; only bounds a broken test
+
+// download("/shorthand/NAME") throws Error::NAME("NAME failed"): the shorthands seen by a host.
+constexpr std::string_view kShorthandPath = "/shorthand/";
+Error shorthand(const std::string& name) {
+  const std::string m = name + " failed";
+  if (name == "invalid_argument") return Error::invalid_argument(m);
+  if (name == "not_found") return Error::not_found(m);
+  if (name == "timeout") return Error::timeout(m);
+  if (name == "cancelled") return Error::cancelled(m);
+  if (name == "unavailable") return Error::unavailable(m);
+  if (name == "unavailable_final") return Error::unavailable(m, false);
+  if (name == "resource_exhausted") return Error::resource_exhausted(m);
+  if (name == "resource_exhausted_retryable") return Error::resource_exhausted(m, true);
+  if (name == "failed_precondition") return Error::failed_precondition(m);
+  if (name == "unimplemented") return Error::unimplemented(m);
+  if (name == "permission_denied") return Error::permission_denied(m);
+  if (name == "internal") return Error::internal(m);
+  if (name == "create_failed") return Error::create_failed(m);
+  if (name == "create_failed_retryable") return Error::create_failed(m, true);
+  if (name == "create_verification_failed") return Error::create_verification_failed(m);
+  return Error::internal("no shorthand " + name);
+}
 
 // Sandboxes are names; files live in a map. `exec` understands three commands:
 //   nap     sleeps one hour of the host's clock (sdk::sleep_until), then prints the host time it
@@ -116,6 +139,7 @@ class ClockProvider final : public BlockingProvider {
                                .request_id = "req-1",
                                .reason = "backend:BUSY"});
     }
+    if (path.starts_with(kShorthandPath)) throw shorthand(path.substr(kShorthandPath.size()));
     if (it == files_.end()) throw Error::not_found("no such file: " + path);
     sink.write(it->second);
   }
@@ -247,6 +271,47 @@ TEST_CASE("fake host: blocking helpers drive a provider through the ABI and reco
   provider.release(box);
   CHECK(host.problems().empty());
   CHECK(host.count_logs("broke the ABI contract") == 0);
+}
+
+TEST_CASE("fake host: each Error shorthand reaches the host with its status and retryable flag") {
+  struct Expected {
+    const char* name;
+    sbx_status status;
+    bool retryable;
+  };
+  const Expected expected[] = {
+      {"invalid_argument", SBX_STATUS_INVALID_ARGUMENT, false},
+      {"not_found", SBX_STATUS_NOT_FOUND, false},
+      {"timeout", SBX_STATUS_TIMEOUT, true},
+      {"cancelled", SBX_STATUS_CANCELLED, false},
+      {"unavailable", SBX_STATUS_UNAVAILABLE, true},
+      {"unavailable_final", SBX_STATUS_UNAVAILABLE, false},
+      {"resource_exhausted", SBX_STATUS_RESOURCE_EXHAUSTED, false},
+      {"resource_exhausted_retryable", SBX_STATUS_RESOURCE_EXHAUSTED, true},
+      {"failed_precondition", SBX_STATUS_FAILED_PRECONDITION, false},
+      {"unimplemented", SBX_STATUS_UNIMPLEMENTED, false},
+      {"permission_denied", SBX_STATUS_PERMISSION_DENIED, false},
+      {"internal", SBX_STATUS_INTERNAL, false},
+      {"create_failed", SBX_STATUS_CREATE_FAILED, false},
+      {"create_failed_retryable", SBX_STATUS_CREATE_FAILED, true},
+      {"create_verification_failed", SBX_STATUS_CREATE_VERIFICATION_FAILED, true},
+  };
+  FakeHost host(&sbx_plugin_entry);
+  FakeProvider provider = host.provider("clocked");
+  const FakeSandbox box = provider.create();
+  for (const Expected& e : expected) {
+    CAPTURE(e.name);
+    std::string ignored;
+    const DoneOutcome r = provider.download(box, std::string(kShorthandPath) + e.name, ignored);
+    REQUIRE(r.completed);
+    REQUIRE(r.error);
+    CHECK(r.error->status == e.status);
+    CHECK(sbx_status_name(r.error->status) == status_name(e.status));
+    CHECK(r.error->retryable == e.retryable);
+    CHECK(r.error->message == std::string(e.name) + " failed");
+  }
+  provider.release(box);
+  CHECK(host.problems().empty());
 }
 
 TEST_CASE("fake host: a config the factory refuses names the JSON path") {

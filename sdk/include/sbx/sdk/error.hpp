@@ -43,12 +43,15 @@ class Error : public std::runtime_error {
   const std::string& reason() const noexcept { return details_.reason; }
   const ErrorDetails& details() const noexcept { return details_; }
 
-  // Shorthands for the common statuses.
+  // Shorthands for the statuses (SBX_STATUS_*, sbx/abi/types.h), one each. `retryable` is set
+  // for timeout and create_verification_failed, and where the parameter says so.
   static Error invalid_argument(std::string message);
   static Error not_found(std::string message);
   static Error timeout(std::string message);
   static Error cancelled(std::string message = "operation cancelled");
   static Error unavailable(std::string message, bool retryable = true);
+  // Quota, rate limit, disk full: retryable when waiting may help (a rate limit), not otherwise.
+  static Error resource_exhausted(std::string message, bool retryable = false);
   static Error failed_precondition(std::string message);
   static Error unimplemented(std::string message);
   static Error permission_denied(std::string message);
