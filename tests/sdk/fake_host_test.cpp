@@ -314,6 +314,44 @@ TEST_CASE("fake host: each Error shorthand reaches the host with its status and 
   CHECK(host.problems().empty());
 }
 
+TEST_CASE("fake host: init refuses a host of another ABI major, naming both versions") {
+  const std::string plugin_abi =
+      std::to_string(SBX_ABI_VERSION_MAJOR) + "." + std::to_string(SBX_ABI_VERSION_MINOR);
+  const std::string host_abi = std::to_string(SBX_ABI_VERSION_MAJOR + 1) + ".0";
+  FakeHost::Options options;
+  options.abi_version = {SBX_ABI_VERSION_MAJOR + 1, 0, 0};
+  std::string message;
+  try {
+    FakeHost host(&sbx_plugin_entry, options);
+  } catch (const FakeHostError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("this plugin speaks sbx ABI " + plugin_abi + " and the host " + host_abi +
+                     ": the major versions differ") != std::string::npos);
+
+  // The raw call: FAILED_PRECONDITION, the same message in the error sink.
+  sbx_host h{};
+  h.struct_size = sizeof h;
+  h.abi_version = {SBX_ABI_VERSION_MAJOR + 1, 3, 0};
+  std::string reported;
+  sbx_status reported_status = SBX_STATUS_OK;
+  struct Report {
+    std::string* message;
+    sbx_status* status;
+  } report{&reported, &reported_status};
+  const sbx_error_sink sink{sizeof sink, &report, [](void* ctx, const sbx_error* e) {
+                              auto* r = static_cast<Report*>(ctx);
+                              *r->message = std::string(e->message.data, e->message.len);
+                              *r->status = e->status;
+                            }};
+  CHECK(sbx_plugin_entry()->init(&h, &sink) == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(reported_status == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(reported.find("this plugin speaks sbx ABI " + plugin_abi + " and the host " +
+                      std::to_string(SBX_ABI_VERSION_MAJOR + 1) + ".3") != std::string::npos);
+  CHECK(sbx_plugin_entry()->init(nullptr, &sink) == SBX_STATUS_FAILED_PRECONDITION);
+  CHECK(reported.find("init was given no host") != std::string::npos);
+}
+
 TEST_CASE("fake host: a config the factory refuses names the JSON path") {
   FakeHost host(&sbx_plugin_entry);
   const ErrorInfo e = host.provider_error("clocked", R"({"greeting": 5})");

@@ -6,7 +6,9 @@
 #include <sbx/sdk/json.hpp>
 
 #include <atomic>
+#include <cstddef>
 #include <mutex>
+#include <string>
 
 namespace sbx::sdk::detail {
 namespace {
@@ -33,13 +35,36 @@ void check_services(const sbx_host* host, const char* call) {
                               "); the SDK goes on without them");
 }
 
+std::string version_text(const sbx_version& v) {
+  return std::to_string(v.major) + "." + std::to_string(v.minor);
+}
+
+// Why init refuses `host`, naming both ABI versions when the host states its own. The version
+// comes before the size check: every ABI version keeps struct_size and abi_version first.
+std::string refusal(const sbx_host* host) {
+  const std::string plugin = version_text(SBX_ABI_VERSION_INIT);
+  if (!host) return "this plugin speaks sbx ABI " + plugin + " and init was given no host";
+  if (host->struct_size < offsetof(sbx_host, abi_version) + sizeof(sbx_version)) {
+    return "this plugin speaks sbx ABI " + plugin + " and the host's sbx_host is too small (" +
+           std::to_string(host->struct_size) + " bytes) to state its ABI version";
+  }
+  const std::string theirs = version_text(host->abi_version);
+  if (!sbx_version_is_compatible(host->abi_version)) {
+    return "this plugin speaks sbx ABI " + plugin + " and the host " + theirs +
+           ": the major versions differ; build the plugin against an sbx SDK of ABI major " +
+           std::to_string(host->abi_version.major);
+  }
+  return "this plugin speaks sbx ABI " + plugin + " and the host " + theirs + ", but the host's " +
+         "sbx_host has " + std::to_string(host->struct_size) + " bytes; ABI 1.0 defines " +
+         std::to_string(offsetof(sbx_host, get_extension) + sizeof(host->get_extension));
+}
+
 }  // namespace
 
 sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* errors) {
   if (!usable(host) || !sbx_version_is_compatible(host->abi_version)) {
     try {
-      report(errors,
-             Error::failed_precondition("the host's ABI is not compatible with this plugin"));
+      report(errors, Error::failed_precondition(refusal(host)));
     } catch (...) {  // out of memory for the message: the status says enough
     }
     return SBX_STATUS_FAILED_PRECONDITION;
