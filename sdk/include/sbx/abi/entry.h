@@ -4,6 +4,8 @@
  *
  *     SBX_EXPORT const sbx_plugin* SBX_ABI sbx_plugin_entry(void);
  *
+ * [any thread, non-blocking; possibly in a probe process that never calls init] It returns the
+ * descriptor and runs no code with side effects (no thread, no file, no connection).
  * The host loads the library with RTLD_NOW | RTLD_LOCAL, calls `sbx_plugin_entry`, checks
  * `struct_size` and `abi_version` (refusing another major version with a message naming both), then
  * calls `init` once. Only after a successful `init` does it use a factory's `create`. Before it
@@ -12,7 +14,8 @@
  * The descriptor and everything it points to (names, factories, schemas) is static, plugin-owned
  * data, valid from `sbx_plugin_entry` until the library is unloaded, and readable before `init`:
  * a host may list a plugin's providers without initialising it.
- * Which thread calls what, and what may block: docs/sandbox-semantics.md, "Threads".
+ * Which thread calls what, and what may block: the tag at the start of each function's comment
+ * (legend: provider.h, "THREAD TAGS"), and docs/sandbox-semantics.md, "Threads".
  */
 #ifndef SBX_ABI_ENTRY_H
 #define SBX_ABI_ENTRY_H
@@ -30,12 +33,12 @@ typedef struct sbx_provider_factory {
   const char* description;   /* one line */
   const char* config_schema; /* JSON Schema (draft 2020-12) of the config object, as text */
 
-  /* Creates a provider from `config_json` (a JSON object as text; BORROWED). Validation happens
-   * here: an unknown key or a bad value fails with SBX_STATUS_INVALID_ARGUMENT and a message naming
-   * the JSON path. `host` is scoped to this provider and outlives it (see host.h).
-   * On success stores a provider the host now OWNS in `*out` and returns SBX_STATUS_OK; otherwise
-   * leaves `*out` NULL, reports details to `errors` (may be NULL) and returns the status.
-   * THREADING: [thread-safe]; may block briefly (no network round trips required). */
+  /* [thread-safe, may block briefly; no network round trip required] Creates a provider from
+   * `config_json` (a JSON object as text; BORROWED). Validation happens here: an unknown key or a
+   * bad value fails with SBX_STATUS_INVALID_ARGUMENT and a message naming the JSON path. `host`
+   * is scoped to this provider and outlives it (see host.h). On success stores a provider the host
+   * now OWNS in `*out` and returns SBX_STATUS_OK; otherwise leaves `*out` NULL, reports details to
+   * `errors` (may be NULL) and returns the status. */
   sbx_status(SBX_ABI* create)(const struct sbx_provider_factory* factory, const sbx_host* host,
                               sbx_str config_json, sbx_provider** out,
                               const sbx_error_sink* errors);
@@ -48,14 +51,14 @@ typedef struct sbx_plugin {
   const char* version;     /* plugin version, e.g. "0.1.0" */
   const char* description; /* one line */
 
-  /* Initialises plugin-wide state. `host` stays valid until `deinit` returns. Returns
-   * SBX_STATUS_OK, or a failure status with details reported to `errors` (may be NULL); after a
-   * failure the host calls nothing else but may unload the library.
-   * THREADING: called once, on a host thread, before anything but reading this struct. */
+  /* [host thread, may block briefly; once, before anything but reading this struct] Initialises
+   * plugin-wide state. `host` stays valid until `deinit` returns. Returns SBX_STATUS_OK, or a
+   * failure status with details reported to `errors` (may be NULL); after a failure the host calls
+   * nothing else but may unload the library. */
   sbx_status(SBX_ABI* init)(const sbx_host* host, const sbx_error_sink* errors);
 
-  /* Releases plugin-wide state. Called once, after every provider has been destroyed. When it
-   * returns no plugin thread may run (the library is unloaded next). */
+  /* [host thread, may block; once, after every provider has been destroyed] Releases plugin-wide
+   * state. When it returns no plugin thread may run (the library is unloaded next). */
   void(SBX_ABI* deinit)(void);
 
   size_t factory_count;
@@ -65,6 +68,7 @@ typedef struct sbx_plugin {
 /* The name of the one exported symbol, for hosts that look it up. */
 #define SBX_PLUGIN_ENTRY_SYMBOL "sbx_plugin_entry"
 
+/* [any thread, non-blocking] The type of sbx_plugin_entry (above). */
 typedef const sbx_plugin*(SBX_ABI* sbx_plugin_entry_fn)(void);
 
 SBX_EXTERN_C_END

@@ -23,6 +23,35 @@
  * plugin needs for other work.
  * The rules beyond the types (paths, the working directory, closed and gone sandboxes, what may be
  * NULL, cancellation, threads, output) are in docs/sandbox-semantics.md, in one place.
+ *
+ * THREAD TAGS. Every function pointer of the ABI (here, in host.h, entry.h, types.h and ext/)
+ * starts its comment with a tag, as CLAP tags every function: [where, blocking; conditions],
+ * e.g. [thread-safe, non-blocking]. The caller is the host for what the plugin implements, and the
+ * plugin for a callback or service the host implements.
+ * Where:
+ *   thread-safe         any thread, concurrently with the other functions of its table; for a
+ *                       provider's, also for one sandbox and from inside its own callbacks
+ *   any thread          any thread; the conditions say what may overlap
+ *   host thread         a thread of the host's: never a plugin thread, never inside a callback of
+ *                       the plugin's
+ *   plugin thread or inline
+ *                       any thread of the plugin's, or inline on the host's thread inside the start
+ *                       call (or inside `cancel`) before that returns
+ *   calling thread      the thread of the call that received it, before that call returns
+ * Blocking:
+ *   non-blocking        returns quickly: copies what it needs, starts the work elsewhere; waits for
+ *                       no network, process or other operation, holds locks only briefly
+ *   must not block for long
+ *                       a callback into the host returns soon: it runs on a thread the plugin
+ *                       needs for other work. It may start, cancel or release operations
+ *   may block briefly   local work only (parse a config, read memory or a local file); no network
+ *                       round trip
+ *   may block           may wait, e.g. for the plugin's threads to end
+ * Conditions: exactly once, at most once, once (per operation, call or object); one at a time
+ * (calls in order, never overlapping); one thread at a time (never overlapping); never after X.
+ * The static inline helpers (sbx_str_unset, sbx_str_is_set, sbx_status_name,
+ * sbx_version_is_compatible) are pure: any thread, non-blocking. The same rules as a table:
+ * docs/abi/async.md, "Threads".
  */
 #ifndef SBX_ABI_PROVIDER_H
 #define SBX_ABI_PROVIDER_H
@@ -40,14 +69,16 @@ typedef struct sbx_operation {
   uint32_t struct_size;
   void* plugin_data; /* plugin-private */
 
-  /* Asks the plugin to stop the operation. [thread-safe], idempotent, non-blocking; valid before or
-   * after completion but never after `release`. on_complete is still called exactly once: with
-   * SBX_STATUS_CANCELLED if the cancellation took effect, otherwise with the normal outcome.
-   * Cancelling an exec kills the command's processes inside the sandbox (best effort). Cancellation
-   * must really work, within milliseconds: see docs/sandbox-semantics.md, "Cancellation". */
+  /* [thread-safe, non-blocking; also from inside the operation's own callbacks; never after
+   * `release`] Asks the plugin to stop the operation. Idempotent; valid before or after
+   * completion. on_complete is still called exactly once, possibly on this thread before cancel
+   * returns: with SBX_STATUS_CANCELLED if the cancellation took effect, otherwise with the normal
+   * outcome. Cancelling an exec kills the command's processes inside the sandbox (best effort).
+   * Cancellation must really work, within milliseconds: see docs/sandbox-semantics.md,
+   * "Cancellation". */
   void(SBX_ABI* cancel)(struct sbx_operation* op);
 
-  /* Drops the host's reference. [thread-safe]; exactly once per returned handle. */
+  /* [thread-safe, non-blocking; exactly once per returned handle] Drops the host's reference. */
   void(SBX_ABI* release)(struct sbx_operation* op);
 } sbx_operation;
 
@@ -106,12 +137,14 @@ typedef struct sbx_exec_result {
 #define SBX_STREAM_STDERR 2
 
 /* A source of bytes for upload. OWNERSHIP: host-owned; valid until the upload's on_complete returns.
- * THREADING: `read` is called by one thread at a time, never after on_complete. */
+ * THREADING: `read` is called by one thread at a time, never after on_complete. The host's
+ * streams read memory or a local file. */
 typedef struct sbx_input_stream {
   uint32_t struct_size;
   void* ctx;
   int64_t size; /* exact number of bytes the stream yields */
-  /* Copies up to `capacity` bytes into `buffer`. Returns the count (> 0), 0 at the end, or -1 on
+  /* [any thread, one thread at a time, may block briefly; never after on_complete]
+   * Copies up to `capacity` bytes into `buffer`. Returns the count (> 0), 0 at the end, or -1 on
    * error; the plugin then fails the upload with SBX_STATUS_INTERNAL and writes nothing partial. */
   int64_t(SBX_ABI* read)(void* ctx, uint8_t* buffer, size_t capacity);
 } sbx_input_stream;
@@ -120,7 +153,8 @@ typedef struct sbx_input_stream {
 typedef struct sbx_output_stream {
   uint32_t struct_size;
   void* ctx;
-  /* Consumes all of `data`. Returns 0, or -1 to abort the download (the plugin then completes with
+  /* [any thread, one thread at a time, may block briefly; never after on_complete]
+   * Consumes all of `data`. Returns 0, or -1 to abort the download (the plugin then completes with
    * SBX_STATUS_CANCELLED). */
   int32_t(SBX_ABI* write)(void* ctx, sbx_bytes data);
 } sbx_output_stream;
@@ -147,18 +181,22 @@ typedef struct sbx_download_request {
 typedef struct sbx_create_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* `sandbox` is ready (commands can run, files can move) and now OWNED by the host; or NULL with
-   * an error (a failed create leaves nothing behind in the backend). */
+  /* [plugin thread or inline, must not block for long; exactly once] `sandbox` is ready
+   * (commands can run, files can move) and now OWNED by the host; or NULL with an error (a failed
+   * create leaves nothing behind in the backend). */
   void(SBX_ABI* on_complete)(void* user_data, sbx_sandbox* sandbox, const sbx_error* error);
 } sbx_create_callbacks;
 
 typedef struct sbx_exec_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Optional (may be NULL). Called with output chunks in order, one call at a time, all before
+  /* [plugin thread or inline, must not block for long; one at a time, all before on_complete]
+   * Optional (may be NULL). Called with output chunks in order, one call at a time, all before
    * on_complete. `stream` is SBX_STREAM_STDOUT or SBX_STREAM_STDERR; `chunk` is BORROWED. When set,
    * output is delivered only here and the result's output fields are empty. */
   void(SBX_ABI* on_output)(void* user_data, int32_t stream, sbx_bytes chunk);
+  /* [plugin thread or inline, must not block for long; exactly once, after the last on_output]
+   * The result or the error (see sbx_exec_result). */
   void(SBX_ABI* on_complete)(void* user_data, const sbx_exec_result* result,
                              const sbx_error* error);
 } sbx_exec_callbacks;
@@ -166,7 +204,8 @@ typedef struct sbx_exec_callbacks {
 typedef struct sbx_status_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* `status` is one of SBX_SANDBOX_*; meaningful only when `error` is NULL. */
+  /* [plugin thread or inline, must not block for long; exactly once] `status` is one of
+   * SBX_SANDBOX_*; meaningful only when `error` is NULL. */
   void(SBX_ABI* on_complete)(void* user_data, int32_t status, const sbx_error* error);
 } sbx_status_callbacks;
 
@@ -174,6 +213,7 @@ typedef struct sbx_status_callbacks {
 typedef struct sbx_done_callbacks {
   uint32_t struct_size;
   void* user_data;
+  /* [plugin thread or inline, must not block for long; exactly once] */
   void(SBX_ABI* on_complete)(void* user_data, const sbx_error* error);
 } sbx_done_callbacks;
 
@@ -186,48 +226,55 @@ typedef struct sbx_provider {
   uint32_t struct_size;
   void* provider_data; /* plugin-private */
 
-  /* Creates a sandbox and completes when it is ready, i.e. it passed the provider's readiness
-   * check and the spec's startup files are in place. A failed create removes what it made and
-   * completes with SBX_STATUS_CREATE_FAILED, SBX_STATUS_CREATE_VERIFICATION_FAILED (readiness
-   * check failed) or a more specific status (e.g. INVALID_ARGUMENT for a bad spec). */
+  /* [thread-safe, non-blocking] Creates a sandbox and completes when it is ready, i.e. it passed
+   * the provider's readiness check and the spec's startup files are in place. A failed create
+   * removes what it made and completes with SBX_STATUS_CREATE_FAILED,
+   * SBX_STATUS_CREATE_VERIFICATION_FAILED (readiness check failed) or a more specific status (e.g.
+   * INVALID_ARGUMENT for a bad spec). */
   sbx_operation*(SBX_ABI* create)(struct sbx_provider* provider, const sbx_spec* spec,
                                   const sbx_create_callbacks* callbacks);
 
-  /* Runs a command. A command that ran, timed out, or could not be started by the sandbox
-   * completes with a result (see sbx_exec_result); an unreachable backend or a sandbox that is
-   * gone completes with an error. */
+  /* [thread-safe, non-blocking] Runs a command. A command that ran, timed out, or could not be
+   * started by the sandbox completes with a result (see sbx_exec_result); an unreachable backend
+   * or a sandbox that is gone completes with an error. */
   sbx_operation*(SBX_ABI* exec)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                 const sbx_exec_request* request,
                                 const sbx_exec_callbacks* callbacks);
 
+  /* [thread-safe, non-blocking] Writes one file into the sandbox from request->source. */
   sbx_operation*(SBX_ABI* upload)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   const sbx_upload_request* request,
                                   const sbx_done_callbacks* callbacks);
 
+  /* [thread-safe, non-blocking] Reads one file of the sandbox into request->sink. */
   sbx_operation*(SBX_ABI* download)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                     const sbx_download_request* request,
                                     const sbx_done_callbacks* callbacks);
 
-  /* Reports the lifecycle status. A sandbox the backend no longer knows is SBX_SANDBOX_STOPPED.
-   * Every call's answer for a closed or gone sandbox: docs/sandbox-semantics.md. */
+  /* [thread-safe, non-blocking] Reports the lifecycle status. A sandbox the backend no longer
+   * knows is SBX_SANDBOX_STOPPED. Every call's answer for a closed or gone sandbox:
+   * docs/sandbox-semantics.md. */
   sbx_operation*(SBX_ABI* status)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   const sbx_status_callbacks* callbacks);
 
-  /* Ends the sandbox in the backend. A sandbox that is already gone is success; calling it twice is
-   * success. The handle stays valid (release it with release_sandbox). */
+  /* [thread-safe, non-blocking] Ends the sandbox in the backend. A sandbox that is already gone
+   * is success; calling it twice is success. The handle stays valid (release it with
+   * release_sandbox). */
   sbx_operation*(SBX_ABI* close)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  const sbx_done_callbacks* callbacks);
 
-  /* Frees a sandbox handle. No operation on it may be pending. Does not end the sandbox. */
+  /* [thread-safe, non-blocking; no operation on this sandbox pending] Frees a sandbox handle. Does
+   * not end the sandbox. */
   void(SBX_ABI* release_sandbox)(struct sbx_provider* provider, sbx_sandbox* sandbox);
 
-  /* Returns the extension table with this id (see sbx/abi/ext/), or NULL. The table is plugin-owned and
-   * valid until `destroy`. [thread-safe] */
+  /* [thread-safe, non-blocking] Returns the extension table with this id (see sbx/abi/ext/), or
+   * NULL. The table is plugin-owned and valid until `destroy`. */
   const void*(SBX_ABI* get_extension)(const struct sbx_provider* provider, const char* id);
 
-  /* Ends the provider and frees everything it owns. The host calls it once, after every operation
-   * has completed and every sandbox handle has been released, and never from inside one of this
-   * provider's callbacks. When it returns, no plugin thread runs code of this provider. */
+  /* [host thread, may block; once] Ends the provider and frees everything it owns; it may wait for
+   * the provider's threads. The host calls it once, after every operation has completed and every
+   * sandbox handle has been released, and never from inside one of this provider's callbacks.
+   * When it returns, no plugin thread runs code of this provider. */
   void(SBX_ABI* destroy)(struct sbx_provider* provider);
 } sbx_provider;
 

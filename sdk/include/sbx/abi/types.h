@@ -137,6 +137,7 @@ typedef struct sbx_error {
 typedef struct sbx_error_sink {
   uint32_t struct_size;
   void* ctx;
+  /* [calling thread, non-blocking; at most once per call] Hands the host the call's error. */
   void(SBX_ABI* report)(void* ctx, const sbx_error* error);
 } sbx_error_sink;
 

@@ -33,7 +33,8 @@ SBX_EXTERN_C_BEGIN
 typedef struct sbx_descriptor_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Exactly once. `descriptor` (JSON text) is BORROWED for the call and set when `error` is NULL. */
+  /* [plugin thread or inline, must not block for long; exactly once] `descriptor` (JSON text) is
+   * BORROWED for the call and set when `error` is NULL. */
   void(SBX_ABI* on_complete)(void* user_data, sbx_str descriptor, const sbx_error* error);
 } sbx_descriptor_callbacks;
 
@@ -48,17 +49,19 @@ typedef struct sbx_connected_sandbox {
 typedef struct sbx_connect_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Exactly once: `sandbox` (now OWNED by the host) and `info`, or an error and both NULL. */
+  /* [plugin thread or inline, must not block for long; exactly once] `sandbox` (now OWNED by the
+   * host) and `info`, or an error and both NULL. */
   void(SBX_ABI* on_complete)(void* user_data, sbx_sandbox* sandbox,
                              const sbx_connected_sandbox* info, const sbx_error* error);
 } sbx_connect_callbacks;
 
 typedef struct sbx_provider_connect {
   uint32_t struct_size;
-  /* [thread-safe] Starts making the descriptor of `sandbox`. */
+  /* [thread-safe, non-blocking] Starts making the descriptor of `sandbox`. */
   sbx_operation*(SBX_ABI* serialize)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                      const sbx_descriptor_callbacks* callbacks);
-  /* [thread-safe] Starts reaching the sandbox `descriptor` names (BORROWED for the call). */
+  /* [thread-safe, non-blocking] Starts reaching the sandbox `descriptor` names (BORROWED for the
+   * call). */
   sbx_operation*(SBX_ABI* connect)(struct sbx_provider* provider, sbx_str descriptor,
                                    const sbx_connect_callbacks* callbacks);
 } sbx_provider_connect;

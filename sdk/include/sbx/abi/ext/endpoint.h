@@ -22,13 +22,15 @@ typedef struct sbx_endpoint {
 typedef struct sbx_endpoint_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Exactly once; `endpoint` or `error` non-NULL, both BORROWED for the call. */
+  /* [plugin thread or inline, must not block for long; exactly once] `endpoint` or `error`
+   * non-NULL, both BORROWED for the call. */
   void(SBX_ABI* on_complete)(void* user_data, const sbx_endpoint* endpoint, const sbx_error* error);
 } sbx_endpoint_callbacks;
 
 typedef struct sbx_provider_endpoint {
   uint32_t struct_size;
-  /* [thread-safe] Starts resolving `port` of `sandbox`; same operation rules as provider.h. */
+  /* [thread-safe, non-blocking] Starts resolving `port` of `sandbox`; same operation rules as
+   * provider.h. */
   sbx_operation*(SBX_ABI* get)(struct sbx_provider* provider, sbx_sandbox* sandbox, uint16_t port,
                                const sbx_endpoint_callbacks* callbacks);
 } sbx_provider_endpoint;

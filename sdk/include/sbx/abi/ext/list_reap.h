@@ -26,25 +26,32 @@ typedef struct sbx_sandbox_info {
 typedef struct sbx_list_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Once per matching sandbox, one call at a time, all before on_complete; `info` is BORROWED. */
+  /* [plugin thread or inline, must not block for long; one at a time, all before on_complete]
+   * Once per matching sandbox; `info` is BORROWED. */
   void(SBX_ABI* on_item)(void* user_data, const sbx_sandbox_info* info);
+  /* [plugin thread or inline, must not block for long; exactly once] */
   void(SBX_ABI* on_complete)(void* user_data, const sbx_error* error);
 } sbx_list_callbacks;
 
 typedef struct sbx_reap_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Once per removed sandbox, as for listing. */
+  /* [plugin thread or inline, must not block for long; one at a time, all before on_complete]
+   * Once per removed sandbox, as for listing. */
   void(SBX_ABI* on_item)(void* user_data, const sbx_sandbox_info* info);
-  /* `error` is NULL when every matching sandbox was removed. */
+  /* [plugin thread or inline, must not block for long; exactly once] `error` is NULL when every
+   * matching sandbox was removed. */
   void(SBX_ABI* on_complete)(void* user_data, const sbx_error* error);
 } sbx_reap_callbacks;
 
 typedef struct sbx_provider_list_reap {
   uint32_t struct_size;
-  /* [thread-safe] `selector` is BORROWED for the call. */
+  /* [thread-safe, non-blocking] Starts listing the sandboxes `selector` (BORROWED for the call)
+   * matches. */
   sbx_operation*(SBX_ABI* list)(struct sbx_provider* provider, sbx_kv_list selector,
                                 const sbx_list_callbacks* callbacks);
+  /* [thread-safe, non-blocking] Starts force-removing the sandboxes `selector` (BORROWED for the
+   * call) matches. */
   sbx_operation*(SBX_ABI* reap)(struct sbx_provider* provider, sbx_kv_list selector,
                                 const sbx_reap_callbacks* callbacks);
 } sbx_provider_list_reap;

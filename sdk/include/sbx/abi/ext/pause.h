@@ -24,10 +24,10 @@ SBX_EXTERN_C_BEGIN
 
 typedef struct sbx_provider_pause {
   uint32_t struct_size;
-  /* [thread-safe] Completes once every process of `sandbox` is frozen. */
+  /* [thread-safe, non-blocking] Completes once every process of `sandbox` is frozen. */
   sbx_operation*(SBX_ABI* pause)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  const sbx_done_callbacks* callbacks);
-  /* [thread-safe] Completes once the processes run again. */
+  /* [thread-safe, non-blocking] Completes once the processes run again. */
   sbx_operation*(SBX_ABI* resume)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   const sbx_done_callbacks* callbacks);
 } sbx_provider_pause;

@@ -46,45 +46,48 @@ typedef struct sbx_pty_request {
 typedef struct sbx_pty_attach_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Output in order, one call at a time, all before on_complete, on any thread; may be called
-   * before attach returns. `offset` is the position of data's first byte in the terminal's output
-   * (the first call's offset says where the replay really starts: later than asked when that much
-   * is no longer kept); `stream` is SBX_STREAM_STDERR only in pipe mode. `data` is BORROWED for
-   * the call. Must not block for long. */
+  /* [plugin thread or inline, must not block for long; one at a time, all before on_complete]
+   * Output in order; may be called before attach returns. `offset` is the position of data's first
+   * byte in the terminal's output (the first call's offset says where the replay really starts:
+   * later than asked when that much is no longer kept); `stream` is SBX_STREAM_STDERR only in pipe
+   * mode. `data` is BORROWED for the call. */
   void(SBX_ABI* on_output)(void* user_data, int32_t stream, uint64_t offset, sbx_bytes data);
-  /* Exactly once, after the last output, on any thread: the process exited (`exit_code`, its
-   * status, or 128 + the signal that ended it; error NULL), or the attachment ended otherwise:
-   * another attach took the terminal over (SBX_STATUS_FAILED_PRECONDITION, reason
-   * SBX_REASON_TAKEN_OVER), the terminal was closed (SBX_STATUS_NOT_FOUND), the host cancelled it
-   * (SBX_STATUS_CANCELLED: a detach; the process goes on). */
+  /* [plugin thread or inline, must not block for long; exactly once, after the last on_output]
+   * The process exited (`exit_code`, its status, or 128 + the signal that ended it; error NULL),
+   * or the attachment ended otherwise: another attach took the terminal over
+   * (SBX_STATUS_FAILED_PRECONDITION, reason SBX_REASON_TAKEN_OVER), the terminal was closed
+   * (SBX_STATUS_NOT_FOUND), the host cancelled it (SBX_STATUS_CANCELLED: a detach; the process
+   * goes on). */
   void(SBX_ABI* on_complete)(void* user_data, int32_t exit_code, const sbx_error* error);
 } sbx_pty_attach_callbacks;
 
 typedef struct sbx_provider_pty {
   uint32_t struct_size;
-  /* [thread-safe] Starts the process; completes with the terminal's id once it runs. `request`
-   * is BORROWED for the call. */
+  /* [thread-safe, non-blocking] Starts the process; completes with the terminal's id once it runs.
+   * `request` is BORROWED for the call. */
   sbx_operation*(SBX_ABI* open)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                 const sbx_pty_request* request,
                                 const sbx_session_callbacks* callbacks);
-  /* [thread-safe] Attaches to the terminal `session_id` (BORROWED for the call). `since`: the
-   * offset to replay from (0: everything kept), or SBX_PTY_LIVE. An attachment lasts until the
-   * process exits, it is taken over, the terminal is closed, or the host cancels it. */
+  /* [thread-safe, non-blocking] Attaches to the terminal `session_id` (BORROWED for the call).
+   * `since`: the offset to replay from (0: everything kept), or SBX_PTY_LIVE. An attachment lasts
+   * until the process exits, it is taken over, the terminal is closed, or the host cancels it. */
   sbx_operation*(SBX_ABI* attach)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   sbx_str session_id, uint64_t since, bool takeover,
                                   const sbx_pty_attach_callbacks* callbacks);
-  /* [thread-safe] Sends `input` (BORROWED for the call) to the process's terminal or stdin, in
-   * the order the writes were started. A process that has exited: SBX_STATUS_FAILED_PRECONDITION. */
+  /* [thread-safe, non-blocking] Sends `input` (BORROWED for the call) to the process's terminal or
+   * stdin, in the order the writes were started. A process that has exited:
+   * SBX_STATUS_FAILED_PRECONDITION. */
   sbx_operation*(SBX_ABI* write)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  sbx_str session_id, sbx_bytes input,
                                  const sbx_done_callbacks* callbacks);
-  /* [thread-safe] Sets the terminal's window size (SIGWINCH to its foreground process group). In
-   * pipe mode: success, nothing to resize. Rows or cols 0: SBX_STATUS_INVALID_ARGUMENT. */
+  /* [thread-safe, non-blocking] Sets the terminal's window size (SIGWINCH to its foreground process
+   * group). In pipe mode: success, nothing to resize. Rows or cols 0:
+   * SBX_STATUS_INVALID_ARGUMENT. */
   sbx_operation*(SBX_ABI* resize)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                   sbx_str session_id, uint16_t rows, uint16_t cols,
                                   const sbx_done_callbacks* callbacks);
-  /* [thread-safe] Kills the process (its process group) if it still runs, ends the attachment
-   * (NOT_FOUND) and forgets the terminal. Unknown id: SBX_STATUS_NOT_FOUND. */
+  /* [thread-safe, non-blocking] Kills the process (its process group) if it still runs, ends the
+   * attachment (NOT_FOUND) and forgets the terminal. Unknown id: SBX_STATUS_NOT_FOUND. */
   sbx_operation*(SBX_ABI* close)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  sbx_str session_id, const sbx_done_callbacks* callbacks);
 } sbx_provider_pty;

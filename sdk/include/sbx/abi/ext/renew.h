@@ -21,15 +21,16 @@ SBX_EXTERN_C_BEGIN
 typedef struct sbx_renew_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Exactly once. `expires_at_unix_ms` is the expiry now in force (a provider may round it up to
-   * its own resolution); meaningful only when `error` is NULL. */
+  /* [plugin thread or inline, must not block for long; exactly once] `expires_at_unix_ms` is the
+   * expiry now in force (a provider may round it up to its own resolution); meaningful only when
+   * `error` is NULL. */
   void(SBX_ABI* on_complete)(void* user_data, int64_t expires_at_unix_ms, const sbx_error* error);
 } sbx_renew_callbacks;
 
 typedef struct sbx_provider_renew {
   uint32_t struct_size;
-  /* [thread-safe] Starts moving the expiry of `sandbox` to `expires_at_unix_ms` (wall clock,
-   * milliseconds since the Unix epoch). */
+  /* [thread-safe, non-blocking] Starts moving the expiry of `sandbox` to `expires_at_unix_ms` (wall
+   * clock, milliseconds since the Unix epoch). */
   sbx_operation*(SBX_ABI* renew)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  int64_t expires_at_unix_ms, const sbx_renew_callbacks* callbacks);
 } sbx_provider_renew;

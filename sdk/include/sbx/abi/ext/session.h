@@ -40,24 +40,26 @@ typedef struct sbx_session_request {
 typedef struct sbx_session_callbacks {
   uint32_t struct_size;
   void* user_data;
-  /* Exactly once, on any thread: the new id (BORROWED for the call; set when `error` is NULL), or
-   * an error and an unset id. */
+  /* [plugin thread or inline, must not block for long; exactly once] The new id (BORROWED for the
+   * call; set when `error` is NULL), or an error and an unset id. */
   void(SBX_ABI* on_complete)(void* user_data, sbx_str session_id, const sbx_error* error);
 } sbx_session_callbacks;
 
 typedef struct sbx_provider_session {
   uint32_t struct_size;
-  /* [thread-safe] Starts a session in `sandbox`. `request` is BORROWED for the call. */
+  /* [thread-safe, non-blocking] Starts a session in `sandbox`. `request` is BORROWED for the
+   * call. */
   sbx_operation*(SBX_ABI* open)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                 const sbx_session_request* request,
                                 const sbx_session_callbacks* callbacks);
-  /* [thread-safe] Runs one command in the session `session_id` (BORROWED for the call), with
-   * exec's request and callbacks; `request->user` is ignored (the session's user runs it). */
+  /* [thread-safe, non-blocking] Runs one command in the session `session_id` (BORROWED for the
+   * call), with exec's request and callbacks; `request->user` is ignored (the session's user runs
+   * it). */
   sbx_operation*(SBX_ABI* run)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                sbx_str session_id, const sbx_exec_request* request,
                                const sbx_exec_callbacks* callbacks);
-  /* [thread-safe] Ends the session: its runs still going are killed, what they started in the
-   * background lives on (execd's rule). Unknown id: SBX_STATUS_NOT_FOUND. */
+  /* [thread-safe, non-blocking] Ends the session: its runs still going are killed, what they
+   * started in the background lives on (execd's rule). Unknown id: SBX_STATUS_NOT_FOUND. */
   sbx_operation*(SBX_ABI* close)(struct sbx_provider* provider, sbx_sandbox* sandbox,
                                  sbx_str session_id, const sbx_done_callbacks* callbacks);
 } sbx_provider_session;
