@@ -5,7 +5,7 @@
 # Install components, one Debian package each:
 #   runtime -> package sbx         bin/sbx, libexec/sbx/sbx-plugin-probe, lib/sbx/plugins/*.so
 #   dev     -> package libsbx-dev  include/sbx/, lib/libsbx_*.a, lib/cmake/sbx/, lib/pkgconfig/
-# Tests, benchmarks and the examples are not installed.
+# Tests, benchmarks and the examples are not installed (the sources under share/doc/sbx/ are docs).
 
 # ---- Targets ------------------------------------------------------------------------------------
 
@@ -107,10 +107,39 @@ install(DIRECTORY sdk/include/ core/include/ DESTINATION ${CMAKE_INSTALL_INCLUDE
 # The docs and the example plugins, for an author who has the packages but no source tree. They
 # keep the source tree's layout under share/doc/sbx/ (docs/, sdk/examples/), so the links between
 # them still resolve and `SBX_SRC=<prefix>/share/doc/sbx` serves the guide's walk-through.
-install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/sbx/docs COMPONENT dev
+# Every relative link of an installed .md file names an installed path (scripts/kit-test.sh checks
+# it): the READMEs the docs link to, directly or through each other, are installed too, and the
+# sources the guide cites (the fake host's test, the asynchronous test plugin).
+set(sbx_doc_dir ${CMAKE_INSTALL_DATAROOTDIR}/doc/sbx)
+install(DIRECTORY docs/ DESTINATION ${sbx_doc_dir}/docs COMPONENT dev
         FILES_MATCHING PATTERN "*.md")
-install(DIRECTORY sdk/examples/ DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/sbx/sdk/examples
-        COMPONENT dev)
+install(DIRECTORY sdk/examples/ DESTINATION ${sbx_doc_dir}/sdk/examples COMPONENT dev)
+foreach(readme README.md sdk/README.md sdk/base/README.md core/README.md cli/README.md
+               conformance/README.md serve/README.md agent/README.md plugins/README.md
+               plugins/local_docker/README.md plugins/opensandbox/README.md python/README.md
+               bench/README.md tests/README.md tests/clients/README.md cmake/README.md
+               scripts/README.md)
+  cmake_path(GET readme PARENT_PATH folder)
+  install(FILES ${readme} DESTINATION ${sbx_doc_dir}/${folder} COMPONENT dev)
+endforeach()
+install(FILES tests/sdk/fake_host_test.cpp DESTINATION ${sbx_doc_dir}/tests/sdk COMPONENT dev)
+install(FILES tests/plugins/test_processes/provider.cpp tests/plugins/test_processes/terminal.hpp
+              tests/plugins/test_processes/terminal.cpp
+        DESTINATION ${sbx_doc_dir}/tests/plugins/test_processes COMPONENT dev)
+# share/doc/sbx/sdk/include: a relative link to the installed headers (include/, where sdk/include/
+# and core/include/ are merged), for the docs' links into sdk/include/.
+install(CODE "
+  set(doc_dir \"${sbx_doc_dir}\")
+  set(include_dir \"${CMAKE_INSTALL_INCLUDEDIR}\")
+  foreach(var doc_dir include_dir)
+    cmake_path(ABSOLUTE_PATH \${var} BASE_DIRECTORY \"\${CMAKE_INSTALL_PREFIX}\")
+  endforeach()
+  file(RELATIVE_PATH target \"\${doc_dir}/sdk\" \"\${include_dir}\")
+  set(link \"\$ENV{DESTDIR}\${doc_dir}/sdk/include\")
+  message(STATUS \"Installing: \${link} -> \${target}\")
+  file(REMOVE \"\${link}\")
+  file(CREATE_LINK \"\${target}\" \"\${link}\" SYMBOLIC)
+" COMPONENT dev)
 
 # ---- The CMake package --------------------------------------------------------------------------
 

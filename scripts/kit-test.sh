@@ -85,6 +85,65 @@ check_finds_own_files() {
   [[ -z ${err} ]] || die "${sbx} plugins wrote to stderr: ${err}"
 }
 
+# check_doc_links <root> <.md file relative to root>...: every relative link of each file (inline
+# `[text](target)` and reference definitions `[label]: target`, outside code blocks and code spans;
+# not http:, https:, mailto: or another scheme, not a bare #anchor) names a path that exists under
+# <root>. Fails naming each one that does not.
+check_doc_links() {
+  local root=$1
+  shift
+  (($# > 0)) || die "no .md file to check under ${root}"
+  # shellcheck disable=SC2016 # Perl, not shell
+  perl -e '
+    use strict; use warnings; use File::Basename qw(dirname); use File::Spec;
+    my $root = shift; my $bad = 0;
+    for my $file (@ARGV) {
+      open my $fh, "<", "$root/$file" or die "$root/$file: $!\n";
+      my ($text, $fence) = ("", "");
+      while (my $line = <$fh>) {  # fenced code blocks become empty lines (line numbers kept)
+        if ($fence) { $fence = "" if $line =~ /^\s*\Q$fence\E\s*$/; $line = "\n"; }
+        elsif ($line =~ /^\s*(```+|~~~+)/) { $fence = $1; $line = "\n"; }
+        $text .= $line;
+      }
+      # Code spans become blanks, their newlines kept.
+      $text =~ s/(`+)(?:(?!\1|\n\n).)+?\1/(my $s = $&) =~ tr|\n| |c; $s/gse;
+      my @links;
+      push @links, [$1, $-[1]] while $text =~ /\]\((?:[ \t]*\n)?[ \t]*(<[^>\n]*>|[^)\s]+)/g;
+      push @links, [$1, $-[1]] while $text =~ /^ {0,3}\[[^\]\n]+\]:[ \t]*(<[^>\n]*>|\S+)/mg;
+      for my $link (sort { $a->[1] <=> $b->[1] } @links) {
+        my ($target, $at) = @$link;
+        $target =~ s/^<(.*)>$/$1/;
+        next if $target =~ m{^(?:[a-z][a-z0-9+.-]*:|#)}i;
+        (my $path = $target) =~ s/[#?].*//s;
+        $path =~ s/%([0-9a-f]{2})/chr(hex($1))/gie;
+        next if -e File::Spec->catfile($root, dirname($file), $path);
+        printf STDERR "kit-test: broken link in %s/%s:%d: %s\n", $root, $file,
+          1 + (substr($text, 0, $at) =~ tr/\n//), $target;
+        $bad++;
+      }
+    }
+    exit 1 if $bad;
+    printf "ok: every relative link of %d .md files resolves under %s\n", scalar(@ARGV), $root;
+  ' "${root}" "$@" || die "links in the installed docs name paths that are not installed (above)"
+}
+
+# check_guide_citations <doc dir>: the sources docs/writing-a-plugin.md names by path (in code
+# spans: `tests/sdk/fake_host_test.cpp`, `sdk/examples/hello/hello.cpp`) are installed with it, in
+# the source tree's layout under <doc dir>.
+check_guide_citations() {
+  local doc_dir=$1 cited missing=0
+  for cited in $(grep -oE '`(tests|sdk)/[A-Za-z0-9_./-]+\.(c|cpp|hpp|h|txt|md)`' \
+    "${doc_dir}/docs/writing-a-plugin.md" | tr -d '`' | sort -u); do
+    if [[ -e ${doc_dir}/${cited} ]]; then
+      echo "ok: the guide cites ${cited}, installed as ${doc_dir}/${cited}"
+    else
+      printf 'kit-test: the guide cites %s, not installed in %s\n' "${cited}" "${doc_dir}" >&2
+      missing=1
+    fi
+  done
+  ((!missing)) || die "sources the guide cites are not installed (above)"
+}
+
 # ---- sbx conformance (needs the `sbx conformance` command) -----------------------------------
 conformance_skipped=0
 # conformance <sbx> <plugin dir> <provider> [<more args>...]
@@ -124,6 +183,11 @@ step "A. cmake --install ${build} into a temporary prefix"
 prefix=${work}/prefix
 cmake --install "${build}" --prefix "${prefix}" >"${work}/install.log"
 check_finds_own_files "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
+
+step "A. the installed docs: every relative link resolves in the prefix"
+mapfile -t docs_md < <(cd "${prefix}" && find . -name '*.md' -printf '%P\n' | sort)
+check_doc_links "${prefix}" "${docs_md[@]}"
+check_guide_citations "${prefix}/share/doc/sbx"
 
 step "A. the examples out of tree against the prefix (find_package alone)"
 build_examples against-prefix "${prefix}"
@@ -181,6 +245,12 @@ else
   deb_prefix=${root}
 fi
 check_finds_own_files "${root}/bin/sbx" "${root}/lib/sbx/plugins"
+
+step "B. the packaged docs: every relative link resolves in the installed packages"
+mapfile -t docs_md < <(for deb in "${sbx_deb}" "${dev_deb}"; do dpkg-deb -c "${deb}"; done |
+  awk '$6 ~ /\.md$/ {sub(/^\.\//, "", $6); print $6}' | sort)
+check_doc_links "${root%/usr}/" "${docs_md[@]}"
+check_guide_citations "${root}/share/doc/sbx"
 
 step "B. the examples out of tree against the packages (find_package alone)"
 build_examples against-deb "${deb_prefix}"
