@@ -1,6 +1,6 @@
 # What `cmake --install` puts where, the CMake package, the pkg-config files and the Debian packages
-# (`cpack -G DEB`). docs/packaging.md describes the result. Included last by the top-level
-# CMakeLists.txt, when every target exists.
+# (`cpack --config <build>/CPackConfig.cmake -B <dir> -G DEB`). docs/packaging.md describes the
+# result. Included last by the top-level CMakeLists.txt, when every target exists.
 #
 # Install components, one Debian package each:
 #   runtime -> package sbx         bin/sbx, libexec/sbx/sbx-plugin-probe, lib/sbx/plugins/*.so
@@ -179,7 +179,7 @@ foreach(pc sbx sbx-abi sbx-http)
   install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc DESTINATION ${pc_dir} COMPONENT dev)
 endforeach()
 
-# ---- Debian packages: cpack -G DEB (in the build directory) --------------------------------------
+# ---- Debian packages: cpack --config <build>/CPackConfig.cmake -B <dir> -G DEB -------------------
 
 set(CPACK_PACKAGE_NAME sbx)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})

@@ -2,7 +2,8 @@
 # kit-test.sh — the plugin author's kit, end to end, as CI runs it after the default preset's
 # tests (scripts/test.sh): from a built tree (default: build/), twice —
 #   A. `cmake --install` into a temporary prefix;
-#   B. the Debian packages (`cpack -G DEB`), installed with apt-get (fresh Debian 12, as root),
+#   B. the Debian packages (`cpack --config BUILD_DIR/CPackConfig.cmake -B DIR -G DEB`, which must
+#      write nothing into the build tree), installed with apt-get (fresh Debian 12, as root),
 #      then removed again;
 # and against each: build sdk/examples/hello and sdk/examples/c_provider out of tree with
 # find_package alone, check that the installed `sbx` finds its plugins and probe with no
@@ -211,10 +212,23 @@ printf '%s\n' "${guide_out}" | tail -4
 [[ $(tail -1 <<<"${guide_out}") == hi ]] || die "the guide's last command did not print hi"
 
 # ---- B. the Debian packages -------------------------------------------------------------------
-step "B. cpack -G DEB"
+# As docs/packaging.md shows it: from outside the build tree, packages and staging in ${debs}. The
+# build tree is listed before and after: only CMake's install manifests may change there (its
+# install script writes install_manifest_<component>.txt into the build tree, as every install
+# from it does).
 debs=${work}/debs
-(cd "${build}" && cpack -G DEB -B "${debs}" >"${work}/cpack.log" 2>&1) ||
+step "B. cpack --config ${build}/CPackConfig.cmake -B ${debs} -G DEB"
+list_build_tree() {
+  find "${build}" \( -type d -printf '%P/\n' \) -o \( -not -name 'install_manifest*.txt' -printf '%P %s %T@\n' \) |
+    sort >"$1"
+}
+list_build_tree "${work}/build-before.txt"
+(cd "${work}" && cpack --config "${build}/CPackConfig.cmake" -B "${debs}" -G DEB >"${work}/cpack.log" 2>&1) ||
   { cat "${work}/cpack.log"; die "cpack failed"; }
+list_build_tree "${work}/build-after.txt"
+diff "${work}/build-before.txt" "${work}/build-after.txt" >&2 ||
+  die "cpack wrote into the build tree ${build} (above: < before, > after)"
+echo "ok: cpack wrote nothing into ${build} but CMake's install manifests"
 sbx_deb=$(ls "${debs}"/sbx_*.deb)
 dev_deb=$(ls "${debs}"/libsbx-dev_*.deb)
 for deb in "${sbx_deb}" "${dev_deb}"; do
