@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 namespace sbx::conformance {
@@ -16,10 +18,12 @@ using namespace std::chrono_literals;
 void output_bytes(T& t) {
   Sandbox box = t.create();
   const auto r = box.exec("printf 'out'; printf 'err' >&2; printf '\\001\\002\\377'");
-  CHECK_EQ(r.return_code, 0);
-  CHECK(!r.error_type.has_value());
-  CHECK_EQ(r.stdout_text, std::string("out\x01\x02\xff", 6));
-  CHECK_EQ(r.stderr_text, "err");
+  CHECK_EQ(r.return_code, 0, "a command that exits 0 must have return code 0");
+  CHECK(!r.error_type.has_value(),
+        "a command that ran must complete without error_type (set it only for 125)");
+  CHECK_EQ(r.stdout_text, std::string("out\x01\x02\xff", 6),
+           "stdout must arrive byte for byte, binary bytes too: no decoding, no translation");
+  CHECK_EQ(r.stderr_text, "err", "stderr must arrive apart from stdout, byte for byte");
 }
 
 void megabyte(T& t) {
@@ -27,29 +31,38 @@ void megabyte(T& t) {
   const auto r = box.exec(
       "i=0; while [ $i -lt 16384 ]; do echo "
       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde; i=$((i+1)); done");
-  CHECK_EQ(r.return_code, 0);
-  CHECK_EQ(r.stdout_text.size(), 16384u * 64u);
+  CHECK_EQ(r.return_code, 0, "a command writing 1 MiB must still exit 0");
+  CHECK_EQ(r.stdout_text.size(), 16384u * 64u,
+           "1 MiB of stdout must arrive whole: do not truncate or drop output");
 }
 
 void exit_code(T& t) {
   Sandbox box = t.create();
   const auto r = box.exec("echo partial; exit 3");
-  CHECK_EQ(r.return_code, 3);
-  CHECK(!r.error_type.has_value());
-  CHECK_EQ(r.stdout_text, "partial\n");
-  CHECK_EQ(box.exec("false").return_code, 1);
+  CHECK_EQ(r.return_code, 3,
+           "a command's non-zero exit must be its return code (a result, not an error)");
+  CHECK(!r.error_type.has_value(),
+        "a non-zero exit must have no error_type: it is the command's outcome, not the "
+        "sandbox's");
+  CHECK_EQ(r.stdout_text, "partial\n", "a failing command's output must be kept");
+  CHECK_EQ(box.exec("false").return_code, 1, "`false` must give return code 1");
 }
 
 void cwd(T& t) {
   Sandbox box = t.create();
   box.upload_bytes("in sub\n", "/work/sub/marker.txt");
   box.upload_bytes("in work\n", "/work/marker.txt");
-  CHECK_EQ(box.exec("cat marker.txt").stdout_text, "in work\n");
-  CHECK_EQ(box.exec("cat marker.txt", {.cwd = "/work/sub"}).stdout_text, "in sub\n");
+  CHECK_EQ(box.exec("cat marker.txt").stdout_text, "in work\n",
+           "an exec without cwd must run in the spec's workdir (/work)");
+  CHECK_EQ(box.exec("cat marker.txt", {.cwd = "/work/sub"}).stdout_text, "in sub\n",
+           "an exec with cwd /work/sub must run there");
   // A cwd that does not exist: the sandbox cannot start the command there.
   const auto r = box.exec("echo no", {.cwd = "/work/does-not-exist"});
-  CHECK_EQ(r.return_code, 125);
-  CHECK(r.error_type == std::optional<std::string>("sandbox"));
+  CHECK_EQ(r.return_code, 125,
+           "an exec whose cwd does not exist must be the result 125 (the command could not "
+           "start), not run elsewhere");
+  CHECK(r.error_type == std::optional<std::string>("sandbox"),
+        "an exec whose cwd does not exist must have error_type \"sandbox\"");
 }
 
 void env(T& t) {
@@ -58,8 +71,11 @@ void env(T& t) {
   Sandbox box = t.create(spec);
   const auto r = box.exec("echo \"$SPEC_ONLY $BOTH $EXEC_ONLY\"",
                           {.env = {{"BOTH", "from-exec"}, {"EXEC_ONLY", "e"}}});
-  CHECK_EQ(r.stdout_text, "s from-exec e\n");
-  CHECK_EQ(box.exec("echo \"$BOTH\"").stdout_text, "from-spec\n");
+  CHECK_EQ(r.stdout_text, "s from-exec e\n",
+           "a command's environment must be the spec's env with the exec's env over it (the "
+           "exec's value wins)");
+  CHECK_EQ(box.exec("echo \"$BOTH\"").stdout_text, "from-spec\n",
+           "an exec's env must not outlive the exec: the next one sees the spec's value");
 }
 
 void timeout(T& t) {
@@ -67,44 +83,99 @@ void timeout(T& t) {
   const auto start = std::chrono::steady_clock::now();
   const auto r = box.exec("echo before; sleep 30; echo after", {.timeout_s = 1.5});
   const auto took = std::chrono::steady_clock::now() - start;
-  CHECK_EQ(r.return_code, 125);
-  CHECK(r.error_type == std::optional<std::string>("timeout"));
-  CHECK_EQ(r.stdout_text, "before\n");
-  CHECK(took < 20s);  // stopped by the timeout, not by the command ending after 30 s
-  CHECK_EQ(box.exec("echo still-here").stdout_text, "still-here\n");
+  CHECK_EQ(r.return_code, 125, "a command past its timeout (1.5 s) must be the result 125");
+  CHECK(r.error_type == std::optional<std::string>("timeout"),
+        "a command past its timeout must have error_type \"timeout\"");
+  CHECK_EQ(r.stdout_text, "before\n",
+           "a timed-out command's result must hold the output it wrote before the timeout");
+  CHECK(took < 20s,
+        "a command with timeout_s 1.5 that sleeps 30 s must be stopped at its timeout: it ran "
+        "for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(took).count()) + " s");
+  CHECK_EQ(box.exec("echo still-here").stdout_text, "still-here\n",
+           "the sandbox must stay usable after a command timed out");
 }
 
-// Output arrives while the command runs: the command waits for a file the suite uploads only once
-// the first chunk arrived, so output held back until the end never lets it finish early.
-void streaming(T& t) {
-  Sandbox box = t.create();
+// What an exec's output callback and its end told the case, shared with the host's threads (a
+// continuation may run after the case gave up waiting).
+struct Watch {
   std::mutex m;
   std::condition_variable cv;
   std::string seen;
+  bool ended = false;
+
+  // Waits until `seen` holds `what` or the exec ended, at most `limit`; whether `what` came.
+  bool wait_for(std::string_view what, std::chrono::seconds limit) {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, limit, [&] { return ended || seen.find(what) != std::string::npos; });
+    return seen.find(what) != std::string::npos;
+  }
+};
+
+// Starts `command` with its output (tagged O: and E:) and its end going to a Watch.
+Operation<ExecResult> watched_exec(Sandbox& box, const std::shared_ptr<Watch>& watch,
+                                   std::string command) {
   sbx::ExecOptions options;
-  options.on_output = [&](OutputStream stream, std::string_view bytes) {
-    std::lock_guard lock(m);
-    seen += (stream == OutputStream::err ? "E:" : "O:") + std::string(bytes);
-    cv.notify_all();
+  options.on_output = [watch](OutputStream stream, std::string_view bytes) {
+    std::lock_guard lock(watch->m);
+    watch->seen += (stream == OutputStream::err ? "E:" : "O:") + std::string(bytes);
+    watch->cv.notify_all();
   };
   options.timeout_s = 60;
-  auto op = box.exec_async(
-      "echo one; i=0; while [ ! -e go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
-      "echo two >&2",
-      options);
-  bool first = false;
-  {
-    std::unique_lock lock(m);
-    first = cv.wait_for(lock, 30s, [&] { return seen.find("O:one\n") != std::string::npos; });
-    CHECK(seen.find("E:two") == std::string::npos);  // nothing of the end yet
+  auto op = box.exec_async(std::move(command), options);
+  op.then([watch](const Operation<ExecResult>&) {
+    std::lock_guard lock(watch->m);
+    watch->ended = true;
+    watch->cv.notify_all();
+  });
+  return op;
+}
+
+// The outcome of an exec that ended before the case expected it to, for the failure message.
+std::string outcome_of(Operation<ExecResult>& op) {
+  try {
+    const auto r = op.get();
+    return "it ended at once with return code " + std::to_string(r.return_code) +
+           (r.error_type ? " (" + *r.error_type + ")" : "") + ", stdout " + T::show(r.stdout_text) +
+           ", stderr " + T::show(r.stderr_text);
+  } catch (const std::exception& e) {
+    return "it ended at once with " + T::describe(e);
   }
-  CHECK(first);  // the first line arrived before the command could end
+}
+
+// Output arrives while the command runs: the command waits for a file the suite uploads only once
+// the first chunk arrived, so output held back until the end never lets it finish early. An exec
+// that ends at once (failed) is reported at once, not after the wait.
+void streaming(T& t) {
+  Sandbox box = t.create();
+  auto watch = std::make_shared<Watch>();
+  auto op = watched_exec(
+      box, watch,
+      "echo one; i=0; while [ ! -e go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+      "echo two >&2");
+  if (!watch->wait_for("O:one\n", 30s)) {
+    const bool ended = op.wait_for(std::chrono::seconds(0));
+    t.fail(ended ? "a streamed exec must deliver its output to on_output while it runs: " +
+                       outcome_of(op)
+                 : "the first line of a running command must reach on_output at once (not only "
+                   "when the command ends): nothing came within 30 s");
+    throw RequireFailed{};
+  }
+  {
+    std::lock_guard lock(watch->m);
+    CHECK(watch->seen.find("E:two") == std::string::npos,
+          "output must reach on_output as it is written: stderr's line came before the command "
+          "could write it");
+  }
   box.upload_bytes("", "/work/go");
   const auto r = op.get();
-  CHECK_EQ(r.return_code, 0);
-  CHECK(r.stdout_text.empty());  // streamed output is not also accumulated
-  std::lock_guard lock(m);
-  CHECK_EQ(seen, "O:one\nE:two\n");
+  CHECK_EQ(r.return_code, 0, "the streamed command must exit 0 once it was let go");
+  CHECK(r.stdout_text.empty() && r.stderr_text.empty(),
+        "with on_output set, output must go only there: the result's stdout and stderr must be "
+        "empty");
+  std::lock_guard lock(watch->m);
+  CHECK_EQ(watch->seen, "O:one\nE:two\n",
+           "on_output must get each stream's bytes once, in order, tagged with the right stream");
 }
 
 // Cancelled once it is known to run (its first line arrived), not after a guessed delay. The plugin
@@ -112,29 +183,30 @@ void streaming(T& t) {
 // the command must be killed: what it would have written 3 s later never appears.
 void cancel(T& t) {
   Sandbox box = t.create();
-  std::mutex m;
-  std::condition_variable cv;
-  bool started = false;
-  sbx::ExecOptions options;
-  options.on_output = [&](OutputStream, std::string_view) {
-    std::lock_guard lock(m);
-    started = true;
-    cv.notify_all();
-  };
-  auto op = box.exec_async("echo started; sleep 3; echo late > late.txt", options);
-  {
-    std::unique_lock lock(m);
-    REQUIRE(cv.wait_for(lock, 30s, [&] { return started; }));
+  auto watch = std::make_shared<Watch>();
+  auto op = watched_exec(box, watch, "echo started; sleep 3; echo late > late.txt");
+  if (!watch->wait_for("O:started\n", 30s)) {
+    const bool ended = op.wait_for(std::chrono::seconds(0));
+    t.fail(ended ? "the command to cancel must run and stream its first line: " + outcome_of(op)
+                 : "the first line of a running command must reach on_output at once: nothing "
+                   "came within 30 s, so there was nothing to cancel");
+    throw RequireFailed{};
   }
   const auto start = std::chrono::steady_clock::now();
   op.cancel();
-  CHECK_THROWS_AS(op.get(), CancelledError);
+  CHECK_THROWS_AS(op.get(), CancelledError,
+                  "a cancelled exec must complete with CANCELLED (call on_complete with "
+                  "SBX_STATUS_CANCELLED once the command is stopped)");
   const auto took = std::chrono::steady_clock::now() - start;
-  CHECK(took < 10s);  // the plugin's own answer: the host would wait kCancelGrace (60 s)
+  CHECK(took < 10s,
+        "a cancelled exec must end within 10 s of cancel: the plugin's cancel must stop the "
+        "command, not wait for it to end");
   // Past the moment the command would have written its file, had it not been killed.
   std::this_thread::sleep_until(start + 5s);
-  CHECK_EQ(box.exec("echo alive").return_code, 0);
-  CHECK_EQ(box.exec("test -e late.txt; echo $?").stdout_text, "1\n");
+  CHECK_EQ(box.exec("echo alive").return_code, 0,
+           "the sandbox must stay usable after a cancelled exec");
+  CHECK_EQ(box.exec("test -e late.txt; echo $?").stdout_text, "1\n",
+           "a cancelled exec's command must be killed: it went on and wrote late.txt 3 s later");
 }
 
 void concurrent(T& t) {
@@ -144,11 +216,14 @@ void concurrent(T& t) {
     ops.push_back(box.exec_async("echo " + std::to_string(i)));
   for (int i = 0; i < 16; ++i) {
     const auto r = ops[static_cast<size_t>(i)].get();
-    CHECK_EQ(r.return_code, 0);
-    CHECK_EQ(r.stdout_text, std::to_string(i) + "\n");
+    CHECK_EQ(r.return_code, 0, "each of 16 concurrent execs on one sandbox must exit 0");
+    CHECK_EQ(r.stdout_text, std::to_string(i) + "\n",
+             "each of 16 concurrent execs must get its own output, not another's");
   }
 }
 
+// Users are offered or not: "not offered" only when the provider says UNIMPLEMENTED. Any other
+// refusal, of every user or of this one, is a failure with what to do instead.
 void user(T& t) {
   Sandbox box = t.create();
   ExecResult r;
@@ -158,12 +233,20 @@ void user(T& t) {
     if (e.status() == SBX_STATUS_UNIMPLEMENTED) {
       t.not_offered("exec with a user is UNIMPLEMENTED: " + std::string(e.what()));
     }
-    throw;
+    t.fail("an exec with user \"65534\" failed with " + T::describe(e) +
+           ": run the command as uid 65534, or, if the provider cannot run commands as another "
+           "user, complete every exec that names a user with UNIMPLEMENTED (then the case is "
+           "\"not offered\")");
+    throw RequireFailed{};
   }
-  CHECK_EQ(r.return_code, 0);
-  CHECK_EQ(r.stdout_text, "65534\n");
+  CHECK_EQ(r.return_code, 0,
+           "an exec with user \"65534\" must run (`id -u` exits 0); a provider without users "
+           "completes it with UNIMPLEMENTED instead");
+  CHECK_EQ(r.stdout_text, "65534\n",
+           "an exec with user \"65534\" must run as uid 65534, never as someone else");
   // Without a user, the sandbox's default user, whoever that is, but not the one asked before.
-  CHECK(box.exec("id -u").stdout_text != "65534\n");
+  CHECK(box.exec("id -u").stdout_text != "65534\n",
+        "an exec without a user must run as the sandbox's default user, not the last exec's");
 }
 
 }  // namespace

@@ -123,27 +123,21 @@ void T::needs_extension(const std::string& extension) {
   }
 }
 
-void T::fail(const std::string& what, const std::source_location& where) {
-  failures_.push_back(fs::path(where.file_name()).filename().string() + ":" +
-                      std::to_string(where.line()) + ": " + what);
+void T::fail(const std::string& meaning) {
+  failures_.push_back(meaning);
 }
 
-void T::fail_here(const std::string& what) {
-  failures_.push_back(what);
-}
-
-bool T::check(bool ok, const char* expr, const std::source_location& where) {
-  if (!ok) fail(std::string(expr) + " is false", where);
+bool T::check(bool ok, const std::string& meaning) {
+  if (!ok) fail(meaning);
   return ok;
 }
 
-bool T::check_nothrow(const std::function<void()>& f, const char* expr,
-                      const std::source_location& where) {
+bool T::check_nothrow(const std::function<void()>& f, const std::string& meaning) {
   try {
     f();
     return true;
   } catch (const std::exception& e) {
-    fail(std::string(expr) + " threw " + describe(e), where);
+    fail(meaning + " (got " + describe(e) + ")");
     return false;
   }
 }
@@ -272,9 +266,9 @@ Summary run(const Options& options) {
       } catch (const RequireFailed&) {
         // the failure is recorded
       } catch (const std::exception& e) {
-        t.fail_here("the case ended with " + T::describe(e));
+        t.fail("a call the case needed failed, so it stopped there: " + T::describe(e));
       } catch (...) {
-        t.fail_here("the case ended with an exception that is not a std::exception");
+        t.fail("the case stopped at an exception that is not a std::exception");
       }
       if (!t.failures().empty()) {
         // A failed check counts even when the case then found it was not offered.

@@ -43,8 +43,11 @@ std::shared_ptr<Generation> make_generation(std::shared_ptr<PluginLibrary> libra
     if (why.starts_with("$") && !block.config_path.empty()) {
       why = block.config_path + why.substr(1);
     }
-    throw_error(status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : status,
-                "provider '" + block.name + "' (" + factory.id + "): " + why);
+    const std::string message = "provider '" + block.name + "' (" + factory.id + "): " + why;
+    // A config the provider refuses is the user's config error, as one the host refuses is: the
+    // same error (and the same exit status of every command).
+    if (status == SBX_STATUS_INVALID_ARGUMENT) throw ConfigError(message);
+    throw_error(status == SBX_STATUS_OK ? SBX_STATUS_INTERNAL : status, message);
   }
   if (!SBX_HAS_FIELD(provider, sbx_provider, destroy)) {
     // `destroy` is the table's last field, so it cannot be called either: the provider leaks.

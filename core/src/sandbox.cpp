@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -808,14 +809,11 @@ Operation<Endpoint> Sandbox::endpoint_async(int64_t port) {
   require_open(state_);
   auto ctx = std::make_shared<detail::EndpointCtx>();
   ctx->sandbox = state_;
-  return start_operation<Endpoint>(g, std::move(ctx), call_deadline(*g),
-                                   [&](void* token) {
-                                     const sbx_endpoint_callbacks callbacks{
-                                         sizeof(sbx_endpoint_callbacks), token,
-                                         &detail::EndpointCtx::on_complete};
-                                     return ext->get(g->provider, state_->handle,
-                                                     static_cast<uint16_t>(port), &callbacks);
-                                   });
+  return start_operation<Endpoint>(g, std::move(ctx), call_deadline(*g), [&](void* token) {
+    const sbx_endpoint_callbacks callbacks{sizeof(sbx_endpoint_callbacks), token,
+                                           &detail::EndpointCtx::on_complete};
+    return ext->get(g->provider, state_->handle, static_cast<uint16_t>(port), &callbacks);
+  });
 }
 Endpoint Sandbox::endpoint(int64_t port) {
   return endpoint_async(port).get();
@@ -854,6 +852,86 @@ void plugin_checks::close_behind_host(Sandbox& box) {
                                        &detail::done_thunk<detail::BehindCloseCtx>};
     return g->provider->close(g->provider, s->handle, &callbacks);
   }).get();
+}
+
+struct plugin_checks::FailingUpload::Source {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int64_t given = 0;  // bytes to give before the read that fails
+  bool hold = false;
+  bool holding = false;   // a read waits in hold
+  bool released = false;  // release() or the destructor: the held read fails now
+  bool ended = false;     // the upload completed
+};
+
+namespace detail {
+namespace {
+
+// An UploadCtx whose stream reads from a FailingUpload::Source.
+struct FailingUploadCtx : UploadCtx {
+  std::shared_ptr<plugin_checks::FailingUpload::Source> source;
+
+  static int64_t SBX_ABI read(void* c, uint8_t* buffer, size_t capacity) {
+    auto* ctx = static_cast<FailingUploadCtx*>(static_cast<UploadCtx*>(c));
+    auto& src = *ctx->source;
+    std::unique_lock lock(src.mutex);
+    if (ctx->offset < static_cast<uint64_t>(src.given)) {
+      const size_t n = std::min<size_t>(capacity, static_cast<size_t>(src.given) - ctx->offset);
+      std::memset(buffer, 'x', n);
+      ctx->offset += n;
+      return static_cast<int64_t>(n);
+    }
+    if (src.hold) {
+      src.holding = true;
+      src.changed.notify_all();
+      src.changed.wait_for(lock, std::chrono::seconds(30), [&] { return src.released; });
+    }
+    return -1;
+  }
+};
+
+}  // namespace
+}  // namespace detail
+
+plugin_checks::FailingUpload::FailingUpload(Sandbox& box, std::string remote_path, int64_t size,
+                                            int64_t given, bool hold)
+    : source_(std::make_shared<Source>()) {
+  if (size <= 0 || given < 0 || given >= size) {
+    throw InvalidArgumentError("FailingUpload: 0 <= given < size");
+  }
+  source_->given = given;
+  source_->hold = hold;
+  require_open(box.state_);
+  auto ctx = std::make_shared<detail::FailingUploadCtx>();
+  ctx->source = source_;
+  ctx->stream.size = size;
+  ctx->stream.read = &detail::FailingUploadCtx::read;
+  op_ = start_upload(box.state_, std::move(ctx), remote_path, 0);
+  op_.then([source = source_](const Operation<void>&) {
+    {
+      std::lock_guard lock(source->mutex);
+      source->ended = true;
+    }
+    source->changed.notify_all();
+  });
+}
+
+plugin_checks::FailingUpload::~FailingUpload() {
+  release();
+}
+
+bool plugin_checks::FailingUpload::held(std::chrono::milliseconds limit) {
+  std::unique_lock lock(source_->mutex);
+  source_->changed.wait_for(lock, limit, [&] { return source_->holding || source_->ended; });
+  return source_->holding;
+}
+
+void plugin_checks::FailingUpload::release() {
+  {
+    std::lock_guard lock(source_->mutex);
+    source_->released = true;
+  }
+  source_->changed.notify_all();
 }
 
 namespace {

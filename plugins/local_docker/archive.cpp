@@ -2,6 +2,7 @@
 
 #include "exec.hpp"
 
+#include <sbx/sdk/paths.hpp>
 #include <sbx/sdk/tar.hpp>
 
 #include <chrono>
@@ -298,35 +299,12 @@ class SingleFileExtractor final : public tar::Reader::Handler {
 }  // namespace
 
 std::string container_path(std::string_view path, const std::optional<std::string>& workdir) {
-  if (path.empty()) throw sdk::Error::invalid_argument("the sandbox path is empty");
-  if (path.find('\0') != std::string_view::npos) {
-    throw sdk::Error::invalid_argument("the sandbox path contains a NUL byte");
-  }
-  std::string joined =
-      path.front() == '/' ? std::string(path) : workdir.value_or("/") + "/" + std::string(path);
-  std::vector<std::string_view> parts;
-  const std::string_view text(joined);
-  for (size_t start = 0; start <= text.size();) {
-    const size_t end = std::min(text.find('/', start), text.size());
-    const std::string_view part = text.substr(start, end - start);
-    start = end + 1;
-    if (part.empty() || part == ".") continue;
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-      continue;
-    }
-    parts.push_back(part);
-  }
-  if (parts.empty()) {
+  std::string resolved = sdk::resolve_sandbox_path(path, workdir.value_or("/"));
+  if (resolved == "/") {
     throw sdk::Error::invalid_argument("the sandbox path '" + std::string(path) +
                                        "' names the root directory, not a file");
   }
-  std::string out;
-  for (const auto part : parts) {
-    out += '/';
-    out += part;
-  }
-  return out;
+  return resolved;
 }
 
 void upload_file(DockerApi& api, const std::string& container, const std::string& path,

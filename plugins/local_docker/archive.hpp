@@ -18,8 +18,8 @@
 namespace sbx::local_docker {
 
 // The absolute, normalized path in the container for `path`: a relative path resolves against
-// `workdir` (the spec's), else "/"; "." and ".." are resolved lexically. Throws INVALID_ARGUMENT
-// for an empty path, one that names the root, or one that is not valid UTF-8.
+// `workdir` (the spec's), else "/" (sdk::resolve_sandbox_path). Throws INVALID_ARGUMENT for an
+// empty path, one whose ".." climbs above "/", or one that names the root.
 std::string container_path(std::string_view path, const std::optional<std::string>& workdir);
 
 // Streams `source` into the running container as `path` (absolute, normalized) with `mode`;

@@ -3,6 +3,7 @@
 #include "diagnosis.hpp"
 
 #include <sbx/abi/ext/connect.h>
+#include <sbx/sdk/paths.hpp>
 #include <sbx/sdk/retry.hpp>
 
 #include <boost/json.hpp>
@@ -134,12 +135,11 @@ std::optional<sdk::Error> paused_or_gone(const std::string& id, const std::strin
   }
 }
 
-// A transfer's sandbox path: a relative one is relative to the spec's workdir
-// (docs/sandbox-semantics.md); without a workdir execd resolves it against its own directory.
+// A transfer's sandbox path, resolved (docs/sandbox-semantics.md): a relative one is relative
+// to the spec's workdir; without a workdir execd resolves it against its own directory. A ".."
+// above "/" is refused here: execd would clamp it.
 std::string sandbox_path(const OpenSandbox& box, const std::string& path) {
-  if (path.empty() || path.front() == '/' || !box.workdir()) return path;
-  const std::string& dir = *box.workdir();
-  return dir + (dir.ends_with('/') ? "" : "/") + path;
+  return sdk::resolve_sandbox_path(path, box.workdir());
 }
 
 // Refuses a transfer or command on a sandbox this handle knows paused.

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The `sbx conformance` command itself: a failing provider gives exit 1 and names the failed case;
 # --only selects; --junit writes a JUnit XML file with the cases; an unknown provider, a missing
-# --provider and an --only that selects nothing are usage errors (2).
+# --provider and an --only that selects nothing are usage errors (2), and so is a provider config
+# the plugin refuses, as for `sbx run`. A failure says what it means, not where in the suite.
 #   command_test.sh SBX TEST_PLUGIN_DIR WORK_DIR
 set -u
 sbx=$1 plugins=$2 work=$3/command_test
@@ -23,6 +24,8 @@ cat "$work/broken.out"
 has "$work/broken.out" "FAILED      files.round-trip"
 has "$work/broken.out" "failed: files.round-trip"
 has "$work/broken.out" "injected failure in download"
+lacks "$work/broken.out" ".cpp:"                     # no source location of the suite
+has "$work/broken.out" "a call the case needed failed"
 has "$work/broken.out" "ok          files.startup"  # a case without downloads still passes
 lacks "$work/broken.out" "exec."                     # --only selected files.* alone
 
@@ -88,6 +91,19 @@ usage "conformance needs --provider NAME" --plugin-dir "$plugins"
 usage "--only 'nothing.like.this' selects no case" --plugin-dir "$plugins" \
   --provider test_processes --only nothing.like.this
 usage "--seed must be > 0" --provider test_processes --seed 0
+
+# A provider config the plugin refuses: 2 from both commands, with the same message.
+cat > "$work/refused.json" <<JSON
+{"providers": {"p": {"plugin": "test_processes", "config": {"no_such_key": 1}}}}
+JSON
+usage "config.no_such_key: unknown key" --plugin-dir "$plugins" --config "$work/refused.json" \
+  --provider p
+"$sbx" run --plugin-dir "$plugins" --config "$work/refused.json" --provider p -- true \
+  > "$work/run-refused.out" 2>&1
+rc=$?
+cat "$work/run-refused.out"
+[ "$rc" = 2 ] || fail "sbx run with a refused provider config exited $rc, not 2 as sbx conformance"
+has "$work/run-refused.out" "config.no_such_key: unknown key"
 
 # --list names every case without a provider.
 "$sbx" conformance --list > "$work/list.out" 2>&1 || fail "--list exited $?"

@@ -110,7 +110,7 @@ class Host {
 
   // The provider named `name`: a config block, or else a provider id offered by a plugin (with an
   // empty config). Throws InvalidArgumentError("Unknown sandbox provider 'x'. Available providers:
-  // a, b") for other names, ConfigError/InvalidArgumentError for a config the provider refuses,
+  // a, b") for other names, ConfigError (an InvalidArgumentError) for a config the provider refuses,
   // PluginLoadError when the plugin cannot be used. Providers are created once and cached.
   Provider provider(std::string_view name);
   // The default provider: config.default_provider, else the only configured block, else (with no

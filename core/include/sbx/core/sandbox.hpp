@@ -28,7 +28,8 @@ class Host;
 class Sandbox;
 namespace plugin_checks {
 void close_behind_host(Sandbox& box);  // sbx/core/plugin_checks.hpp
-}
+class FailingUpload;
+}  // namespace plugin_checks
 
 class Sandbox {
  public:
@@ -124,6 +125,7 @@ class Sandbox {
 
  private:
   friend void plugin_checks::close_behind_host(Sandbox& box);
+  friend class plugin_checks::FailingUpload;
   friend class Host;  // Host::move_to_current
   std::shared_ptr<detail::SandboxState> state_;
 };
