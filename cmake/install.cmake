@@ -4,7 +4,8 @@
 #
 # Install components, one Debian package each:
 #   runtime -> package sbx         bin/sbx, libexec/sbx/sbx-plugin-probe, lib/sbx/plugins/*.so
-#   dev     -> package libsbx-dev  include/sbx/, lib/libsbx_*.a, lib/cmake/sbx/, lib/pkgconfig/
+#   dev     -> package libsbx-dev  include/sbx/, lib/libsbx_*.a, lib/cmake/sbx/, lib/pkgconfig/,
+#                                  share/doc/sbx/
 # Tests, benchmarks and the examples are not installed (the sources under share/doc/sbx/ are docs).
 
 # ---- Targets ------------------------------------------------------------------------------------
@@ -89,13 +90,20 @@ add_executable(sbx::plugin_probe ALIAS sbx-plugin-probe)
 # The in-tree plugins: every sbx_add_plugin target defined under plugins/ (not tests/, bench/ or
 # sdk/examples/).
 get_property(sbx_plugin_targets GLOBAL PROPERTY SBX_PLUGIN_TARGETS)
+set(sbx_installed_plugins "")  # their file names without .so, for the sbx package's description
 foreach(target ${sbx_plugin_targets})
   get_target_property(dir ${target} SOURCE_DIR)
   file(RELATIVE_PATH relative ${PROJECT_SOURCE_DIR} ${dir})
   if(relative MATCHES "^plugins/")
     install(TARGETS ${target} LIBRARY DESTINATION ${SBX_INSTALL_PLUGINDIR} COMPONENT runtime)
+    get_target_property(output_name ${target} OUTPUT_NAME)
+    if(NOT output_name)
+      set(output_name ${target})
+    endif()
+    list(APPEND sbx_installed_plugins ${output_name})
   endif()
 endforeach()
+list(SORT sbx_installed_plugins)
 
 # ---- Headers ------------------------------------------------------------------------------------
 
@@ -174,7 +182,16 @@ set(pc_sdk_libs "-lsbx_sdk")
 if(TARGET sbx_base)
   string(APPEND pc_sdk_libs " -lsbx_base")
 endif()
-foreach(pc sbx sbx-abi sbx-http)
+set(sbx_pc_files sbx sbx-abi sbx-http)
+if(TARGET sbx_sdk_testing)  # sbx-testing.pc: the fake host, with what it links beyond sbx.pc
+  list(APPEND sbx_pc_files sbx-testing)
+  set(pc_testing_libs "")
+  foreach(lib ${CMAKE_DL_LIBS})
+    string(APPEND pc_testing_libs " -l${lib}")
+  endforeach()
+  string(STRIP "${pc_testing_libs}" pc_testing_libs)
+endif()
+foreach(pc ${sbx_pc_files})
   configure_file(cmake/${pc}.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/${pc}.pc DESTINATION ${pc_dir} COMPONENT dev)
 endforeach()
@@ -198,10 +215,42 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME sbx)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)  # Depends from dpkg-shlibdeps (package dpkg-dev)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "docker.io")
-set(CPACK_DEBIAN_RUNTIME_DESCRIPTION  # the first line is the summary
-    "run commands in sandboxes through provider plugins\n\
-The sbx command, its plugin probe and the local_docker provider plugin (sandboxes as\n\
-containers of the local Docker daemon).")
+# A package description: the summary, then `text` wrapped at 80 columns (CPackDeb indents each
+# line of it by one space).
+function(sbx_deb_description var summary text)
+  set(lines "")
+  set(line "")
+  string(REPLACE " " ";" words "${text}")
+  foreach(word ${words})
+    string(LENGTH "${line} ${word}" width)
+    if(line STREQUAL "")
+      set(line "${word}")
+    elseif(width GREATER 79)
+      string(APPEND lines "${line}\n")
+      set(line "${word}")
+    else()
+      string(APPEND line " ${word}")
+    endif()
+  endforeach()
+  set(${var} "${summary}\n${lines}${line}" PARENT_SCOPE)
+endfunction()
+
+# The description names every plugin the package ships (scripts/kit-test.sh checks it against the
+# package's lib/sbx/plugins/*.so), each with its line below when it has one.
+set(sbx_plugin_summary_local_docker "sandboxes as containers of the local Docker daemon")
+set(sbx_plugin_summary_opensandbox "a client of an OpenSandbox server's lifecycle and execd APIs")
+list(LENGTH sbx_installed_plugins count)
+set(text "The sbx command, its plugin probe and ${count} provider plugins:")
+foreach(plugin ${sbx_installed_plugins})
+  string(APPEND text " ${plugin}")
+  if(DEFINED sbx_plugin_summary_${plugin})
+    string(APPEND text " (${sbx_plugin_summary_${plugin}})")
+  endif()
+  string(APPEND text ",")
+endforeach()
+string(REGEX REPLACE ",$" "." text "${text}")
+sbx_deb_description(CPACK_DEBIAN_RUNTIME_DESCRIPTION
+                    "run commands in sandboxes through provider plugins" "${text}")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libsbx-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
@@ -211,11 +260,18 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "sbx (= ${PROJECT_VERSION}), libboost-json1.81-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS
     "libcurl4-openssl-dev | libcurl-dev, libspdlog-dev, cmake (>= 3.25) | pkg-config")
-set(CPACK_DEBIAN_DEV_DESCRIPTION  # the first line is the summary
-    "sbx provider plugin SDK and host library (development files)\n\
-The C ABI headers, the C++20 plugin SDK and its HTTP client, the host library, as static\n\
-libraries with a CMake package (find_package(sbx)) and pkg-config files (sbx, sbx-abi,\n\
-sbx-http).")
+string(REPLACE ";" ", " pc_list "${sbx_pc_files}")
+sbx_deb_description(CPACK_DEBIAN_DEV_DESCRIPTION
+  "sbx provider plugin SDK and host library (development files)"
+  "The C ABI headers, the C++20 plugin SDK, its HTTP client and its fake host for a plugin's \
+unit tests, the host library, as static libraries with a CMake package (find_package(sbx)) and \
+pkg-config files (${pc_list}), and the docs and the example plugins.")
+
+# What only the packages have (cmake/deb-docs.cmake, run by cpack before it builds them): sbx's
+# /usr/share/doc/sbx/copyright, and libsbx-dev's /usr/share/doc/libsbx-dev, a link to sbx.
+set(CPACK_PRE_BUILD_SCRIPTS ${PROJECT_SOURCE_DIR}/cmake/deb-docs.cmake)
+set(CPACK_SBX_COPYRIGHT_FILE ${PROJECT_SOURCE_DIR}/cmake/copyright)
+set(CPACK_SBX_DOCDIR ${CMAKE_INSTALL_DATAROOTDIR}/doc)
 
 if(sbx_IS_TOP_LEVEL)  # a project that adds sbx as a subdirectory keeps its own packaging
   include(CPack)

@@ -224,6 +224,103 @@ check_control_fields() {
   ' "${doc}" "$@" || die "the packages' relationship fields differ from ${doc} (above)"
 }
 
+# check_package_files <sbx .deb> <libsbx-dev .deb>: what docs/packaging.md says of the packages'
+# files: sbx's description names every plugin it ships (lib/sbx/plugins/*.so); each package has
+# /usr/share/doc/<package>/copyright, sbx as a file (Debian's copyright format), libsbx-dev through
+# /usr/share/doc/libsbx-dev, its own, a link to sbx's (it depends on that very sbx); libsbx-dev's
+# files under /usr/share/doc are that link and the docs under /usr/share/doc/sbx/; sbx-testing.pc
+# is beside sbx.pc.
+check_package_files() {
+  local sbx_deb=$1 dev_deb=$2 sbx_list dev_list plugins plugin description format
+  # "<type> <path>[ -> <target>]", type as ls -l shows it (- file, d directory, l link)
+  local listing='{l = substr($1, 1, 1) " " $6; if ($7 == "->") l = l " -> " $8; print l}'
+  sbx_list=$(dpkg-deb -c "${sbx_deb}" | awk "${listing}")
+  dev_list=$(dpkg-deb -c "${dev_deb}" | awk "${listing}")
+  plugins=$(awk '$2 ~ /^\.\/usr\/lib\/sbx\/plugins\/[^/]+\.so$/ {n = $2; sub(/.*\//, "", n); sub(/\.so$/, "", n); print n}' \
+    <<<"${sbx_list}")
+  [[ -n ${plugins} ]] || die "the sbx package has no plugin"
+  description=$(dpkg-deb -f "${sbx_deb}" Description)
+  for plugin in ${plugins}; do
+    grep -qw -- "${plugin}" <<<"${description}" ||
+      die "the sbx package ships ${plugin}.so, its description does not name it: ${description}"
+  done
+  echo "ok: the sbx package's description names its plugins:" ${plugins}
+  grep -qx -- '- ./usr/share/doc/sbx/copyright' <<<"${sbx_list}" || die "the sbx package has no /usr/share/doc/sbx/copyright"
+  format=$(dpkg-deb --fsys-tarfile "${sbx_deb}" | tar -xO ./usr/share/doc/sbx/copyright | head -1)
+  [[ ${format} == "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/" ]] ||
+    die "sbx's copyright file is not in Debian's format: ${format}"
+  grep -qx -- 'l ./usr/share/doc/libsbx-dev -> sbx' <<<"${dev_list}" ||
+    die "libsbx-dev has no /usr/share/doc/libsbx-dev -> sbx"
+  [[ $(dpkg-deb -f "${dev_deb}" Depends) == *"sbx (= $(dpkg-deb -f "${sbx_deb}" Version))"* ]] ||
+    die "libsbx-dev links its doc directory to sbx's without depending on that very sbx"
+  echo "ok: sbx has /usr/share/doc/sbx/copyright; libsbx-dev's /usr/share/doc/libsbx-dev links to it"
+  local stray
+  stray=$(awk '$2 ~ /^\.\/usr\/share\/doc\/./ && $2 != "./usr/share/doc/libsbx-dev" && $2 !~ /^\.\/usr\/share\/doc\/sbx\// {print $2}' \
+    <<<"${dev_list}")
+  [[ -z ${stray} ]] || die "libsbx-dev has files in /usr/share/doc outside sbx/: ${stray}"
+  grep -qx -- '- ./usr/share/doc/sbx/docs/writing-a-plugin.md' <<<"${dev_list}" ||
+    die "libsbx-dev has no /usr/share/doc/sbx/docs/writing-a-plugin.md"
+  echo "ok: libsbx-dev's docs are under /usr/share/doc/sbx/, its own doc directory is the link"
+  for pc in sbx sbx-abi sbx-http sbx-testing; do
+    grep -qx -- "- ./usr/lib/pkgconfig/${pc}.pc" <<<"${dev_list}" || die "libsbx-dev has no ${pc}.pc"
+  done
+  echo "ok: libsbx-dev has sbx-testing.pc beside sbx.pc"
+}
+
+# fake_host_test <label> <prefix>: a plugin's unit test on the SDK's fake host (the installed hello
+# example linked into it), compiled with `pkg-config --cflags --libs sbx-testing` alone, found
+# beside sbx.pc in <prefix>/lib/pkgconfig (on pkg-config's own path for /usr), then run.
+fake_host_test() {
+  local label=$1 prefix=$2 dir=${work}/${1}/fake_host cxx=(c++) flags out pc_dir pc_path
+  pc_dir=${prefix}/lib/pkgconfig
+  pc_path=${pc_dir}
+  [[ ${prefix} == /usr ]] && pc_path=""
+  [[ -f ${pc_dir}/sbx.pc && -f ${pc_dir}/sbx-testing.pc ]] || die "no sbx-testing.pc beside sbx.pc in ${pc_dir}"
+  [[ $(PKG_CONFIG_PATH=${pc_path} pkg-config --variable=pcfiledir sbx-testing) -ef ${pc_dir} ]] ||
+    die "pkg-config finds another sbx-testing.pc than ${pc_dir}'s"
+  mkdir -p "${dir}/tmp"
+  command -v ccache >/dev/null 2>&1 && cxx=(ccache c++)
+  cat >"${dir}/hello_test.cpp" <<'EOF'
+// hello's unit test on the fake host: a sandbox, a command, a file there and back, exactly once.
+#include <sbx/sdk/testing/fake_host.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+extern "C" const sbx_plugin* sbx_plugin_entry(void);  // hello.cpp's SBX_PLUGIN line defines it
+
+#define EXPECT(c) ((c) ? (void)0 : (std::fprintf(stderr, "failed: %s\n", #c), std::exit(1)))
+
+int main() {
+  using namespace sbx::sdk::testing;
+  FakeHost host(&sbx_plugin_entry);
+  {
+    FakeProvider provider = host.provider("hello");
+    FakeSandbox box = provider.create();
+    ExecOutcome r = provider.exec(box, "echo hi");
+    EXPECT(r.completed && !r.error && r.return_code == 0 && r.stdout_text == "hi\n");
+    EXPECT(provider.upload(box, "in.txt", "data").ok());
+    std::string back;
+    EXPECT(provider.download(box, "in.txt", back).ok() && back == "data");
+    EXPECT(provider.close(box).ok());
+    provider.release(box);
+  }
+  EXPECT(host.problems().empty());
+  std::puts("fake host: hello created, ran echo hi, moved a file both ways, closed");
+}
+EOF
+  flags=$(PKG_CONFIG_PATH=${pc_path} pkg-config --cflags --libs sbx-testing) ||
+    die "pkg-config sbx-testing failed against ${label}"
+  echo "pkg-config --cflags --libs sbx-testing: ${flags}"
+  # shellcheck disable=SC2086 # pkg-config's output is a list of words
+  "${cxx[@]}" -std=c++20 -o "${dir}/hello_test" "${dir}/hello_test.cpp" \
+    "${prefix}/share/doc/sbx/sdk/examples/hello/hello.cpp" ${flags} >"${dir}.log" 2>&1 ||
+    { cat "${dir}.log"; die "building the fake host test against ${label}"; }
+  out=$(TMPDIR=${dir}/tmp "${dir}/hello_test" 2>&1) || { printf '%s\n' "${out}"; die "the fake host test failed against ${label}"; }
+  echo "ok: ${out}"
+}
+
 # ---- sbx conformance (needs the `sbx conformance` command) -----------------------------------
 conformance_skipped=0
 # conformance <sbx> <plugin dir> <provider> [<more args>...]
@@ -272,6 +369,9 @@ check_guide_citations "${prefix}/share/doc/sbx"
 step "A. the examples out of tree against the prefix (find_package alone)"
 build_examples against-prefix "${prefix}"
 
+step "A. a plugin's unit test on the fake host, built with pkg-config sbx-testing"
+fake_host_test against-prefix "${prefix}"
+
 step "A. sbx conformance with the installed sbx"
 run_conformance against-prefix "${prefix}/bin/sbx" "${prefix}/lib/sbx/plugins"
 
@@ -317,6 +417,7 @@ done
 check_control_fields "${src}/docs/packaging.md" "${sbx_deb}" "${dev_deb}"
 [[ $(dpkg-deb -f "${dev_deb}" Depends) == *"sbx (= $(dpkg-deb -f "${sbx_deb}" Version))"* ]] ||
   die "libsbx-dev does not depend on this very sbx"
+check_package_files "${sbx_deb}" "${dev_deb}"
 
 if [[ ${deb_mode} == install ]]; then
   [[ ${EUID} -eq 0 ]] || die "installing the packages needs root (or SBX_KIT_DEB=inspect)"
@@ -341,11 +442,19 @@ mapfile -t docs_md < <(for deb in "${sbx_deb}" "${dev_deb}"; do dpkg-deb -c "${d
   awk '$6 ~ /\.md$/ {sub(/^\.\//, "", $6); print $6}' | sort)
 check_doc_links "${root%/usr}/" "${docs_md[@]}"
 check_guide_citations "${root}/share/doc/sbx"
+for package in sbx libsbx-dev; do
+  [[ $(head -1 "${root}/share/doc/${package}/copyright") == "Format: "* ]] ||
+    die "no ${root}/share/doc/${package}/copyright"
+  echo "ok: ${root}/share/doc/${package}/copyright"
+done
 
 step "B. the examples out of tree against the packages (find_package alone)"
 build_examples against-deb "${deb_prefix}"
 grep -q "^sbx_DIR:PATH=${root}/lib/cmake/sbx" "${work}/against-deb/hello/CMakeCache.txt" ||
   die "hello did not find the packaged sbx in ${root}"
+
+step "B. a plugin's unit test on the fake host, built with pkg-config sbx-testing"
+fake_host_test against-deb "${root}"
 
 step "B. sbx conformance with the packaged sbx"
 run_conformance against-deb "${root}/bin/sbx" "${root}/lib/sbx/plugins"
