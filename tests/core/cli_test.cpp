@@ -149,6 +149,79 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
   CHECK(found);
 }
 
+TEST_CASE("sbx plugins says which directory shadows which") {
+  // Copies of the test plugin: one in each of two directories (the first one searched is used,
+  // the other shadowed), then two in one directory (ambiguous: the host refuses the id).
+  sbx::testing::TempDir root("sbx-cli-shadow");
+  const fs::path base = fs::canonical(root.path);  // sbx lists canonical paths
+  const fs::path plugin = fs::path(SBX_TEST_PLUGIN_DIR) / "test_processes.so";
+  for (const char* dir : {"first", "second", "both"})
+    fs::create_directory(base / dir);
+  const std::string used = (base / "first" / "test_processes.so").string();
+  const std::string shadowed = (base / "second" / "test_processes.so").string();
+  const std::string twin_a = (base / "both" / "a.so").string();
+  const std::string twin_b = (base / "both" / "b.so").string();
+  for (const auto& copy : {used, shadowed, twin_a, twin_b})
+    fs::copy_file(plugin, copy);
+  const auto plugins = [](const std::string& dirs, const std::string& flags = "") {
+    return run_shell("env -u SBX_PLUGIN_PATH " + std::string(SBX_CLI) + " " + dirs + " plugins " +
+                     flags);
+  };
+  // Which provider entry of `listing` (sbx plugins --json) belongs to `path`.
+  const auto entry = [](const boost::json::array& listing, const std::string& path) {
+    for (const auto& p : listing) {
+      if (p.at("path") == path.c_str()) return p.at("providers").at(0).as_object();
+    }
+    FAIL("not listed: " << path);
+    return boost::json::object();
+  };
+  const std::string two_dirs =
+      "--plugin-dir " + (base / "first").string() + " --plugin-dir " + (base / "second").string();
+
+  const Run text = plugins(two_dirs);
+  CHECK(text.exit_code == 0);
+  CHECK_MESSAGE(has(text.out, used + "\n  plugin:    test_processes 0.1.0 (ABI 1.2)\n"
+                                     "  provider:  test_processes - "),
+                text.out);
+  CHECK(has(text.out, "  shadows:   test_processes of " + shadowed + "\n"));
+  CHECK(has(text.out, shadowed + "\n  plugin:    test_processes 0.1.0 (ABI 1.2)\n"));
+  CHECK(has(text.out, "  shadowed:  test_processes, by " + used + " (not used)\n"));
+  CHECK(text.out.find(used + "\n") < text.out.find(shadowed + "\n"));  // in search order
+  CHECK(has(text.out, "searched in this order: " + (base / "first").string() + " " +
+                          (base / "second").string() + " "));
+
+  const Run json = plugins(two_dirs, "--json");
+  REQUIRE(json.exit_code == 0);
+  const auto listing = boost::json::parse(json.out).as_array();
+  const auto first = entry(listing, used);
+  CHECK(first.at("used") == true);
+  CHECK(first.at("shadows") == boost::json::array{boost::json::string(shadowed)});
+  CHECK_FALSE(first.contains("shadowed_by"));
+  const auto second = entry(listing, shadowed);
+  CHECK(second.at("used") == false);
+  CHECK(second.at("shadowed_by") == used.c_str());
+  CHECK_FALSE(second.contains("shadows"));
+
+  // Two in the first directory searched: neither is used, and they shadow the later copy.
+  const std::string ambiguous_dirs =
+      "--plugin-dir " + (base / "both").string() + " --plugin-dir " + (base / "first").string();
+  const Run twins = plugins(ambiguous_dirs);
+  CHECK(twins.exit_code == 0);
+  CHECK_MESSAGE(has(twins.out, "  ambiguous: test_processes, also in " + twin_b +
+                                   " (same directory: the id cannot be used)\n"),
+                twins.out);
+  const auto twins_json = boost::json::parse(plugins(ambiguous_dirs, "--json").out).as_array();
+  CHECK(entry(twins_json, twin_a).at("used") == false);
+  CHECK(entry(twins_json, twin_a).at("ambiguous_with") ==
+        boost::json::array{boost::json::string(twin_b)});
+  CHECK(entry(twins_json, used).at("shadowed_by") == twin_a.c_str());
+  // Without the copies, the installed or built plugins are used as before.
+  const auto alone = boost::json::parse(plugins("", "--json").out).as_array();
+  for (const auto& p : alone) {
+    if (p.as_object().contains("providers")) CHECK(p.at("providers").at(0).at("used") == true);
+  }
+}
+
 TEST_CASE("sbx providers shows configured blocks") {
   const fs::path config = fs::temp_directory_path() / "sbx-cli-test-config.json";
   std::ofstream(config) << R"({"providers": {"local": {"plugin": "test_processes"}}})";
