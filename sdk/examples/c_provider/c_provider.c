@@ -26,7 +26,11 @@
  *
  * Memory: an operation (`op`) has two references, the host's (dropped by `release`) and its
  * thread's (dropped after on_complete); the last one frees it. Running out of memory aborts: an
- * example has no better answer to it. */
+ * example has no better answer to it.
+ *
+ * It builds against any ABI 1.x headers: sbx's tests build this same file a second time against
+ * the frozen ABI 1.0 headers, as the plugin "v1_0_processes", to show that a 1.0 plugin works
+ * under a newer host (tests/plugins/CMakeLists.txt). */
 #define _GNU_SOURCE /* pipe2, mkostemp, posix_spawn_file_actions_add{chdir,closefrom}_np */
 
 #include <sbx/abi.h>
@@ -48,6 +52,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The plugin's name and its provider's id (a string literal). */
+#ifndef C_PROVIDER_ID
+#define C_PROVIDER_ID "c_provider"
+#endif
 
 #define DEFAULT_TIMEOUT_MS (10LL * 60 * 1000)     /* an exec without a timeout */
 #define MAX_TIMEOUT_MS (100LL * 24 * 3600 * 1000) /* deadline arithmetic never overflows */
@@ -73,6 +82,21 @@ static char* copy_text(const char* data, size_t len) {
 static sbx_str str_of(const char* s) {
   sbx_str out = {s, strlen(s)};
   return out;
+}
+
+/* True for "{}" with any whitespace, or unset text: this provider has no settings and no
+ * provider_options. */
+static bool empty_object(sbx_str json) {
+  size_t braces = 0;
+  for (size_t i = 0; json.data && i < json.len; ++i) {
+    const char c = json.data[i];
+    if ((c == '{' && braces == 0) || (c == '}' && braces == 1)) {
+      ++braces;
+    } else if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
+      return false;
+    }
+  }
+  return !json.data || braces == 2;
 }
 
 /* An sbx_str that can become a C string: no NUL byte inside. */
@@ -595,6 +619,10 @@ static sbx_status prepare_create(op* o, const sbx_spec* spec) {
   if (!spec || !SBX_HAS_FIELD(spec, sbx_spec, labels)) {
     return failf(o->message, SBX_STATUS_INVALID_ARGUMENT, "the spec is too small");
   }
+  if (!empty_object(spec->provider_options)) {
+    return failf(o->message, SBX_STATUS_INVALID_ARGUMENT,
+                 "provider_options: " C_PROVIDER_ID " takes no options");
+  }
   sandbox_state* s = o->made = xrealloc(NULL, sizeof *s);
   memset(s, 0, sizeof *s);
   s->c.struct_size = sizeof s->c;
@@ -642,8 +670,9 @@ static int write_startup_file(const sandbox_state* s, const startup_file* f) {
 static int start_watchdog(sandbox_state* s, int64_t ttl_ms) {
   char seconds[32];
   snprintf(seconds, sizeof seconds, "%lld", (long long)((ttl_ms + 999) / 1000));
-  char* argv[] = {"/bin/sh", "-c", "sleep \"$1\" && rm -rf -- \"$2\"", "c_provider-ttl", seconds,
-                  s->dir,    NULL};
+  char* argv[] = {
+      "/bin/sh", "-c", "sleep \"$1\" && rm -rf -- \"$2\"", C_PROVIDER_ID "-ttl", seconds,
+      s->dir,    NULL};
   char* envp[] = {"PATH=/usr/bin:/bin", NULL};
   const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (devnull < 0) return errno;
@@ -657,12 +686,13 @@ static int start_watchdog(sandbox_state* s, int64_t ttl_ms) {
 static sbx_status run_create(op* o) {
   sandbox_state* s = o->made;
   const char* tmp = getenv("TMPDIR");
-  s->dir = join_path(tmp && *tmp ? tmp : "/tmp", "c_provider-XXXXXX");
+  s->dir = join_path(tmp && *tmp ? tmp : "/tmp", C_PROVIDER_ID "-XXXXXX");
   if (!mkdtemp(s->dir)) {
     return failf(o->message, SBX_STATUS_CREATE_FAILED, "cannot create %s: %s", s->dir,
                  strerror(errno));
   }
-  s->c.id = str_of(s->dir); /* the id is the directory: unique, stable */
+  /* The id is the directory's name: unique, stable, and safe in a URL (sbx serve routes by it). */
+  s->c.id = str_of(strrchr(s->dir, '/') + 1);
   char* workdir = join_path(s->dir, s->workdir + 1);
   int error = make_dirs(workdir, strlen(s->dir), false);
   free(workdir);
@@ -701,7 +731,8 @@ static sbx_status prepare_exec(op* o, const sbx_exec_request* req) {
   if (status != SBX_STATUS_OK) return status;
   if (sbx_str_is_set(req->user)) { /* declared: not offered */
     return failf(o->message, SBX_STATUS_UNIMPLEMENTED,
-                 "c_provider runs commands as the host's user only; exec's user is not offered");
+                 C_PROVIDER_ID
+                 " runs commands as the host's user only; exec's user is not offered");
   }
   if (!valid_text(req->command)) {
     return failf(o->message, SBX_STATUS_INVALID_ARGUMENT, "the command contains a NUL byte");
@@ -1032,20 +1063,6 @@ static sbx_status report(const sbx_error_sink* errors, sbx_status status, const 
   return status;
 }
 
-/* True for "{}" with any whitespace, or unset text: this provider has no settings. */
-static bool empty_object(sbx_str json) {
-  size_t braces = 0;
-  for (size_t i = 0; json.data && i < json.len; ++i) {
-    const char c = json.data[i];
-    if ((c == '{' && braces == 0) || (c == '}' && braces == 1)) {
-      ++braces;
-    } else if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
-      return false;
-    }
-  }
-  return !json.data || braces == 2;
-}
-
 static sbx_status SBX_ABI factory_create(const sbx_provider_factory* factory, const sbx_host* host,
                                          sbx_str config_json, sbx_provider** out,
                                          const sbx_error_sink* errors) {
@@ -1056,7 +1073,7 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* factory, co
     return report(errors, SBX_STATUS_INVALID_ARGUMENT, "the sbx_host is too small");
   }
   if (!empty_object(config_json)) {
-    return report(errors, SBX_STATUS_INVALID_ARGUMENT, "$: c_provider takes no settings");
+    return report(errors, SBX_STATUS_INVALID_ARGUMENT, "$: " C_PROVIDER_ID " takes no settings");
   }
   provider_state* p = xrealloc(NULL, sizeof *p);
   memset(p, 0, sizeof *p);
@@ -1080,8 +1097,14 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* factory, co
 
 /* Nothing plugin-wide to set up; a host of another ABI major is refused (the host checks too). */
 static sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink* errors) {
-  if (!host || !sbx_version_is_compatible(host->abi_version)) {
-    return report(errors, SBX_STATUS_FAILED_PRECONDITION, "the host's ABI major version is not 1");
+  if (!host) return report(errors, SBX_STATUS_INVALID_ARGUMENT, "no sbx_host");
+  if (!sbx_version_is_compatible(host->abi_version)) {
+    char message[MESSAGE_MAX];
+    snprintf(message, sizeof message,
+             C_PROVIDER_ID " speaks sbx ABI %u.%u and the host %u.%u: the major versions differ",
+             (unsigned)SBX_ABI_VERSION_MAJOR, (unsigned)SBX_ABI_VERSION_MINOR,
+             (unsigned)host->abi_version.major, (unsigned)host->abi_version.minor);
+    return report(errors, SBX_STATUS_FAILED_PRECONDITION, message);
   }
   return SBX_STATUS_OK;
 }
@@ -1089,7 +1112,7 @@ static sbx_status SBX_ABI plugin_init(const sbx_host* host, const sbx_error_sink
 static void SBX_ABI plugin_deinit(void) {}
 
 static const sbx_provider_factory factory = {
-    sizeof(sbx_provider_factory), "c_provider",
+    sizeof(sbx_provider_factory), C_PROVIDER_ID,
     "Example in plain C: a temp directory per sandbox, commands as host processes",
     "{\"type\": \"object\", \"additionalProperties\": false}", factory_create};
 static const sbx_provider_factory* const factories[] = {&factory};
@@ -1098,7 +1121,7 @@ static const sbx_provider_factory* const factories[] = {&factory};
 SBX_EXPORT const sbx_plugin* SBX_ABI sbx_plugin_entry(void) {
   static const sbx_plugin plugin = {sizeof(sbx_plugin),
                                     SBX_ABI_VERSION_INIT,
-                                    "c_provider",
+                                    C_PROVIDER_ID,
                                     "1.0.0",
                                     "An example plugin in plain C",
                                     plugin_init,
