@@ -4,11 +4,15 @@
 #   A. `cmake --install` into a temporary prefix;
 #   B. the Debian packages (`cpack --config BUILD_DIR/CPackConfig.cmake -B DIR -G DEB`, which must
 #      write nothing into the build tree), installed with apt-get (fresh Debian 12, as root),
-#      then removed again;
-# and against each: build sdk/examples/hello and sdk/examples/c_provider out of tree with
-# find_package alone, check that the installed `sbx` finds its plugins and probe with no
-# environment variable, and run `sbx conformance` on hello, c_provider, test_processes and
-# local_docker.
+#      then removed again; before that, their fields and files are checked against
+#      docs/packaging.md (the relationship fields of its control block, the sbx description's
+#      plugins, the copyright files, libsbx-dev's doc directory, sbx-testing.pc);
+# and against each: check that every relative link of every installed .md file resolves in the
+# installed tree (and that the sources the guide cites are there), build sdk/examples/hello and
+# sdk/examples/c_provider out of tree with find_package alone, build and run a fake-host unit test
+# of hello with `pkg-config sbx-testing` alone, check that the installed `sbx` finds its plugins
+# and probe with no environment variable, and run `sbx conformance` on hello, c_provider,
+# test_processes and local_docker.
 #
 # Usage: scripts/kit-test.sh [BUILD_DIR]
 # Environment:
