@@ -182,7 +182,7 @@ void dot_dot(T& t) {
   Sandbox box = t.create();
   const std::string fix =
       ": refuse a path whose '..' climbs above the sandbox's '/' with INVALID_ARGUMENT naming it, "
-      "never clamp it at '/' (sbx::sdk::resolve_sandbox_path does this)";
+      "never clamp it at '/' (the SDK's resolve_sandbox_path, sbx/sdk/paths.hpp, does this)";
   for (const std::string path : {"/work/../../escape.txt", "../../escape.txt", "/../escape.txt"}) {
     try {
       box.upload_bytes("escaped\n", path);

@@ -12,6 +12,10 @@
  * extensions sbx.pause/1, sbx.connect/1 and sbx.renew/1 (sbx/abi/ext/).
  * 1.2 added: sbx_error.reason and the well-known reasons SBX_REASON_* (types.h), and the
  * extensions sbx.session/1 and sbx.pty/1 (ext/session.h, ext/pty.h).
+ * 1.2.1: a thread tag on every function (comments only).
+ *
+ * The headers' hash is recorded per version in tests/abi/abi_hashes.txt: a header changed without
+ * a version bump fails the test abi_headers_hash (tests/abi/check_abi_hash.sh).
  */
 #ifndef SBX_ABI_VERSION_H
 #define SBX_ABI_VERSION_H
@@ -43,7 +47,7 @@
 
 #define SBX_ABI_VERSION_MAJOR 1u
 #define SBX_ABI_VERSION_MINOR 2u
-#define SBX_ABI_VERSION_PATCH 0u
+#define SBX_ABI_VERSION_PATCH 1u
 
 SBX_EXTERN_C_BEGIN
 
