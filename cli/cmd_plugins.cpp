@@ -5,12 +5,7 @@
 
 #include <boost/json.hpp>
 
-#include <algorithm>
-#include <filesystem>
 #include <iostream>
-#include <iterator>
-#include <map>
-#include <utility>
 #include <vector>
 
 namespace sbx::cli {
@@ -26,80 +21,14 @@ std::string version_text(const sbx_version& v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor);
 }
 
-// Which file a provider id is used from when several offer it, as the host decides
-// (core/src/host.cpp, first_in_search_order): the file in the earliest plugin directory; it
-// shadows the others. Two in that directory are ambiguous: the host refuses the id.
-struct Listed {
-  const sbx::PluginInfo* info = nullptr;
-  size_t rank = 0;  // its directory's place in the search order; past the end: in none
-};
-
-struct Choice {
-  enum class Kind { used, shadowed, ambiguous } kind = Kind::used;
-  std::vector<std::string> others;  // used: those it shadows; shadowed: the one used; ambiguous:
-                                    // the others in the same directory
-};
-
-size_t rank_of(const std::filesystem::path& file, const std::vector<std::filesystem::path>& dirs) {
-  for (size_t i = 0; i < dirs.size(); ++i) {
-    std::error_code ec;
-    if (std::filesystem::equivalent(dirs[i], file.parent_path(), ec)) return i;
-  }
-  return dirs.size();
-}
-
-// Every (file, provider id) of a usable file -> its choice.
-std::map<std::pair<std::string, std::string>, Choice> choices(const std::vector<Listed>& listed) {
-  std::map<std::string, std::vector<const Listed*>> offering;  // id -> files in search order
-  for (const auto& l : listed) {
-    if (!l.info->ok()) continue;
-    for (const auto& kind : l.info->providers) {
-      auto& files = offering[kind.id];
-      if (files.empty() || files.back() != &l) files.push_back(&l);  // an id twice in one file
-    }
-  }
-  std::map<std::pair<std::string, std::string>, Choice> out;
-  for (const auto& [id, files] : offering) {
-    const size_t first = files.front()->rank;  // `listed` is sorted by rank
-    std::vector<std::string> used, shadowed;
-    for (const auto* l : files)
-      (l->rank == first ? used : shadowed).push_back(l->info->path.string());
-    for (const auto* l : files) {
-      Choice& c = out[{l->info->path.string(), id}];
-      const std::string self = l->info->path.string();
-      if (l->rank != first) {
-        c = {Choice::Kind::shadowed, {used.front()}};
-      } else if (used.size() > 1) {
-        c.kind = Choice::Kind::ambiguous;
-        std::copy_if(used.begin(), used.end(), std::back_inserter(c.others),
-                     [&](const std::string& p) { return p != self; });
-      } else {
-        c = {Choice::Kind::used, shadowed};
-      }
-    }
-  }
-  return out;
-}
-
 int plugins(ListingFields& f, const Global& g) {
   sbx::Host host = make_host(g);
-  const auto plugins = host.plugins();
+  const auto plugins = host.plugins();  // in search order, each id's use decided by the host
   const auto dirs = host.plugin_dirs();
-  // In search order, so that the file used for an id comes before those it shadows.
-  std::vector<Listed> listed;
-  for (const auto& p : plugins)
-    listed.push_back({&p, rank_of(p.path, dirs)});
-  std::stable_sort(listed.begin(), listed.end(), [](const Listed& a, const Listed& b) {
-    return a.rank != b.rank ? a.rank < b.rank : a.info->path < b.info->path;
-  });
-  const auto chosen = choices(listed);
-  const auto choice_of = [&](const sbx::PluginInfo& p, const std::string& id) -> const Choice& {
-    return chosen.at({p.path.string(), id});
-  };
+  using Use = sbx::PluginInfo::ProviderKind::Use;
   if (f.json) {
     boost::json::array out;
-    for (const auto& l : listed) {
-      const auto& p = *l.info;
+    for (const auto& p : plugins) {
       boost::json::object o{{"path", p.path.string()}};
       if (p.ok()) {
         o["name"] = p.name;
@@ -114,12 +43,13 @@ int plugins(ListingFields& f, const Global& g) {
           }
           boost::json::object kind{
               {"id", k.id}, {"description", k.description}, {"config_schema", schema}};
-          const Choice& c = choice_of(p, k.id);
-          const boost::json::array others(c.others.begin(), c.others.end());
-          kind["used"] = c.kind == Choice::Kind::used;
-          if (c.kind == Choice::Kind::used && !c.others.empty()) kind["shadows"] = others;
-          if (c.kind == Choice::Kind::shadowed) kind["shadowed_by"] = c.others.front();
-          if (c.kind == Choice::Kind::ambiguous) kind["ambiguous_with"] = others;
+          boost::json::array others;
+          for (const auto& other : k.others)
+            others.push_back(boost::json::string(other.string()));
+          kind["used"] = k.use == Use::used;
+          if (k.use == Use::used && !others.empty()) kind["shadows"] = others;
+          if (k.use == Use::shadowed) kind["shadowed_by"] = others.front();
+          if (k.use == Use::ambiguous) kind["ambiguous_with"] = others;
           ids.push_back(std::move(kind));
         }
         o["providers"] = std::move(ids);
@@ -138,8 +68,7 @@ int plugins(ListingFields& f, const Global& g) {
     std::cout << "\n";
   }
   bool overlaps = false;
-  for (const auto& l : listed) {
-    const auto& p = *l.info;
+  for (const auto& p : plugins) {
     std::cout << p.path.string() << "\n";
     if (!p.ok()) {
       std::cout << "  error: " << p.error << "\n";
@@ -149,22 +78,22 @@ int plugins(ListingFields& f, const Global& g) {
               << version_text(p.abi_version) << ")\n";
     for (const auto& k : p.providers) {
       std::cout << "  provider:  " << k.id << " - " << k.description << "\n";
-      const Choice& c = choice_of(p, k.id);
-      switch (c.kind) {
-        case Choice::Kind::used:
-          for (const auto& other : c.others)
-            std::cout << "  shadows:   " << k.id << " of " << other << "\n";
+      switch (k.use) {
+        case Use::used:
+          for (const auto& other : k.others)
+            std::cout << "  shadows:   " << k.id << " of " << other.string() << "\n";
           break;
-        case Choice::Kind::shadowed:
-          std::cout << "  shadowed:  " << k.id << ", by " << c.others.front() << " (not used)\n";
+        case Use::shadowed:
+          std::cout << "  shadowed:  " << k.id << ", by " << k.others.front().string()
+                    << " (not used)\n";
           break;
-        case Choice::Kind::ambiguous:
-          for (const auto& other : c.others)
-            std::cout << "  ambiguous: " << k.id << ", also in " << other
+        case Use::ambiguous:
+          for (const auto& other : k.others)
+            std::cout << "  ambiguous: " << k.id << ", also in " << other.string()
                       << " (same directory: the id cannot be used)\n";
           break;
       }
-      overlaps = overlaps || !c.others.empty();
+      overlaps = overlaps || !k.others.empty();
     }
   }
   if (overlaps) {

@@ -204,7 +204,7 @@ struct Host::Impl {
 
   std::mutex reload_mutex;  // one reload at a time; held while plugin code runs (not `mutex`)
   std::shared_ptr<ReloadWaits> waits = std::make_shared<ReloadWaits>();
-  std::mutex mutex;         // guards the members below; never held while plugin code runs
+  std::mutex mutex;  // guards the members below; never held while plugin code runs
   std::shared_ptr<const Config> config;  // the config in force (replaced by a reload)
   std::optional<std::shared_future<std::shared_ptr<const Catalog>>> catalog;
   std::map<std::string, std::shared_future<std::shared_ptr<detail::Generation>>, std::less<>>
@@ -315,6 +315,15 @@ struct Host::Impl {
     return out;
   }
 
+  // The place of `file`'s directory in the search order `search`; search.size() for none.
+  static size_t search_rank(const fs::path& file, const std::vector<fs::path>& search) {
+    for (size_t i = 0; i < search.size(); ++i) {
+      std::error_code ec;
+      if (fs::equivalent(search[i], file.parent_path(), ec)) return i;
+    }
+    return search.size();
+  }
+
   // Like PATH: a plugin in an earlier directory shadows one offering the same id in a later one
   // (so --plugin-dir and $SBX_PLUGIN_PATH can override build/plugins). Two in one directory are
   // ambiguous.
@@ -322,16 +331,9 @@ struct Host::Impl {
                                              const std::string& block_name,
                                              const std::string& id) const {
     const std::vector<fs::path> search = dirs();
-    auto rank = [&](const Catalog::File& f) {
-      for (size_t i = 0; i < search.size(); ++i) {
-        std::error_code ec;
-        if (fs::equivalent(search[i], f.info.path.parent_path(), ec)) return i;
-      }
-      return search.size();
-    };
     std::vector<std::pair<size_t, const Catalog::File*>> ranked;
     for (const auto* c : candidates)
-      ranked.emplace_back(rank(*c), c);
+      ranked.emplace_back(search_rank(c->info.path, search), c);
     std::stable_sort(ranked.begin(), ranked.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     if (ranked.size() > 1 && ranked[0].first == ranked[1].first) {
@@ -574,9 +576,48 @@ std::vector<fs::path> Host::plugin_dirs() const {
 }
 
 std::vector<PluginInfo> Host::plugins() {
-  std::vector<PluginInfo> out;
+  const std::vector<fs::path> search = impl_->dirs();
+  std::vector<std::pair<size_t, PluginInfo>> ranked;
   for (const auto& f : impl_->get_catalog()->files)
-    out.push_back(f.info);
+    ranked.emplace_back(Impl::search_rank(f.info.path, search), f.info);
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second.path < b.second.path;
+  });
+  // Each id's offers, in search order, as first_in_search_order sees them.
+  struct Offer {
+    size_t rank;
+    const fs::path* path;
+    PluginInfo::ProviderKind* kind;
+  };
+  std::map<std::string, std::vector<Offer>> offers;
+  for (auto& [rank, info] : ranked) {
+    if (!info.ok()) continue;
+    for (auto& kind : info.providers) {
+      auto& list = offers[kind.id];
+      if (list.empty() || list.back().path != &info.path) list.push_back({rank, &info.path, &kind});
+    }
+  }
+  using Use = PluginInfo::ProviderKind::Use;
+  for (auto& [id, list] : offers) {
+    const size_t first = list.front().rank;
+    for (auto& offer : list) {
+      for (const auto& other : list) {
+        if (other.path == offer.path) continue;
+        if (offer.rank != first) {
+          if (other.rank == first) offer.kind->others.push_back(*other.path);
+        } else if (other.rank == first) {
+          offer.kind->use = Use::ambiguous;
+          offer.kind->others.push_back(*other.path);
+        } else if (offer.kind->use == Use::used) {
+          offer.kind->others.push_back(*other.path);
+        }
+      }
+      if (offer.rank != first) offer.kind->use = Use::shadowed;
+    }
+  }
+  std::vector<PluginInfo> out;
+  for (auto& entry : ranked)
+    out.push_back(std::move(entry.second));
   return out;
 }
 

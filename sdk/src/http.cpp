@@ -305,9 +305,8 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
     } else {
       const size_t limit = transfer.request.max_body_bytes;
       if (limit > 0 && transfer.response.body.size() + bytes > limit) {
-        throw Error(SBX_STATUS_RESOURCE_EXHAUSTED,
-                    describe(transfer) + ": the response body is larger than " +
-                        std::to_string(limit) + " bytes (Request::max_body_bytes)");
+        throw Error::resource_exhausted(describe(transfer) + ": the response body is larger than " +
+                                        std::to_string(limit) + " bytes (Request::max_body_bytes)");
       }
       transfer.last_activity = Clock::now();
       transfer.response.body.append(data, bytes);

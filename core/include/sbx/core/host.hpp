@@ -38,6 +38,13 @@ struct PluginInfo {
     std::string id;
     std::string description;
     std::string config_schema;
+    // When several files offer this id, which one the host uses (Host::provider's rule: the file
+    // in the earliest plugin directory; two in that directory make the id unusable). Filled by
+    // Host::plugins(): `used` with `others` the files it shadows; `shadowed` with `others` the
+    // file used instead; `ambiguous` with `others` the files beside it offering the id too.
+    enum class Use { used, shadowed, ambiguous };
+    Use use = Use::used;
+    std::vector<std::filesystem::path> others;
   };
   std::filesystem::path path;
   std::string name;
@@ -103,15 +110,16 @@ class Host {
   // The config in force: the one given at start, or the last one a reload put in service.
   Config config() const;
 
-  // Every plugin file found, usable or not, as a probe process read it (none is loaded here).
+  // Every plugin file found, usable or not, as a probe process read it (none is loaded here), in
+  // search order (then by path), each provider id with which file the host uses for it.
   std::vector<PluginInfo> plugins();
   // Configured provider blocks, then provider ids not shadowed by a block.
   std::vector<ProviderInfo> providers();
 
   // The provider named `name`: a config block, or else a provider id offered by a plugin (with an
   // empty config). Throws InvalidArgumentError("Unknown sandbox provider 'x'. Available providers:
-  // a, b") for other names, ConfigError (an InvalidArgumentError) for a config the provider refuses,
-  // PluginLoadError when the plugin cannot be used. Providers are created once and cached.
+  // a, b") for other names, ConfigError (an InvalidArgumentError) for a config the provider
+  // refuses, PluginLoadError when the plugin cannot be used. Providers are created once and cached.
   Provider provider(std::string_view name);
   // The default provider: config.default_provider, else the only configured block, else (with no
   // blocks) the project's default provider id, local_docker, when a plugin offers it.
