@@ -164,6 +164,10 @@ uint64_t register_generation(const std::shared_ptr<Generation>& generation);
 // ---- Sandboxes (sandbox.cpp)
 // ------------------------------------------------------------------------
 
+// Made by make_deferred_shared: when its last reference drops inside a plugin callback (a
+// completion's context on the plugin's thread), release_sandbox runs on the host's janitor thread,
+// never on the plugin's thread inside its own callback (a plugin whose sandbox joins its reader
+// threads on release would join itself there).
 struct SandboxState {
   std::shared_ptr<Generation> generation;
   sbx_sandbox* handle = nullptr;

@@ -127,7 +127,7 @@ class CSpec {
 void adopt_stray(void* token, sbx_sandbox* sandbox, bool close) {
   auto generation = calls::generation_of(token);
   if (!generation) return;
-  auto s = std::make_shared<SandboxState>(std::move(generation), sandbox);
+  auto s = make_deferred_shared(new SandboxState(std::move(generation), sandbox));
   s->id = SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data) ? copy_of(sandbox->id) : "?";
   logger()->warn("{} handed over sandbox {} by a second completion; {} it",
                  describe(*s->generation), s->id, close ? "closing" : "releasing");
@@ -141,7 +141,7 @@ void adopt_stray(void* token, sbx_sandbox* sandbox, bool close) {
 std::shared_ptr<SandboxState> adopt(const std::shared_ptr<Generation>& generation,
                                     sbx_sandbox* sandbox, const char* call,
                                     std::optional<Error>& unusable) {
-  auto s = std::make_shared<SandboxState>(generation, sandbox);
+  auto s = make_deferred_shared(new SandboxState(generation, sandbox));
   const std::string who = describe(*generation) + " " + call + " a sandbox whose ";
   if (!SBX_HAS_FIELD(sandbox, sbx_sandbox, sandbox_data)) {
     unusable = InternalError(who + "sbx_sandbox has " + std::to_string(sandbox->struct_size) +

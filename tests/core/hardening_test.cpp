@@ -47,6 +47,16 @@ bool logged(const std::string& part) {
   return false;
 }
 
+// Waits (bounded) for a line the host or a plugin logs on another thread.
+bool wait_logged(const std::string& part, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!logged(part)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -171,8 +181,23 @@ TEST_CASE(
   op.cancel();  // ignored by the plugin, which completes after 300 ms anyway
   const auto e = sbx::testing::error_of<sbx::CancelledError>([&] { op.get(); });
   CHECK(contains(e.what(), "abandoned"));
-  std::this_thread::sleep_for(700ms);  // the late sandbox arrives and is closed (late too)
-  CHECK(logged("completed the create after the host had abandoned it"));
+  // The late sandbox arrives (after 300 ms) and is closed (late too).
+  CHECK(wait_logged("completed the create after the host had abandoned it", 5000ms));
+}
+
+TEST_CASE(
+    "a sandbox whose last reference drops inside the plugin's own callback is released on a host "
+    "thread") {
+  // The exec's context holds the last reference when the plugin completes it from its thread: a
+  // plugin whose sandbox joins that thread on release would join itself if released there.
+  sbx::Host host = host_for("late");
+  sbx::Sandbox box = host.provider("m").create({});
+  const std::string id = box.id();
+  auto op = box.exec_async("x");
+  box.detach();
+  CHECK(op.get().return_code == 0);
+  REQUIRE(wait_logged("misbehave: sandbox " + id + " released", 5000ms));
+  CHECK(logged("misbehave: sandbox " + id + " released outside its callbacks"));
 }
 
 TEST_CASE("structs smaller than ABI 1.0 are refused before a field is read") {

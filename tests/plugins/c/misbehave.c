@@ -18,6 +18,10 @@
  *   "renew"         works, and offers sbx.renew/1: the expiry asked for, rounded up to a second
  *                   (it ends nothing: it only lets the host's side of the extension be tested)
  *
+ * Whatever the mode, release_sandbox logs whether it runs inside a callback this plugin is making
+ * on a thread of its own ("late"), which the ABI's host never does: a plugin whose sandbox joins
+ * that thread on release would join itself there.
+ *
  * The config is read with strstr: it is the test's own, fixed text. */
 #include <sbx/abi/entry.h>
 #include <sbx/abi/ext/renew.h>
@@ -77,8 +81,15 @@ static sbx_sandbox* new_sandbox(uint32_t struct_size) {
   return &s->c;
 }
 
+static const sbx_host* g_host;         /* from init */
+static __thread int t_in_own_callback; /* set on a "late" thread while it calls the host */
+
 static void SBX_ABI release_sandbox(sbx_provider* p, sbx_sandbox* s) {
   (void)p;
+  char line[128];
+  snprintf(line, sizeof line, "misbehave: sandbox %.*s released %s", (int)s->id.len, s->id.data,
+           t_in_own_callback ? "inside its own thread's callback" : "outside its callbacks");
+  if (g_host) g_host->log(g_host, SBX_LOG_INFO, str(line));
   free(s);
 }
 
@@ -118,6 +129,7 @@ static void* late_main(void* arg) {
   late_job* job = (late_job*)arg;
   struct timespec pause = {0, 300 * 1000 * 1000};
   nanosleep(&pause, NULL);
+  t_in_own_callback = 1;
   switch (job->kind) {
     case 0:
       job->create.on_complete(job->create.user_data, new_sandbox(sizeof(sbx_sandbox)), NULL);
@@ -132,6 +144,7 @@ static void* late_main(void* arg) {
       job->status.on_complete(job->status.user_data, SBX_SANDBOX_RUNNING, NULL);
       break;
   }
+  t_in_own_callback = 0;
   free(job);
   return NULL;
 }
@@ -373,8 +386,8 @@ static sbx_status SBX_ABI factory_create(const sbx_provider_factory* f, const sb
 }
 
 static sbx_status SBX_ABI init(const sbx_host* host, const sbx_error_sink* errors) {
-  (void)host;
   (void)errors;
+  g_host = host;
   return SBX_STATUS_OK;
 }
 static void SBX_ABI deinit(void) {}
