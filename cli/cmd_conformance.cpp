@@ -133,7 +133,8 @@ Command conformance_command() {
                        [](F& f, const Arg& a) { f.image = a.text; }),
               value<F>("--only", "PATTERN",
                        "Cases to run: a glob over the case name when it holds * ? or [,\n"
-                       "else a substring; case-insensitive (e.g. 'exec.*', files)",
+                       "else a substring; case-insensitive; several separated by commas\n"
+                       "(e.g. 'exec.*', files, 'lifecycle.ttl,exec.user')",
                        [](F& f, const Arg& a) { f.only = a.text; }),
               value<F>("--skip", "PATTERN",
                        "Cases to leave out of those --only selects: a pattern as for --only",

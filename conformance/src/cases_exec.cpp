@@ -2,6 +2,8 @@
 
 #include "suite.hpp"
 
+#include <sbx/core/plugin_checks.hpp>
+
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -114,14 +116,14 @@ struct Watch {
 
 // Starts `command` with its output (tagged O: and E:) and its end going to a Watch.
 Operation<ExecResult> watched_exec(Sandbox& box, const std::shared_ptr<Watch>& watch,
-                                   std::string command) {
+                                   std::string command, double timeout_s = 60) {
   sbx::ExecOptions options;
   options.on_output = [watch](OutputStream stream, std::string_view bytes) {
     std::lock_guard lock(watch->m);
     watch->seen += (stream == OutputStream::err ? "E:" : "O:") + std::string(bytes);
     watch->cv.notify_all();
   };
-  options.timeout_s = 60;
+  options.timeout_s = timeout_s;
   auto op = box.exec_async(std::move(command), options);
   op.then([watch](const Operation<ExecResult>&) {
     std::lock_guard lock(watch->m);
@@ -249,6 +251,62 @@ void user(T& t) {
         "an exec without a user must run as the sandbox's default user, not the last exec's");
 }
 
+// Waits for a command that runs when its sandbox goes away (`how`) to end, and checks how.
+void check_ends_with_its_sandbox(T& t, Operation<ExecResult>& op, const std::string& how,
+                                 std::chrono::seconds limit) {
+  if (!op.wait_for(limit)) {
+    op.cancel();
+    t.fail("an exec still running when its sandbox " + how +
+           " must end then, with NOT_FOUND "
+           "(docs/sandbox-semantics.md, \"Closed and gone sandboxes\"): it still ran " +
+           std::to_string(limit.count()) + " s later");
+    throw RequireFailed{};
+  }
+  CHECK_THROWS_AS(op.get(), NotFoundError,
+                  "an exec still running when its sandbox " + how +
+                      " must complete with NOT_FOUND (the sandbox is gone), not with a result");
+}
+
+// The sandbox is closed (through the plugin, behind the host) while a command runs.
+void closed_under(T& t) {
+  Sandbox box = t.create();
+  auto watch = std::make_shared<Watch>();
+  auto op = watched_exec(box, watch, "echo started; sleep 300", 600);
+  if (!watch->wait_for("O:started\n", 30s)) {
+    t.fail("the command must run and stream its first line: " +
+           (op.wait_for(0s) ? outcome_of(op) : std::string("nothing came within 30 s")));
+    op.cancel();
+    throw RequireFailed{};
+  }
+  plugin_checks::close_behind_host(box);
+  check_ends_with_its_sandbox(t, op, "is closed", 15s);
+}
+
+// The sandbox's TTL passes while a command runs.
+void expired_under(T& t) {
+  auto spec = t.spec();
+  spec.ttl_s = 3;
+  Sandbox box;
+  try {
+    box = t.provider().create(spec);
+  } catch (const Error& e) {
+    if (e.status() == SBX_STATUS_UNIMPLEMENTED) {
+      t.not_offered("the provider refuses a TTL (UNIMPLEMENTED at create): " +
+                    std::string(e.what()));
+    }
+    throw;
+  }
+  auto watch = std::make_shared<Watch>();
+  auto op = watched_exec(box, watch, "echo started; sleep 300", 600);
+  if (!watch->wait_for("O:started\n", 30s)) {
+    t.fail("the command must run and stream its first line: " +
+           (op.wait_for(0s) ? outcome_of(op) : std::string("nothing came within 30 s")));
+    op.cancel();
+    throw RequireFailed{};
+  }
+  check_ends_with_its_sandbox(t, op, "expires (ttl_s 3)", 33s);
+}
+
 }  // namespace
 
 void add_exec_cases(std::vector<Case>& cases) {
@@ -285,6 +343,16 @@ void add_exec_cases(std::vector<Case>& cases) {
   cases.push_back({{"exec.user", "exec with user \"65534\" runs as uid 65534",
                     "exec with a user fails with UNIMPLEMENTED"},
                    user});
+  cases.push_back({{"exec.sandbox-closed",
+                    "an exec still running when its sandbox is closed ends then with "
+                    "NotFoundError",
+                    ""},
+                   closed_under});
+  cases.push_back({{"exec.sandbox-expired",
+                    "an exec still running when its sandbox's TTL passes ends then with "
+                    "NotFoundError",
+                    "create with a ttl_s fails with UNIMPLEMENTED"},
+                   expired_under});
 }
 
 }  // namespace sbx::conformance

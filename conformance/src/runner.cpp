@@ -196,11 +196,20 @@ const std::vector<CaseInfo>& cases() {
 
 bool matches(std::string_view pattern, std::string_view name) {
   if (pattern.empty()) return true;
-  const std::string p = lower(pattern), n = lower(name);
-  if (p.find_first_of("*?[") != std::string::npos) {
-    return ::fnmatch(p.c_str(), n.c_str(), 0) == 0;
+  const std::string n = lower(name);
+  // A comma-separated list: any of its patterns (case names hold no comma).
+  for (size_t start = 0; start <= pattern.size();) {
+    const size_t comma = std::min(pattern.find(',', start), pattern.size());
+    const std::string p = lower(pattern.substr(start, comma - start));
+    start = comma + 1;
+    if (p.empty()) continue;
+    if (p.find_first_of("*?[") != std::string::npos) {
+      if (::fnmatch(p.c_str(), n.c_str(), 0) == 0) return true;
+    } else if (n.find(p) != std::string::npos) {
+      return true;
+    }
   }
-  return n.find(p) != std::string::npos;
+  return false;
 }
 
 bool selected_by(std::string_view only, std::string_view skip, std::string_view name) {

@@ -135,6 +135,13 @@ std::optional<sdk::Error> paused_or_gone(const std::string& id, const std::strin
   }
 }
 
+// A command that ended while its sandbox was being closed through this handle: the sandbox is gone,
+// and so is the command's result (its end is the close's kill, or the connection's).
+sdk::Error closed_under(const OpenSandbox& box) {
+  return sdk::Error::not_found("OpenSandbox sandbox " + box.id() +
+                               " was closed while the command ran");
+}
+
 // A transfer's sandbox path, resolved (docs/sandbox-semantics.md): a relative one is relative
 // to the spec's workdir; without a workdir execd resolves it against its own directory. A ".."
 // above "/" is refused here: execd would clamp it.
@@ -513,13 +520,18 @@ void OpenSandboxProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   check_not_paused(box);
   const CommandRequest command = command_for(box, request);
   sdk::OutputSink* out = &done.output();
+  // The handle outlives the operation (the host releases a sandbox with nothing pending).
+  const OpenSandbox* handle = &box;
   const sdk::CancelToken cancel = done.cancel_token();
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
   execd_.start(
       box.execd(), box.id(), command,
       [out](sdk::StdStream stream, std::string_view text) { out->write(stream, text); },
-      [this, completion, id = box.id(), cancel](const CommandOutcome* outcome,
-                                                const sdk::Error* error) {
+      [this, completion, handle, id = box.id(), cancel](const CommandOutcome* outcome,
+                                                        const sdk::Error* error) {
+        if (handle->closing() && !cancel.stop_requested()) {
+          return completion->fail(closed_under(*handle));
+        }
         if (outcome) return completion->succeed(outcome->status);
         if (!is_backend_502(*error) || cancel.stop_requested()) return completion->fail(*error);
         // The sandbox may have died of memory: its status says so for a few seconds.
@@ -540,12 +552,20 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
   check_not_paused(box);
-  return execd_
-      .run(
-          box.execd(), box.id(), command_for(box, request),
-          [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); }, cancel,
-          sandbox_check(box.id()))
-      .status;
+  try {
+    const sdk::ExitStatus status =
+        execd_
+            .run(
+                box.execd(), box.id(), command_for(box, request),
+                [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); },
+                cancel, sandbox_check(box.id()))
+            .status;
+    if (box.closing()) throw closed_under(box);
+    return status;
+  } catch (const sdk::Error& e) {
+    if (box.closing() && !cancel.stop_requested()) throw closed_under(box);
+    throw;
+  }
 }
 
 void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
@@ -608,6 +628,7 @@ void OpenSandboxProvider::resume(sdk::Sandbox& sandbox, const sdk::CancelToken& 
 }
 
 void OpenSandboxProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) {
+  as_box(sandbox).set_closing();
   as_box(sandbox).terminals().clear();  // their attachments end (NOT_FOUND) first
   remove_sandbox(sandbox.id(), cancel);
 }

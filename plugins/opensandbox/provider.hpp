@@ -41,6 +41,10 @@ class OpenSandbox final : public sdk::Sandbox {
   // THREADING: thread-safe.
   bool paused() const noexcept { return paused_.load(); }
   void set_paused(bool paused) noexcept { paused_.store(paused); }
+  // Whether this handle's close has begun: a command still running then ends with NOT_FOUND
+  // (docs/sandbox-semantics.md, "Closed and gone sandboxes"), whatever execd reports of it.
+  bool closing() const noexcept { return closing_.load(); }
+  void set_closing() noexcept { closing_.store(true); }
   // The terminals this handle opened or took up (execd's /pty). THREADING: thread-safe.
   sdk::ExecdTerminals& terminals() noexcept { return terminals_; }
 
@@ -49,6 +53,7 @@ class OpenSandbox final : public sdk::Sandbox {
   std::optional<std::string> workdir_;
   std::vector<uint16_t> ports_;
   std::atomic<bool> paused_{false};
+  std::atomic<bool> closing_{false};
   sdk::ExecdTerminals terminals_;
 };
 

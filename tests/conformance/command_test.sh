@@ -61,12 +61,17 @@ cat "$work/skip.out"
 ! grep -q '^exec\.[a-s]' "$work/skip-list" || fail "--list listed a skipped case"
 while read -r name; do has "$work/skip.out" " $name "; done < "$work/skip-list"
 lacks "$work/skip.out" "exec.cancel"
+# Several patterns, separated by commas: the cases any of them selects.
+"$sbx" conformance --list --only 'exec.cwd,files.dot*' --skip 'x.none,files.dot-dot' | cut -f1 \
+  > "$work/comma-list"
+[ "$(tr '\n' ' ' < "$work/comma-list")" = "exec.cwd " ] ||
+  fail "--only 'exec.cwd,files.dot*' --skip 'x.none,files.dot-dot' listed: $(cat "$work/comma-list")"
 
 # A random order from a seed runs every selected case, in another order than the suite's.
 "$sbx" conformance --plugin-dir "$plugins" --provider test_processes --only 'exec.*' \
   --seed 7 > "$work/seed.out" 2>&1 || fail "--seed 7 exited $?"
 cat "$work/seed.out"
-has "$work/seed.out" "9 passed, 0 failed, 1 not offered"
+has "$work/seed.out" "11 passed, 0 failed, 1 not offered"
 "$sbx" conformance --list --only 'exec.*' | cut -f1 > "$work/suite-order"
 grep -E '^(ok|not offered) ' "$work/seed.out" | sed 's/^not offered /not-offered /' |
   awk '{print $2}' > "$work/seed-order"

@@ -10,8 +10,8 @@
 # Each mode gets a server of its own (with_server.sh). Failures of the cases the OpenSandbox
 # protocol cannot pass are reported as limits, not failures (tests/opensandbox/conformance_test.sh
 # says why): exec.output and files.startup (execd's line events cannot tell a last line without a
-# newline from one with it), lifecycle.ttl (the server refuses TTLs under 60 s; not run, it can
-# only fail: run_suite.sh skips it). Any other failed
+# newline from one with it), lifecycle.ttl and exec.sandbox-expired (the server refuses TTLs
+# under 60 s; not run, they can only fail: run_suite.sh skips them). Any other failed
 # case, a "check failed:" line, a gate that fails or a suite that could not run fails the test.
 # Results: WORK_DIR/results/{direct,proxy}.{out,junit.xml,json}, server logs in WORK_DIR/{mode}/.
 # SBX_REALSERVER_MODES (default "direct proxy") picks the modes.

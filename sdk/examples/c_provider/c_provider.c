@@ -14,11 +14,14 @@
  *   - Every start function copies what it needs from its BORROWED arguments and returns at once;
  *     the work runs on a thread of its own, and on_complete is called EXACTLY ONCE.
  *   - Cancellation works for real: a cancelled exec kills its command within milliseconds.
- *   - A sandbox that is gone (closed, expired) answers NOT_FOUND to exec, upload and download,
- *     STOPPED to status, and success to close.
+ *   - A sandbox that is gone (closed, expired, its directory removed) answers NOT_FOUND to exec,
+ *     upload and download, STOPPED to status, and success to close. An exec still running when its
+ *     sandbox goes ends then: its command is killed and the exec completes with NOT_FOUND, not
+ *     with a result (it checks at least every GONE_POLL_MS).
  *   - Honest declarations: `user` is not offered (UNIMPLEMENTED), no extension is offered, and a
  *     TTL is kept by a watchdog process in a session of its own (`sleep TTL; rm -rf DIR`), so it
- *     holds when the host process is gone; close stops the watchdog.
+ *     holds when the host process is gone; close stops the watchdog. While the host process lives
+ *     the sandbox is gone from its expiry on, even before the watchdog has removed it.
  *
  * Threads: every operation but status runs on a joinable thread of its own. A finished thread is
  * joined by the next start call or by destroy, so that when destroy returns no thread of this
@@ -38,13 +41,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +65,7 @@
 #define MAX_TIMEOUT_MS (100LL * 24 * 3600 * 1000) /* deadline arithmetic never overflows */
 #define CHUNK 65536                               /* bytes moved per read */
 #define MESSAGE_MAX 512                           /* an error message; longer ones are cut */
+#define GONE_POLL_MS 200                          /* a running exec checks its sandbox this often */
 
 /* ---- Small helpers -------------------------------------------------------------------------- */
 
@@ -275,6 +279,7 @@ typedef struct sandbox_state {
   char* dir;             /* its host directory, also its id */
   char* workdir;         /* absolute sandbox path, "/" when the spec had none */
   env_list env;          /* the spec's env */
+  int64_t expires_ms;    /* the TTL's expiry on now_ms()'s clock; INT64_MAX: no TTL */
   pthread_mutex_t mutex; /* guards the fields below */
   bool closed;
   pid_t watchdog; /* the TTL watchdog, or 0 */
@@ -292,17 +297,23 @@ static void sandbox_free(sandbox_state* s) {
   free(s);
 }
 
-/* Gone: closed through this handle, or its directory removed (expired, closed elsewhere). */
-static bool sandbox_gone(sandbox_state* s) {
+/* NULL while the sandbox exists; once it is gone, how it went (for messages: "sandbox X was
+ * closed"): closed through this handle, its TTL passed, or its directory removed (by the TTL's
+ * watchdog, or by anyone else). */
+static const char* sandbox_gone(const provider_state* p, sandbox_state* s) {
   pthread_mutex_lock(&s->mutex);
   const bool closed = s->closed;
   pthread_mutex_unlock(&s->mutex);
   struct stat st;
-  return closed || stat(s->dir, &st) != 0 || !S_ISDIR(st.st_mode);
+  if (closed) return "was closed";
+  if (now_ms(p) >= s->expires_ms) return "has expired";
+  if (stat(s->dir, &st) != 0 || !S_ISDIR(st.st_mode)) return "was removed";
+  return NULL;
 }
 
-/* Records a command's process group; false (and the group is killed) once the sandbox is closed. */
-static bool sandbox_track(sandbox_state* s, pid_t group) {
+/* Records a command's process group, for close to kill. Once the sandbox is closed it kills the
+ * group at once instead (the exec then finds its sandbox gone). */
+static void sandbox_track(sandbox_state* s, pid_t group) {
   pthread_mutex_lock(&s->mutex);
   const bool closed = s->closed;
   if (!closed) {
@@ -311,7 +322,6 @@ static bool sandbox_track(sandbox_state* s, pid_t group) {
   }
   pthread_mutex_unlock(&s->mutex);
   if (closed) kill(-group, SIGKILL);
-  return !closed;
 }
 
 static void sandbox_untrack(sandbox_state* s, pid_t group) {
@@ -325,7 +335,9 @@ static void sandbox_untrack(sandbox_state* s, pid_t group) {
   pthread_mutex_unlock(&s->mutex);
 }
 
-/* Marks the sandbox closed, kills what runs in it and stops its TTL watchdog. */
+/* Marks the sandbox closed, kills what runs in it (its execs then complete with NOT_FOUND) and
+ * stops its TTL watchdog. The flag is set before the kill, so an exec whose output ends by it
+ * already sees its sandbox gone. */
 static void sandbox_mark_closed(sandbox_state* s) {
   pthread_mutex_lock(&s->mutex);
   s->closed = true;
@@ -606,9 +618,8 @@ static sbx_operation* launch(op* o, sbx_status status) {
 /* What every operation on a sandbox checks first. */
 static sbx_status require_sandbox(op* o) {
   if (!o->sandbox) return failf(o->message, SBX_STATUS_INVALID_ARGUMENT, "no sandbox given");
-  if (sandbox_gone(o->sandbox)) {
-    return failf(o->message, SBX_STATUS_NOT_FOUND, "sandbox %s is gone", o->sandbox->dir);
-  }
+  const char* gone = sandbox_gone(o->provider, o->sandbox);
+  if (gone) return failf(o->message, SBX_STATUS_NOT_FOUND, "sandbox %s %s", o->sandbox->dir, gone);
   return SBX_STATUS_OK;
 }
 
@@ -627,6 +638,7 @@ static sbx_status prepare_create(op* o, const sbx_spec* spec) {
   memset(s, 0, sizeof *s);
   s->c.struct_size = sizeof s->c;
   s->c.sandbox_data = s;
+  s->expires_ms = INT64_MAX; /* run_create sets it when there is a TTL */
   pthread_mutex_init(&s->mutex, NULL);
   if (spec->workdir.len && spec->workdir.data[0] != '/') {
     return failf(o->message, SBX_STATUS_INVALID_ARGUMENT, "workdir must be an absolute path");
@@ -666,8 +678,11 @@ static int write_startup_file(const sandbox_state* s, const startup_file* f) {
 }
 
 /* The TTL: a watchdog in a session of its own removes the directory at expiry, also when the
- * host process has gone; close kills it first. */
-static int start_watchdog(sandbox_state* s, int64_t ttl_ms) {
+ * host process has gone; close kills it first. The sandbox counts as gone from `expires_ms` on
+ * (the watchdog rounds up to whole seconds), so a running exec ends at the expiry itself. */
+static int start_watchdog(const provider_state* p, sandbox_state* s, int64_t ttl_ms) {
+  const int64_t now = now_ms(p);
+  s->expires_ms = ttl_ms < INT64_MAX - now ? now + ttl_ms : INT64_MAX;
   char seconds[32];
   snprintf(seconds, sizeof seconds, "%lld", (long long)((ttl_ms + 999) / 1000));
   char* argv[] = {
@@ -709,7 +724,8 @@ static sbx_status run_create(op* o) {
                      strerror(error));
     }
   }
-  if (status == SBX_STATUS_OK && o->ttl_ms >= 0 && (error = start_watchdog(s, o->ttl_ms)) != 0) {
+  if (status == SBX_STATUS_OK && o->ttl_ms >= 0 &&
+      (error = start_watchdog(o->provider, s, o->ttl_ms)) != 0) {
     status = failf(o->message, SBX_STATUS_CREATE_FAILED, "cannot start the TTL watchdog: %s",
                    strerror(error));
   }
@@ -771,19 +787,30 @@ static void deliver(op* o, int32_t stream, const uint8_t* data, size_t len) {
   }
 }
 
-enum stop { RAN, TIMED_OUT, CANCELLED };
+enum stop { RAN, TIMED_OUT, CANCELLED, GONE };
 
-/* Moves output until both pipes end, the timeout passes or a cancel arrives. The caller then kills
- * the command's process group, so a command that closed its output and went on is ended too. */
+/* Moves output until both pipes end, the timeout passes, a cancel arrives or the sandbox goes
+ * (GONE, with the message set). The caller then kills the command's process group, so a command
+ * that closed its output and went on is ended too. The sandbox is checked on every turn and after
+ * the output ends: close kills the command, and its output ending is then the sandbox going, not
+ * the command's result. The poll wakes at least every GONE_POLL_MS for it: a TTL passing or a
+ * removed directory makes no event on the pipes. */
 static enum stop pump(op* o, int pipes[2]) {
   const int64_t deadline = now_ms(o->provider) + o->timeout_ms;
   uint8_t chunk[CHUNK];
-  while (pipes[0] >= 0 || pipes[1] >= 0) {
+  for (;;) {
     if (atomic_load(&o->cancelled)) return CANCELLED;
+    const char* gone = sandbox_gone(o->provider, o->sandbox);
+    if (gone) {
+      failf(o->message, SBX_STATUS_NOT_FOUND, "sandbox %s %s while the command ran",
+            o->sandbox->dir, gone);
+      return GONE;
+    }
+    if (pipes[0] < 0 && pipes[1] < 0) return RAN;
     const int64_t left = deadline - now_ms(o->provider);
     if (left <= 0) return TIMED_OUT;
     struct pollfd fds[3] = {{pipes[0], POLLIN, 0}, {pipes[1], POLLIN, 0}, {o->wake[0], POLLIN, 0}};
-    if (poll(fds, 3, (int)(left < INT_MAX ? left : INT_MAX)) < 0) continue; /* EINTR */
+    if (poll(fds, 3, (int)(left < GONE_POLL_MS ? left : GONE_POLL_MS)) < 0) continue; /* EINTR */
     for (int i = 0; i < 2; ++i) {
       if (pipes[i] < 0 || !fds[i].revents) continue;
       const ssize_t n = read(pipes[i], chunk, sizeof chunk);
@@ -795,12 +822,13 @@ static enum stop pump(op* o, int pipes[2]) {
       }
     }
   }
-  return RAN;
 }
 
 /* The exec's outcomes (docs/abi/errors.md): a command that ran is a result with its exit status
  * (a non-zero one too); a timeout is 125/"timeout" with the output so far; a command the sandbox
- * could not start (e.g. a cwd that does not exist) is 125/"sandbox"; a cancel is CANCELLED. */
+ * could not start (e.g. a cwd that does not exist) is 125/"sandbox"; a cancel is CANCELLED; a
+ * sandbox that went while the command ran (closed, expired, removed) is NOT_FOUND, no result
+ * (docs/sandbox-semantics.md, "Closed and gone sandboxes"). */
 static sbx_status run_exec(op* o) {
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   pid_t pid = -1;
@@ -816,7 +844,8 @@ static sbx_status run_exec(op* o) {
   enum stop why = RAN;
   int status = 0;
   if (pid > 0) {
-    if (sandbox_track(o->sandbox, pid)) why = pump(o, pipes);
+    sandbox_track(o->sandbox, pid);
+    why = pump(o, pipes);
     kill(-pid, SIGKILL); /* nothing the command started outlives the exec */
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
@@ -825,6 +854,7 @@ static sbx_status run_exec(op* o) {
   if (pipes[0] >= 0) close(pipes[0]);
   if (pipes[1] >= 0) close(pipes[1]);
   if (why == CANCELLED) return failf(o->message, SBX_STATUS_CANCELLED, "exec cancelled");
+  if (why == GONE) return SBX_STATUS_NOT_FOUND; /* pump wrote the message */
   if (pid <= 0 || why == TIMED_OUT) {
     o->return_code = SBX_EXEC_RETURN_CODE_NO_PROCESS;
     o->error_type = pid <= 0 ? SBX_EXEC_ERROR_SANDBOX : SBX_EXEC_ERROR_TIMEOUT;
@@ -999,20 +1029,21 @@ static sbx_operation* SBX_ABI provider_download(sbx_provider* p, sbx_sandbox* sa
  * is STOPPED. */
 static sbx_operation* SBX_ABI provider_status(sbx_provider* p, sbx_sandbox* sandbox,
                                               const sbx_status_callbacks* cb) {
-  (void)p;
   if (!USABLE(cb, sbx_status_callbacks)) return NULL;
   if (!sandbox) {
     const sbx_error e = error_of(SBX_STATUS_INVALID_ARGUMENT, "no sandbox given");
     cb->on_complete(cb->user_data, SBX_SANDBOX_UNKNOWN, &e);
     return NULL;
   }
-  const bool gone = sandbox_gone((sandbox_state*)sandbox->sandbox_data);
+  const bool gone = sandbox_gone((const provider_state*)p->provider_data,
+                                 (sandbox_state*)sandbox->sandbox_data) != NULL;
   cb->on_complete(cb->user_data, gone ? SBX_SANDBOX_STOPPED : SBX_SANDBOX_RUNNING, NULL);
   return NULL;
 }
 
-/* Kills what runs in the sandbox at once; the op's thread removes the directory. Closing a
- * sandbox that is gone, or closing twice, is success. */
+/* Marks the sandbox closed and kills what runs in it at once (the execs under way complete with
+ * NOT_FOUND); the op's thread removes the directory. Closing a sandbox that is gone, or closing
+ * twice, is success. */
 static sbx_operation* SBX_ABI provider_close(sbx_provider* p, sbx_sandbox* sandbox,
                                              const sbx_done_callbacks* cb) {
   if (!USABLE(cb, sbx_done_callbacks)) return NULL;

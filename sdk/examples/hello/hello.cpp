@@ -6,9 +6,10 @@
 // host, a relative path is relative to the spec's workdir, and a path that would leave the
 // directory ("..") is refused; symbolic links are NOT resolved inside it (a link made by a command
 // leads a transfer anywhere, as the command itself can go anywhere; a provider that isolates must
-// do better: docs/sandbox-semantics.md, "Paths"). Commands start in the workdir (or the exec's cwd) with only the
-// spec's and the exec's environment (plus PATH and HOME). What the ABI asks of every provider
-// (paths, closed and gone sandboxes, cancellation, threading) is in docs/sandbox-semantics.md.
+// do better: docs/sandbox-semantics.md, "Paths"). Commands start in the workdir (or the exec's cwd)
+// with only the spec's and the exec's environment (plus PATH and HOME). What the ABI asks of every
+// provider (paths, closed and gone sandboxes, cancellation, threading) is in
+// docs/sandbox-semantics.md.
 //
 // The SDK's blocking adapter runs each method on a pool thread, several at once, also for one
 // sandbox; a method returns its result or throws sbx::sdk::Error, and the SDK completes the
@@ -16,6 +17,8 @@
 //   - `user` is not offered: an exec that names one fails with UNIMPLEMENTED;
 //   - a TTL is kept by a watchdog process (`sleep TTL; rm -rf DIR`) in a session of its own, so the
 //     sandbox ends on time also when the host process is gone; close stops the watchdog;
+//   - a command still running when its sandbox is closed or expires is killed, and its exec ends
+//     then with NOT_FOUND (the sandbox is gone), not with the kill's exit code;
 //   - no extension (pause, connect, list-reap, renew) is offered.
 #include <sbx/sdk/clock.hpp>
 #include <sbx/sdk/plugin.hpp>
@@ -99,7 +102,12 @@ class HelloSandbox : public Sandbox {
   // Every call but status and close starts here: a sandbox that is gone (closed, expired) is
   // NOT_FOUND.
   void require_alive() const {
-    if (closed_ || !fs::is_directory(dir)) throw Error::not_found("sandbox " + id() + " is gone");
+    if (gone()) throw Error::not_found("sandbox " + id() + " is gone");
+  }
+  // Closed, past its TTL (the watchdog may still be removing the directory), or removed.
+  bool gone() const {
+    return closed_ || (expires_at_ && std::chrono::steady_clock::now() >= *expires_at_) ||
+           !fs::is_directory(dir);
   }
   // Commands of this sandbox by process group, so that close can kill them.
   bool track(pid_t group) {
@@ -130,9 +138,10 @@ class HelloSandbox : public Sandbox {
     fs::remove_all(dir, ec);
     if (ec) throw Error::internal("removing " + dir.string() + ": " + ec.message());
   }
-  void set_watchdog(pid_t pid) {
+  void set_watchdog(pid_t pid, std::chrono::steady_clock::time_point expires_at) {
     std::lock_guard lock(mutex_);
     watchdog_ = pid;
+    expires_at_ = expires_at;  // set once, at create, before any exec reads it
   }
 
   const fs::path dir;
@@ -144,6 +153,7 @@ class HelloSandbox : public Sandbox {
   std::atomic<bool> closed_ = false;
   std::set<pid_t> groups_;
   pid_t watchdog_ = -1;
+  std::optional<std::chrono::steady_clock::time_point> expires_at_;  // the watchdog's moment
 };
 
 class HelloProvider : public BlockingProvider {
@@ -205,15 +215,21 @@ class HelloProvider : public BlockingProvider {
     std::optional<std::stop_callback<std::function<void()>>> on_cancel;
     if (pid > 0) on_cancel.emplace(cancel, [&] { (void)!::write(wake[1], "x", 1); });
 
-    // Forward output as it arrives until both pipes end, the timeout passes or a cancel comes;
-    // then the process group is killed (a command that closed its output and went on ends too).
+    // Forward output as it arrives until both pipes end, the timeout passes, a cancel comes or
+    // the sandbox goes (closed, expired); then the process group is killed (a command that closed
+    // its output and went on ends too).
     const auto deadline = Clock::now() + req.timeout.value_or(std::chrono::minutes(10));
     bool timed_out = false;
+    bool sandbox_gone = false;
     pollfd fds[3] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}, {wake[0], POLLIN, 0}};
     while (pid > 0 && (fds[0].fd >= 0 || fds[1].fd >= 0) && !cancel.stop_requested()) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
         timed_out = true;
+        break;
+      }
+      if (box.gone()) {
+        sandbox_gone = true;
         break;
       }
       // At most 100 ms at a time: a fake clock moves without waking the poll.
@@ -241,6 +257,10 @@ class HelloProvider : public BlockingProvider {
       if (fd >= 0) ::close(fd);
     if (pid <= 0) return ExitStatus::sandbox_failure();
     if (cancel.stop_requested()) throw Error::cancelled("exec cancelled");
+    // Closed while it ran (close killed it, so its pipes ended) or expired: the sandbox is gone.
+    if (sandbox_gone || box.gone()) {
+      throw Error::not_found("sandbox " + box.id() + " went away while the command ran");
+    }
     if (timed_out) return ExitStatus::timed_out();
     return ExitStatus::exited(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
@@ -325,7 +345,7 @@ class HelloProvider : public BlockingProvider {
                             {"PATH=/usr/bin:/bin"}, nullptr, devnull, devnull);
     ::close(devnull);
     if (pid <= 0) throw Error::create_failed("cannot start the TTL watchdog");
-    box.set_watchdog(pid);
+    box.set_watchdog(pid, std::chrono::steady_clock::now() + std::chrono::seconds(seconds));
   }
 
   Logger log_;

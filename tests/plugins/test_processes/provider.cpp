@@ -15,9 +15,10 @@
 //
 // TTL and sbx.renew/1: the expiry is kept in /.sbx-meta and enforced by whoever looks next: a call
 // on a sandbox past its expiry (status, exec, a transfer, connect) ends it first and answers as for
-// a sandbox that is gone. A tests-only shortcut: nothing ends an expired sandbox while no process
-// uses this provider. Commands run as the host's user: an exec with another `user` is
-// UNIMPLEMENTED.
+// a sandbox that is gone; a command still running at the expiry is ended then, its exec with
+// NOT_FOUND, as one running when the sandbox is closed. A tests-only shortcut: nothing ends an
+// expired sandbox while no process uses this provider. Commands run as the host's user: an exec
+// with another `user` is UNIMPLEMENTED.
 //
 // ABI 1.2: sbx.session/1 through sdk::ShellSessions (over this provider's exec); sbx.pty/1 with
 // host processes on pseudo-terminals (terminal.hpp), kept by this provider object and reachable
@@ -292,6 +293,12 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   });
   const auto deadline = Clock::now() + timeout;
   bool timed_out = false, cancelled = false;
+  // The sandbox's expiry is checked at least this often while the command runs (renew may move
+  // it); passing it ends the sandbox, whose close kills the command.
+  constexpr int kExpiryCheckMs = 200;
+  const auto wait_bound = [&](int ms) {
+    return sandbox.expires_at_unix_ms() > 0 ? std::min(ms, kExpiryCheckMs) : ms;
+  };
   std::optional<Clock::time_point> drain_until;  // after a kill, stop waiting for stray holders
   char buffer[65536];
   while (out_r.fd >= 0 || err_r.fd >= 0) {
@@ -302,11 +309,12 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
       drain_until = now + std::chrono::seconds(2);
     }
     if (drain_until && now >= *drain_until) break;
+    sandbox.expire_if_due();
     const auto limit = drain_until ? *drain_until : deadline;
-    const int wait_ms = static_cast<int>(
+    const int wait_ms = wait_bound(static_cast<int>(
         std::max<int64_t>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(limit - now).count()) +
-        1);
+        1));
     pollfd fds[3] = {{out_r.fd, POLLIN, 0}, {err_r.fd, POLLIN, 0}, {wake.fd, POLLIN, 0}};
     if (::poll(fds, 3, wait_ms) < 0 && errno != EINTR) break;
     if (fds[2].revents & POLLIN) cancelled = true;
@@ -333,8 +341,10 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
         timed_out = true;
         break;
       }
-      const int wait_ms = static_cast<int>(std::min<int64_t>(
-          1000, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1));
+      if (sandbox.expire_if_due() || sandbox.closed()) break;  // killed with the sandbox
+      const int wait_ms = wait_bound(static_cast<int>(std::min<int64_t>(
+          1000,
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1)));
       pollfd fds[2] = {{exited.fd, POLLIN, 0}, {wake.fd, POLLIN, 0}};
       if (::poll(fds, 2, wait_ms) < 0 && errno != EINTR) break;
       if (fds[1].revents & POLLIN) {
@@ -352,6 +362,10 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   }
   sandbox.untrack(pid);
   if (cancelled) throw Error::cancelled("exec cancelled");
+  // Closed (through any handle) or expired while it ran: the sandbox is gone, and so is the result.
+  if (sandbox.closed() || !fs::exists(sandbox.dir())) {
+    throw Error::not_found("sandbox " + sandbox.id() + " went away while the command ran");
+  }
   if (timed_out) return sdk::ExitStatus::timed_out();
   if (WIFEXITED(status)) return sdk::ExitStatus::exited(WEXITSTATUS(status));
   return sdk::ExitStatus::exited(128 + WTERMSIG(status));
