@@ -76,11 +76,15 @@ constexpr std::size_t kMaxBashSessions = 256;  // POST /session beyond: 429 TOO_
 constexpr const char* kDefaultPath =
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 // Keys of the agent's own timers in the timer set: connections and commands take keys counting up
-// from 1, so these two cannot collide with them.
+// from 1, so these cannot collide with them.
 constexpr uint64_t kExpiryTimer = UINT64_MAX;     // the expiry check
 constexpr uint64_t kGraceTimer = UINT64_MAX - 1;  // SIGKILL to an entrypoint that outlived SIGTERM
+constexpr uint64_t kDrainTimer = UINT64_MAX - 2;  // the stop after the expiry, drained or not
 constexpr int64_t kExpiryRetryMs = 1000;  // an unreadable expiry file, once expired: read again
 constexpr int kExpiryRetries = 2;         // ... this many times before the last expiry seen counts
+// After the expiry, how long the agent that stops may take to send the ends of the commands it
+// killed (their clients learn that the sandbox expired, not that the agent vanished).
+constexpr int64_t kExpiryDrainMs = 2000;
 // What the agent forwards to the entrypoint's process group (what a container's PID 1 is sent).
 constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
@@ -123,12 +127,18 @@ std::string text_event(std::string_view type, std::string_view text) {
   return e;
 }
 
-std::string error_event(std::string_view evalue, std::string_view traceback) {
+// `more`, when not empty, is a second line of the traceback (execd's has one).
+std::string error_event(std::string_view evalue, std::string_view traceback,
+                        std::string_view more = {}) {
   std::string e =
       "{\"type\":\"error\"" + stamp() + ",\"error\":{\"ename\":\"CommandExecError\",\"evalue\":";
   json::append_string(e, evalue);
   e += ",\"traceback\":[";
   json::append_string(e, traceback);
+  if (!more.empty()) {
+    e += ',';
+    json::append_string(e, more);
+  }
   e += "]}}\n\n";
   return e;
 }
@@ -376,6 +386,7 @@ struct Command {
   uid_t uid = 0;        // who it runs as
   gid_t gid = 0;
   bool timed_out = false;  // killed because its timeout passed
+  bool expired = false;    // killed because the sandbox expired while it ran
   bool paused = false;
   uint64_t conn = 0;  // the streaming connection, 0 when none
   int log_fd = -1;
@@ -523,7 +534,7 @@ class Server {
   void pty_status(Connection& c, const std::string& id);
   void pty_delete(Connection& c, const std::string& id);
   void pty_attach(Connection& c, const std::string& id);
-  void remove_session(Session& s);
+  void remove_session(Session& s, std::string_view reason = "session deleted");
   std::optional<std::string> spawn_session(Session& s);
   void on_session_fd(Session& s, int stream, uint32_t events);
   void read_session(Session& s, int stream, std::size_t budget);
@@ -553,6 +564,12 @@ class Server {
   void signal_entrypoint(int sig);
   void check_expiry();
   void expire();
+  /// Stops once the ends of the commands killed at the expiry are written (drained()), at most
+  /// kExpiryDrainMs from now.
+  void stop_when_drained();
+  bool drained() const;
+  /// The expiry as the end of a command that it cut short says it (finish()).
+  std::string expired_text() const;
 
   Options opt_;
   std::optional<Identity> entry_user_;
@@ -562,7 +579,8 @@ class Server {
   int64_t expiry_ = 0;  // the last expiry seen (Unix seconds), 0 none yet
   int expiry_retries_ = 0;
   bool expired_ = false;
-  rlimit nofile_{};  // RLIMIT_NOFILE as the agent found it, given back to the entrypoint
+  bool draining_ = false;  // stopping after the expiry, once drained()
+  rlimit nofile_{};        // RLIMIT_NOFILE as the agent found it, given back to the entrypoint
   bool nofile_raised_ = false;
   int epfd_ = -1;
   int sigfd_ = -1;
@@ -823,6 +841,7 @@ void Server::loop() {
     for (uint64_t key : dead_conns_)
       conns_.erase(key);
     dead_conns_.clear();
+    if (draining_ && drained()) stop_ = true;
   }
 }
 
@@ -1103,6 +1122,12 @@ void Server::handle(Connection& c) {
           "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
     return;
   }
+  // An expired sandbox is gone: it starts, shows and transfers nothing more, in the moment before
+  // the agent stops (or, with an entrypoint, during its stop grace).
+  if (expired_ && !is_ping) {
+    reply_error(c, 410, "SANDBOX_EXPIRED", expired_text());
+    return;
+  }
   auto method_not_allowed = [&] {
     reply_error(c, 405, "NOT_SUPPORTED", "method " + r.method + " is not allowed on " + r.path);
   };
@@ -1214,6 +1239,10 @@ void Server::begin_upload(Connection& c) {
   };
   if (!authorized(c.req)) {
     refuse(401, "{\"error\":\"Unauthorized: invalid or missing header X-EXECD-ACCESS-TOKEN\"}");
+    return;
+  }
+  if (expired_) {
+    refuse(410, error_body("SANDBOX_EXPIRED", expired_text()));
     return;
   }
   const std::string* type = c.req.header("content-type");
@@ -2013,7 +2042,13 @@ void Server::on_exit(pid_t pid, int status) {
     entry_running_ = false;
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status)
                                    : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    stop_ = true;  // as a container ends with its main process
+    // As a container ends with its main process; after the expiry, once the ends of the commands
+    // it killed are sent (they may be reaped in the same batch as the entrypoint).
+    if (expired_) {
+      stop_when_drained();
+    } else {
+      stop_ = true;
+    }
     return;
   }
   const auto it = pids_.find(pid);
@@ -2043,7 +2078,11 @@ void Server::finish(Command& cmd, int status) {
   close_fd(cmd.log_fd);
   cmd.finished_ns = real_ns();
   const int64_t elapsed = mono_ms() - cmd.started_ms;
+  // A command the expiry cut short (expire()) ends as a killed one does, and says why: frames
+  // with "sandbox_expired", execd's error event with a second line of traceback.
+  const std::string expired = cmd.expired ? expired_text() : std::string();
   std::string event;
+  std::string end;  // the frames' end, without its closing brace
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
     cmd.exit_code = code;
@@ -2051,18 +2090,19 @@ void Server::finish(Command& cmd, int status) {
       event = complete_event(elapsed);
     } else {
       cmd.error = "exit status " + std::to_string(code);
-      event = error_event(std::to_string(code), *cmd.error);
+      event = error_event(std::to_string(code), *cmd.error, expired);
     }
-    if (cmd.frames) event = frame('x', "{\"exit_code\":" + std::to_string(code) + "}");
+    end = "{\"exit_code\":" + std::to_string(code);
   } else {
     cmd.exit_code = -1;
     const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     cmd.error = signal_text(sig);
-    event = error_event("-1", *cmd.error);
-    if (cmd.frames) {
-      event = frame('x', "{\"signal\":" + std::to_string(sig) +
-                             (cmd.timed_out ? ",\"timed_out\":true}" : "}"));
-    }
+    event = error_event("-1", *cmd.error, expired);
+    end = "{\"signal\":" + std::to_string(sig) + (cmd.timed_out ? ",\"timed_out\":true" : "");
+  }
+  if (cmd.frames) {
+    if (cmd.expired) end += ",\"sandbox_expired\":" + std::to_string(expiry_);
+    event = frame('x', end + "}");
   }
   if (Connection* c = conn_of(cmd.conn)) {
     emit(cmd, event);
@@ -2115,6 +2155,10 @@ void Server::run_timers() {
     }
     if (key == kGraceTimer) {
       if (entry_running_) signal_entrypoint(SIGKILL);
+      continue;
+    }
+    if (key == kDrainTimer) {
+      stop_ = true;
       continue;
     }
     if (Session* s = session_of(key)) {  // its outputs did not end in time after the exit
@@ -2340,7 +2384,7 @@ void Server::pty_delete(Connection& c, const std::string& id) {
   reply(c, 200, "", "");
 }
 
-void Server::remove_session(Session& s) {
+void Server::remove_session(Session& s, std::string_view reason) {
   if (s.running && s.pid > 0) {
     if (!s.exited) {  // once reaped (draining its last output), its pid may be another's
       ::kill(-s.pid, SIGKILL);
@@ -2348,7 +2392,7 @@ void Server::remove_session(Session& s) {
     }
     kill_tagged(s.id);  // what left its group: bash puts each job in a group of its own
   }
-  if (Connection* c = conn_of(s.conn)) ws_close(*c, 1000, "session deleted");
+  if (Connection* c = conn_of(s.conn)) ws_close(*c, 1000, reason);
   for (int i = 0; i < 3; ++i) {
     unwatch(s.tokens[i], s.fds[i]);
     close_fd(s.fds[i]);
@@ -2997,18 +3041,56 @@ void Server::check_expiry() {
   timers_.emplace(mono_ms() + std::max<int64_t>(wait, 1), kExpiryTimer);
 }
 
+// The sandbox is gone from now on, whatever still has to stop: what runs in it is killed at once
+// (a command's stream ends with the expiry's end, see finish(); a PTY session's socket is closed),
+// transfers under way are cut (an upload leaves nothing), every new request but GET /ping is
+// answered 410 (handle()). Then the agent stops once the ends are sent, or the entrypoint gets
+// SIGTERM and the agent stops when it has exited.
 void Server::expire() {
   expired_ = true;
+  for (auto& [key, cmd] : commands_) {
+    if (!cmd->running) continue;
+    cmd->expired = true;
+    kill_group(*cmd);
+    schedule(*cmd);
+  }
+  std::vector<Session*> sessions;
+  for (auto& [key, s] : sessions_)
+    sessions.push_back(s.get());
+  for (Session* s : sessions)
+    remove_session(*s, "sandbox expired");
+  for (auto& [key, c] : conns_)
+    if (!c->dead && (c->upload || c->download)) close_conn(*c);
   if (!entry_running_) {
     std::fprintf(stderr, "sbx-agent: the sandbox expired (at %lld): stopping\n",
                  static_cast<long long>(expiry_));
-    stop_ = true;
+    stop_when_drained();
     return;
   }
   std::fprintf(stderr, "sbx-agent: the sandbox expired (at %lld): SIGTERM to the entrypoint\n",
                static_cast<long long>(expiry_));
   signal_entrypoint(SIGTERM);
   timers_.emplace(mono_ms() + opt_.stop_grace_ms, kGraceTimer);
+}
+
+void Server::stop_when_drained() {
+  if (draining_) return;
+  draining_ = true;
+  timers_.emplace(mono_ms() + kExpiryDrainMs, kDrainTimer);
+}
+
+// Every command killed at the expiry has ended and its end is written (a client that does not
+// read keeps it from that until kExpiryDrainMs). Downloads and PTY sockets were cut already.
+bool Server::drained() const {
+  for (const auto& [key, cmd] : commands_)
+    if (cmd->running && cmd->conn) return false;
+  for (const auto& [key, c] : conns_)
+    if (!c->dead && c->pending() > 0) return false;
+  return true;
+}
+
+std::string Server::expired_text() const {
+  return "the sandbox expired at " + std::to_string(expiry_) + " (Unix seconds)";
 }
 
 // ---------------------------------------------------------------------------------------------

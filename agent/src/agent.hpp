@@ -36,8 +36,10 @@ struct Options {
 };
 
 /// Serves until it stops, then kills the running commands' process groups, removes its unix
-/// sockets and its state, and returns the exit code. Without an entrypoint it stops on SIGTERM or
-/// SIGINT, or when the expiry passes, and returns 0. With one, SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+/// sockets and its state, and returns the exit code. When the expiry passes, the running commands
+/// are killed at once (a streamed one's end says that the sandbox expired) and every later request
+/// but GET /ping is answered 410. Without an entrypoint it stops on SIGTERM or SIGINT, or once the
+/// expiry's ends are sent, and returns 0. With one, SIGTERM, SIGINT, SIGHUP, SIGQUIT,
 /// SIGUSR1 and SIGUSR2 are forwarded to the entrypoint's process group, the expiry sends it SIGTERM
 /// (SIGKILL `stop_grace_ms` later), and the agent stops when the entrypoint exits, returning its
 /// exit code, or 128 + the signal that killed it. Other exit codes: 1 when it could not start, 2

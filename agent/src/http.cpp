@@ -250,6 +250,8 @@ const char* reason(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 410:
+      return "Gone";
     case 411:
       return "Length Required";
     case 413:

@@ -1761,6 +1761,121 @@ TEST_CASE("at the expiry the entrypoint gets SIGTERM, then SIGKILL after --stop-
   }
 }
 
+namespace {
+
+// The pid a command wrote (`echo $$ > PATH`), once it has: the command is running.
+pid_t pid_in(const std::string& path) {
+  std::string text;
+  wait_until([&] {
+    text = read_file(path);
+    return text.ends_with("\n");
+  });
+  return std::stoi(text);
+}
+
+std::vector<std::string> traceback_of(const json::Value& e) {
+  std::vector<std::string> out;
+  const json::Value* err = e.find("error");
+  if (const json::Value* t = err ? err->find("traceback") : nullptr)
+    for (const auto& line : t->items)
+      out.push_back(line.text);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("at the expiry running commands end at once, saying so; then the agent stops") {
+  TempDir dir;
+  const int64_t expires = ::time(nullptr) + 2;
+  Agent agent(dir, {"--expires-at", std::to_string(expires)});
+  // Frames (local_docker's) and execd's events, each with a child outside its process group (its
+  // tag finds it), each writing its pids.
+  auto command = [&](const std::string& name) {
+    return command_body("setsid sleep 30 & echo $! > " + dir.path + "/" + name +
+                        ".child; echo $$ > " + dir.path + "/" + name + ".pid; exec sleep 30");
+  };
+  Client frames(agent.socket);
+  frames.send_request("POST", "/command", command("frames"),
+                      {"Accept: application/vnd.sbx.frames"});
+  Client events(agent.socket);
+  start(events, command("events"));
+  std::vector<std::pair<int, pid_t>> watched;
+  for (const char* name : {"frames", "events"}) {
+    for (const char* what : {".pid", ".child"}) {
+      const pid_t pid = pid_in(dir.path + "/" + name + what);
+      watched.emplace_back(pidfd_open(pid), pid);
+    }
+  }
+
+  // The end is the killed command's, with the expiry: frames add "sandbox_expired", execd's error
+  // event (still valid for its clients: evalue -1, "signal: killed") a second traceback line.
+  const Response r = frames.read_response();
+  CHECK(r.status == 200);
+  const auto got = frames_of(r.body);
+  REQUIRE(!got.empty());
+  CHECK(got.back() == std::pair<char, std::string>{'x', "{\"signal\":9,\"sandbox_expired\":" +
+                                                            std::to_string(expires) + "}"});
+  const auto rest_events = rest(events);
+  REQUIRE(!rest_events.empty());
+  CHECK(type_of(rest_events.back()) == "error");
+  CHECK(evalue_of(rest_events.back()) == "-1");
+  CHECK(traceback_of(rest_events.back()) ==
+        std::vector<std::string>{
+            "signal: killed",
+            "the sandbox expired at " + std::to_string(expires) + " (Unix seconds)"});
+  CHECK(real_ms() >= expires * 1000);
+  CHECK(real_ms() < (expires + 2) * 1000);  // at the expiry, not at the command's end
+  for (auto [fd, pid] : watched)
+    expect_dies(fd, pid);
+  const auto status = agent.wait_exit(10000);
+  REQUIRE(status);
+  CHECK(code_of_status(*status) == 0);
+  CHECK(::access(agent.socket.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("after the expiry, in the entrypoint's grace: 410 but for /ping, transfers cut") {
+  TempDir dir;
+  const int64_t expires = ::time(nullptr) + 2;
+  Agent agent(dir, {"--expires-at", std::to_string(expires), "--stop-grace-ms", "3000", "--", "sh",
+                    "-c", "trap '' TERM; while :; do sleep 0.05; done"});
+  Client running(agent.socket);
+  running.send_request("POST", "/command", command_body("sleep 30"),
+                       {"Accept: application/vnd.sbx.frames"});
+  // An upload whose body has not all arrived: its temp file is there.
+  const std::string body = multipart({{meta(dir.path + "/up"), std::string(200000, 'u')}});
+  Client uploading(agent.socket);
+  uploading.send_raw(upload_head(body.size()) + body.substr(0, body.size() / 2));
+  wait_until([&] { return upload_temps(dir.path) == 1; });
+
+  const Response r = running.read_response();  // at the expiry, not at the grace's end
+  CHECK(real_ms() < (expires + 2) * 1000);
+  REQUIRE(!frames_of(r.body).empty());
+  CHECK(frames_of(r.body).back() ==
+        std::pair<char, std::string>{
+            'x', "{\"signal\":9,\"sandbox_expired\":" + std::to_string(expires) + "}"});
+  // The entrypoint ignores SIGTERM: the agent still serves, but the sandbox is gone.
+  CHECK(!agent.wait_exit(0));
+  CHECK(uploading.at_eof());
+  CHECK(upload_temps(dir.path) == 0);
+  CHECK(!fs::exists(dir.path + "/up"));
+  Client late(agent.socket);
+  CHECK(late.request("GET", "/ping").status == 200);
+  const Response refused = late.request("POST", "/command", command_body("echo late"));
+  CHECK(refused.status == 410);
+  const json::Value answer = parse(refused.body);
+  REQUIRE(answer.find("code"));
+  CHECK(answer.find("code")->text == "SANDBOX_EXPIRED");
+  CHECK(answer.find("message")->text ==
+        "the sandbox expired at " + std::to_string(expires) + " (Unix seconds)");
+  CHECK(late.request("GET", "/files/info?path=/").status == 410);
+  CHECK(late.request("POST", "/session", "{}").status == 410);
+  CHECK(upload(late, multipart({{meta(dir.path + "/late"), "x"}})).status == 410);
+  CHECK(!fs::exists(dir.path + "/late"));
+  const auto status = agent.wait_exit(10000);
+  REQUIRE(status);
+  CHECK(code_of_status(*status) == 128 + SIGKILL);
+}
+
 // In every preset: the binary local_docker puts into containers is never the sanitized one.
 TEST_CASE("sbx-agent is one static executable") {
   FILE* p = ::popen("file -L " SBX_AGENT_STATIC_BIN, "r");

@@ -59,6 +59,15 @@ std::string json_field(const json::object& o, std::string_view key) {
   return v && v->is_string() ? std::string(v->as_string()) : std::string();
 }
 
+// The agent's error answer's message (its body's first bytes when it is not one).
+std::string json_message(const std::string& body) {
+  try {
+    return json_field(json::parse(body).as_object(), "message");
+  } catch (const std::exception&) {
+    return body.substr(0, 512);
+  }
+}
+
 }  // namespace
 
 std::string_view agent_program() noexcept {
@@ -202,7 +211,8 @@ namespace {
 // and by the cancellation hook (weakly).
 class AgentRun final : public std::enable_shared_from_this<AgentRun> {
  public:
-  AgentRun(sdk::OutputSink& out, AgentDoneFn done) : out_(out), done_(std::move(done)) {}
+  AgentRun(std::string sandbox, sdk::OutputSink& out, AgentDoneFn done)
+      : sandbox_(std::move(sandbox)), out_(out), done_(std::move(done)) {}
 
   void start(sdk::http::Client& http, sdk::http::Request request, const sdk::CancelToken& cancel) {
     auto self = shared_from_this();
@@ -264,6 +274,10 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
                              std::string("the sandbox's agent: ") + error->what(),
                              error->details()));
     }
+    if (response->status == 410) {  // expired before it could start: the sandbox is gone
+      return fail(sdk::Error::not_found("sandbox " + sandbox_ + " has expired (" +
+                                        json_message(error_body_) + ")"));
+    }
     if (response->status == 400) {
       // Refused before it started (a cwd, a user that does not exist): the command could not
       // run, as Docker's exec reports it.
@@ -287,6 +301,10 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
     }
     try {
       const json::object end = json::parse(*end_).as_object();
+      // Killed because the sandbox expired under it: no result, the sandbox is gone.
+      if (const auto* expired = end.if_contains("sandbox_expired")) {
+        return fail(sandbox_expired(sandbox_, expired->to_number<int64_t>()));
+      }
       if (const auto* code = end.if_contains("exit_code")) {
         return succeed(sdk::ExitStatus::exited(static_cast<int32_t>(code->to_number<int64_t>())));
       }
@@ -313,6 +331,7 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
     if (!finished_.exchange(true)) std::exchange(done_, {})(nullptr, &error);
   }
 
+  const std::string sandbox_;
   sdk::OutputSink& out_;
   AgentDoneFn done_;
   FrameParser parser_;
@@ -339,8 +358,9 @@ sdk::http::ClientOptions client_options() {
 
 AgentClient::AgentClient(sdk::Logger log) : log_(std::move(log)), http_(client_options()) {}
 
-void AgentClient::start(const std::string& socket, const ExecParams& command, sdk::OutputSink& out,
-                        AgentDoneFn done, const sdk::CancelToken& cancel) {
+void AgentClient::start(const std::string& socket, const std::string& sandbox,
+                        const ExecParams& command, sdk::OutputSink& out, AgentDoneFn done,
+                        const sdk::CancelToken& cancel) {
   json::object body;
   json::array argv;
   for (const auto& arg : command.argv)
@@ -366,7 +386,7 @@ void AgentClient::start(const std::string& socket, const ExecParams& command, sd
   request.idle_timeout = kIdleTimeout;
   if (command.timeout.count() > 0) request.timeout = command.timeout + kDeadlineSlack;
   request.idempotent = false;
-  const auto run = std::make_shared<AgentRun>(out, std::move(done));
+  const auto run = std::make_shared<AgentRun>(sandbox, out, std::move(done));
   run->start(http_, std::move(request), cancel);
 }
 
@@ -395,6 +415,9 @@ sdk::Error file_error(long status, const std::string& body, const std::string& w
   }
   const std::string text = what + ": " + message;
   if (status == 404) return sdk::Error::not_found(text);
+  // 410 SANDBOX_EXPIRED: the sandbox is gone, its agent about to stop.
+  if (status == 410)
+    return sdk::Error::not_found(what + ": the sandbox has expired (" + message + ")");
   if (message.find("ead-only file system") != std::string::npos) {
     return sdk::Error::failed_precondition(what + ": the file system there is read-only (" +
                                            message + ")");
@@ -403,15 +426,6 @@ sdk::Error file_error(long status, const std::string& body, const std::string& w
   return sdk::Error::internal(what + ": the sandbox's agent answered HTTP " +
                               std::to_string(status) + (code.empty() ? "" : " " + code) + ": " +
                               message);
-}
-
-// The agent's error answer's message (its body's first bytes when it is not one).
-std::string json_message(const std::string& body) {
-  try {
-    return json_field(json::parse(body).as_object(), "message");
-  } catch (const std::exception&) {
-    return body.substr(0, 512);
-  }
 }
 
 // Waits for `call` to end and gives its response; a transport error is `what`'s.

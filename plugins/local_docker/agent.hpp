@@ -79,25 +79,30 @@ class AgentClient {
   explicit AgentClient(sdk::Logger log);
 
   // Starts `command` (what Docker exec would run: argv, env over the container's, cwd, user as
-  // Docker's `USER[:GROUP]`, timeout) through the agent listening on `socket` and returns at once.
-  // Output goes to `out` as it arrives (byte-exact), then `done` runs once:
+  // Docker's `USER[:GROUP]`, timeout) through the agent of sandbox `sandbox` (named in errors)
+  // listening on `socket` and returns at once. Output goes to `out` as it arrives (byte-exact),
+  // then `done` runs once:
   //   - the command ran: its exit code (128+N when killed by signal N);
   //   - its timeout passed: the agent killed its process group; 125/"timeout";
   //   - it could not start (no such program, user or directory): 125/"sandbox", the reason on
   //     `out`'s stderr;
+  //   - the sandbox expired while it ran (the agent killed it and said so: "sandbox_expired" in
+  //     its end), or had expired when it was asked for (410): NOT_FOUND, no result;
   //   - cancellation: the connection is closed, which makes the agent kill the command's process
   //     group; Error::cancelled;
   //   - the agent cannot be reached or went away: Error::unavailable.
   // Both callbacks run on the loop thread (`done` may run on the calling thread when the request
   // cannot even start).
-  void start(const std::string& socket, const ExecParams& command, sdk::OutputSink& out,
-             AgentDoneFn done, const sdk::CancelToken& cancel);
+  void start(const std::string& socket, const std::string& sandbox, const ExecParams& command,
+             sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel);
 
   // GET /ping: true for a 200 within `timeout`.
   bool ping(const std::string& socket, std::chrono::milliseconds timeout);
 
   // Files through the agent, blocking the calling thread (a pool thread) until done; `path` is
-  // absolute and normalized (container_path), `sandbox` names it in errors.
+  // absolute and normalized (container_path), `sandbox` names it in errors. These and the
+  // terminal calls below: a sandbox that has expired (the agent's 410 SANDBOX_EXPIRED) is
+  // NOT_FOUND.
 
   // POST /files/upload: streams `source` as `path` with `mode`, missing parents made (0755). All
   // or nothing: the agent writes a temp file and renames it over the path only once all of it has

@@ -472,6 +472,13 @@ void kill_tagged(DockerApi& api, const std::string& container, const std::string
   }
 }
 
+sdk::Error sandbox_expired(const std::string& sandbox, int64_t expires_at) {
+  return sdk::Error::not_found("sandbox " + sandbox + " has expired (its TTL ended at " +
+                               std::to_string(expires_at) +
+                               ", Unix seconds) while the command ran; the command was killed "
+                               "with it");
+}
+
 std::optional<std::string> oversized_argument(const ExecParams& params) {
   const size_t limit = max_arg_strlen() - 1;  // without the NUL
   auto refuse = [&](const std::string& what, size_t size) {

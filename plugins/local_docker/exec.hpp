@@ -112,6 +112,11 @@ sdk::ExitStatus run_exec(DockerApi& api, const std::string& container, const Exe
                          sdk::OutputSink& out, const sdk::Logger& log,
                          const sdk::CancelToken& cancel, bool* started = nullptr);
 
+// What a command whose sandbox's TTL ended while it ran completes with: NOT_FOUND (the sandbox is
+// gone; the command, killed with it, has no result), naming the sandbox and its expiry (Unix
+// seconds). docs/sandbox-semantics.md, "Closed and gone sandboxes".
+sdk::Error sandbox_expired(const std::string& sandbox, int64_t expires_at);
+
 // For a command that cannot be started because one of its strings is longer than execve takes
 // (MAX_ARG_STRLEN): the message for the caller's stderr, or nothing.
 std::optional<std::string> oversized_argument(const ExecParams& params);

@@ -9,10 +9,12 @@
 #include <sbx/sdk/probe.hpp>
 #include <sbx/sdk/time.hpp>
 
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -434,14 +436,7 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   }
   const Semaphore::Slot slot(exec_slots_, cancel);
   const ExecParams params = exec_params(box, shell, request);
-  // A command still running when the sandbox's TTL ends is killed with the container (137, or an
-  // error once the container is gone): that is the sandbox's doing, not the command's.
-  auto ttl_result = [&] {
-    out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
-                                       std::to_string(*box.expires_at()) +
-                                       ") and was removed while the command ran\n");
-    return sdk::ExitStatus::sandbox_failure();
-  };
+  const auto started_at = std::chrono::system_clock::now();
   sdk::ExitStatus status;
   bool started = false;
   try {
@@ -449,47 +444,96 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   } catch (const sdk::Error& e) {
     // No exec could be made: the container is gone (404) or no longer runs (409 "is not
     // running", as after its TTL, before AutoRemove): NOT_FOUND, as for any sandbox that is gone.
-    // The TTL's 125 below is for a command that was running when the sandbox ended.
     if (!started && (e.http_status() == 404 ||
                      (e.http_status() == 409 && std::string_view(e.what()).find("is not running") !=
                                                     std::string_view::npos))) {
       throw sdk::Error::not_found("sandbox " + box.container() + " no longer exists (" + e.what() +
                                   ")");
     }
-    if (e.status() != SBX_STATUS_CANCELLED && ended_by_ttl(box, cancel)) return ttl_result();
     if (e.status() == SBX_STATUS_FAILED_PRECONDITION && e.http_status() == 409 &&
         std::string_view(e.what()).find("paused") != std::string_view::npos) {
       throw sdk::Error::failed_precondition("sandbox " + box.container() +
                                             " is paused; resume it first");
     }
+    // The exec went with its container (the daemon forgets the exec of a removed container).
+    if (e.status() != SBX_STATUS_CANCELLED) {
+      if (auto gone = ended_under_command(box, started_at, cancel)) throw *gone;
+    }
     throw;
   }
-  if (!status.error_type && status.return_code >= 128 && ended_by_ttl(box, cancel)) {
-    return ttl_result();
+  // A container's end kills every process in it (SIGKILL): a command killed by a signal may have
+  // died with its sandbox, and then it has no result.
+  if (!status.error_type && status.return_code >= 128) {
+    if (auto gone = ended_under_command(box, started_at, cancel)) throw *gone;
   }
   return status;
 }
 
-bool LocalDockerProvider::ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel) {
-  if (!box.expires_at()) return false;
-  // The watchdog ends the container at or after expires_at (it starts with the container, and
-  // the expiry was taken from a clock rounded down at create).
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  if (std::chrono::duration_cast<std::chrono::seconds>(now).count() < *box.expires_at()) {
-    return false;
-  }
-  // The command's processes die as the container stops, a moment before the daemon records it:
-  // wait (briefly) for the container to stop rather than look at its state once.
+std::optional<sdk::Error> LocalDockerProvider::ended_under_command(
+    const DockerSandbox& box, std::chrono::system_clock::time_point since,
+    const sdk::CancelToken& cancel) {
+  const std::string& name = box.container();
+  // The keep-alive or the watchdog ends the container at or after expires_at (it starts with the
+  // container, and the expiry was taken from a clock rounded down at create).
+  const auto expires_at = box.expires_at();
+  const bool past_expiry = expires_at && unix_now_ms() + kTtlClockSlackMs >= *expires_at * 1000;
+  bool gone = false;
   try {
-    http::Request wait;
-    wait.method = "POST";
-    wait.target = "/containers/" + box.container() + "/wait?condition=not-running";
-    wait.timeout = kTtlStopWait;
-    const http::Response response = api_.send(std::move(wait), cancel);
-    return response.status == 200 || response.status == 404;
-  } catch (const sdk::Error&) {  // still running after kTtlStopWait: not the TTL's doing
-    return false;
+    gone = container_status(api_, name, cancel) == sdk::SandboxStatus::stopped;
+    // Still "running": the daemon records a container's end some time after its processes died
+    // (tens of ms, more under load), and may pass on the command's exit first. Whether it is
+    // ending: its expiry has passed, or the daemon logged a kill (a close, `docker rm -f`, the
+    // reaper, `docker stop` or `kill`) or its end since the command started. Then wait
+    // (briefly) for it to stop, rather than look at its state once.
+    if (!gone && (past_expiry || container_event_since(box, since, cancel))) {
+      http::Request wait;
+      wait.method = "POST";
+      wait.target = "/containers/" + name + "/wait?condition=not-running";
+      wait.timeout = kTtlStopWait;
+      const http::Response response = api_.send(std::move(wait), cancel);
+      gone = response.status == 200 || response.status == 404;
+    }
+  } catch (const sdk::Error& e) {
+    if (e.status() == SBX_STATUS_CANCELLED) throw;
+    // Still running after kTtlStopWait, or the daemon cannot tell: the command's own outcome.
+    log_.debug("sandbox ", name, ": whether it ended under a command is not known: ", e.what());
+    return std::nullopt;
   }
+  if (!gone) return std::nullopt;
+  if (past_expiry) return sandbox_expired(name, *expires_at);
+  return sdk::Error::not_found("sandbox " + name +
+                               " no longer exists: it was closed, removed or stopped while the "
+                               "command ran, and the command was killed with it");
+}
+
+bool LocalDockerProvider::container_event_since(const DockerSandbox& box,
+                                                std::chrono::system_clock::time_point since,
+                                                const sdk::CancelToken& cancel) {
+  // The daemon's log of past events (GET /events with an `until` already past answers at once,
+  // from the events it keeps), filtered on this container and the events of its end.
+  auto seconds = [](std::chrono::system_clock::time_point t) {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    char text[48];
+    std::snprintf(text, sizeof text, "%lld.%09lld", static_cast<long long>(ns / 1'000'000'000),
+                  static_cast<long long>(ns % 1'000'000'000));
+    return std::string(text);
+  };
+  const std::string& container = box.container_id().empty() ? box.container() : box.container_id();
+  const json::object filters{{"type", json::array{"container"}},
+                             {"container", json::array{container}},
+                             {"event", json::array{"kill", "die", "destroy"}}};
+  http::Request request;
+  request.target = "/events?since=" + seconds(since - std::chrono::seconds(1)) +
+                   "&until=" + seconds(std::chrono::system_clock::now()) +
+                   "&filters=" + http::url_encode(json::serialize(filters));
+  request.timeout = kTtlStopWait;
+  const http::Response response = api_.send(std::move(request), cancel);
+  if (response.status != 200) {
+    throw api_error(response.status, response.body,
+                    "reading the events of sandbox " + box.container());
+  }
+  return response.body.find('{') != std::string::npos;  // one JSON object per event
 }
 
 bool LocalDockerProvider::takes_exec(sdk::Sandbox& sandbox) {
@@ -545,9 +589,11 @@ void LocalDockerProvider::start_agent_exec(const std::string& name, const std::s
     return done(&failure, nullptr);
   }
   agent_client_->start(
-      socket, params, out,
-      [done = std::move(done), expires_at, name, &out](const sdk::ExitStatus* status,
-                                                       const sdk::Error* error) {
+      socket, name, params, out,
+      [done = std::move(done), expires_at, name](const sdk::ExitStatus* status,
+                                                 const sdk::Error* error) {
+        // A result, or an error the agent's answer made (NOT_FOUND when the sandbox expired under
+        // the command: the agent killed it and said so).
         if (status || error->status() != SBX_STATUS_UNAVAILABLE) return done(status, error);
         // Nothing reached the agent: the sandbox is gone (or stopped), as for Docker exec's 404.
         if (!error->may_have_run()) {
@@ -555,14 +601,11 @@ void LocalDockerProvider::start_agent_exec(const std::string& name, const std::s
                                                   error->what() + ")");
           return done(nullptr, &gone);
         }
-        // The agent went away with the command: the sandbox ended. Past its expiry that is the
-        // TTL's doing, as the Docker exec path reports it.
+        // The agent went away with the command, without its end: the sandbox ended (closed,
+        // removed, or reaped at its expiry). NOT_FOUND either way: the command has no result.
         if (expires_at && unix_now_ms() + kTtlClockSlackMs >= *expires_at * 1000) {
-          out.write(sdk::StdStream::err, "sbx: the sandbox reached its TTL (sbx.expires_at=" +
-                                             std::to_string(*expires_at) +
-                                             ") and was removed while the command ran\n");
-          const auto ttl = sdk::ExitStatus::sandbox_failure();
-          return done(&ttl, nullptr);
+          const auto expired = sandbox_expired(name, *expires_at);
+          return done(nullptr, &expired);
         }
         const auto ended =
             sdk::Error::not_found("sandbox " + name + " no longer answers (" + error->what() + ")");

@@ -223,9 +223,20 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
                                    const SandboxOptions& options, const ImageRef& image,
                                    std::optional<int64_t> expires_at, const AgentLaunch* agent,
                                    const sdk::CancelToken& cancel);
-  // Whether the sandbox's TTL has ended and its container has stopped or is gone (the TTL watchdog
-  // or the reaper ended it); waits up to kTtlStopWait for the container to stop.
-  bool ended_by_ttl(const DockerSandbox& box, const sdk::CancelToken& cancel);
+  // Asked when a command's exec (started at `since`) ended without a result of its own (killed
+  // by a signal, or the exec vanished): whether its sandbox ended under it (closed by any handle,
+  // removed, stopped, expired), i.e. its container is gone or no longer runs. The daemon records
+  // a container's end a moment after its processes died: when it still says "running" but the
+  // container is ending (past its expiry, or a kill or end logged since `since`), this waits up to
+  // kTtlStopWait for it to stop. The error to complete the command with (NOT_FOUND: the
+  // sandbox's expiry or its end named), or nothing when the sandbox still runs or the daemon
+  // cannot tell (the command's own outcome stands). Cancellation is thrown.
+  std::optional<sdk::Error> ended_under_command(const DockerSandbox& box,
+                                                std::chrono::system_clock::time_point since,
+                                                const sdk::CancelToken& cancel);
+  // Whether the daemon logged a kill, an end or a removal of `box`'s container since `since`.
+  bool container_event_since(const DockerSandbox& box, std::chrono::system_clock::time_point since,
+                             const sdk::CancelToken& cancel);
   // Start and readiness probe; return whether the image has bash, when the probe found out.
   // `socket`: the agent's, or empty (Docker exec).
   std::optional<bool> start_and_probe(const std::string& name, const std::string& socket,
@@ -244,8 +255,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   ExecParams exec_params(const DockerSandbox& box, const std::string& shell,
                          const sdk::ExecRequest& request) const;
   // Runs a command through the agent of sandbox `name` on `socket`: `done` once, with the exit
-  // status or the error as Docker exec reports it (NOT_FOUND for a sandbox that is gone; past
-  // `expires_at`, the TTL's 125 for a command the sandbox's end cut short).
+  // status or the error as Docker exec reports it (NOT_FOUND for a sandbox that is gone, also one
+  // that ended or expired while the command ran; past `expires_at` the message names the expiry).
   void start_agent_exec(const std::string& name, const std::string& socket,
                         std::optional<int64_t> expires_at, const ExecParams& params,
                         sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel);
