@@ -7,6 +7,9 @@
 # out-of-tree examples. The default preset also builds the Python package's
 # module and runs its tests (python/, in a venv from scripts/python-env.sh), and
 # scripts/python-wheel-test.sh builds the wheel and runs it installed.
+# While a preset's tests run (they mostly wait on Docker and on time: about
+# half the CPU is idle), the next preset is configured and built beside them at
+# the lowest priority (nice 19), so the tests keep the CPU they ask for.
 # Stops at the first failure.
 #
 # Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
@@ -16,6 +19,7 @@
 #   SBX_CTEST_JOBS=N         tests run in parallel (default: 2)
 #   SBX_CTEST_TIMEOUT=S      per-test timeout in seconds (default: 900)
 #   SBX_KEEP_LEFTOVERS=1     do not remove leaked sbx.sandbox containers
+#   SBX_OVERLAP_BUILDS=0     build each preset only after the previous one's tests
 set -Eeuo pipefail
 trap 'printf "test.sh: ERROR: failed at line %s: %s\n" "${LINENO}" "${BASH_COMMAND}" >&2' ERR
 
@@ -120,18 +124,65 @@ run_ctest() { # preset
   fi
 }
 
-for preset in "${presets[@]}"; do
-  # The Python package's module and its pytest suite (python_test) in the default preset: a
-  # sanitizer build of a module would need the interpreter started under the sanitizer.
-  python_args=()
-  if [[ ${preset} == default ]]; then
+# configure <preset>: the Python package's module and its pytest suite (python_test) in the
+# default preset only: a sanitizer build of a module would need the interpreter started under the
+# sanitizer.
+configure() {
+  local python_args=()
+  if [[ $1 == default ]]; then
     step "the Python package's venv (scripts/python-env.sh)"
     python_args=(-DSBX_PYTHON=ON "-DPython_EXECUTABLE=$(scripts/python-env.sh)")
   fi
-  step "configure (${preset})"
-  cmake --preset "${preset}" "${launcher[@]}" "${python_args[@]}"
-  step "build (${preset})"
-  cmake --build --preset "${preset}" --parallel "${jobs}"
+  step "configure ($1)"
+  cmake --preset "$1" "${launcher[@]}" "${python_args[@]}"
+}
+
+# The next preset's configure and build, started beside the current preset's tests at nice 19
+# (its processes inherit it), its output in a log printed when it is waited for.
+prebuild_pid=
+prebuild_log=
+start_prebuild() { # preset
+  prebuild_log=$(mktemp /tmp/sbx-prebuild-"$1".XXXXXX)
+  (
+    renice -n 19 -p "${BASHPID}" >/dev/null
+    configure "$1"
+    step "build ($1)"
+    cmake --build --preset "$1" --parallel "${jobs}"
+  ) >"${prebuild_log}" 2>&1 &
+  prebuild_pid=$!
+}
+finish_prebuild() { # preset
+  local rc=0
+  wait "${prebuild_pid}" || rc=$?
+  prebuild_pid=
+  printf '\n==> configure and build (%s), done beside the previous tests at nice 19: its output\n' "$1"
+  cat "${prebuild_log}"
+  rm -f "${prebuild_log}"
+  ((rc == 0)) || die "configuring or building preset $1 beside the tests failed (exit ${rc})"
+}
+kill_tree() { # pid: it and every descendant
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "${child}"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+trap '[[ -z ${prebuild_pid} ]] || kill_tree "${prebuild_pid}"' EXIT
+
+prebuilt=
+for i in "${!presets[@]}"; do
+  preset=${presets[i]}
+  if [[ ${prebuilt} == "${preset}" ]]; then
+    finish_prebuild "${preset}"
+  else
+    configure "${preset}"
+    step "build (${preset})"
+    cmake --build --preset "${preset}" --parallel "${jobs}"
+  fi
+  prebuilt=
+  next=${presets[i + 1]:-}
+  if [[ -n ${next} && ${SBX_OVERLAP_BUILDS:-1} != 0 ]]; then
+    start_prebuild "${next}"
+    prebuilt=${next}
+  fi
   step "test (${preset})"
   run_ctest "${preset}"
   if [[ ${preset} == default ]]; then
