@@ -267,9 +267,8 @@ void check_ends_with_its_sandbox(T& t, Operation<ExecResult>& op, const std::str
                       " must complete with NOT_FOUND (the sandbox is gone), not with a result");
 }
 
-// The sandbox is closed (through the plugin, behind the host) while a command runs.
-void closed_under(T& t) {
-  Sandbox box = t.create();
+// Starts a command that runs for long and waits for its first line: it runs when this returns.
+Operation<ExecResult> start_long_command(T& t, Sandbox& box) {
   auto watch = std::make_shared<Watch>();
   auto op = watched_exec(box, watch, "echo started; sleep 300", 600);
   if (!watch->wait_for("O:started\n", 30s)) {
@@ -278,32 +277,21 @@ void closed_under(T& t) {
     op.cancel();
     throw RequireFailed{};
   }
+  return op;
+}
+
+// The sandbox is closed (through the plugin, behind the host) while a command runs.
+void closed_under(T& t) {
+  Sandbox box = t.create();
+  auto op = start_long_command(t, box);
   plugin_checks::close_behind_host(box);
   check_ends_with_its_sandbox(t, op, "is closed", 15s);
 }
 
 // The sandbox's TTL passes while a command runs.
 void expired_under(T& t) {
-  auto spec = t.spec();
-  spec.ttl_s = 3;
-  Sandbox box;
-  try {
-    box = t.provider().create(spec);
-  } catch (const Error& e) {
-    if (e.status() == SBX_STATUS_UNIMPLEMENTED) {
-      t.not_offered("the provider refuses a TTL (UNIMPLEMENTED at create): " +
-                    std::string(e.what()));
-    }
-    throw;
-  }
-  auto watch = std::make_shared<Watch>();
-  auto op = watched_exec(box, watch, "echo started; sleep 300", 600);
-  if (!watch->wait_for("O:started\n", 30s)) {
-    t.fail("the command must run and stream its first line: " +
-           (op.wait_for(0s) ? outcome_of(op) : std::string("nothing came within 30 s")));
-    op.cancel();
-    throw RequireFailed{};
-  }
+  Sandbox box = t.create_with_ttl(3);
+  auto op = start_long_command(t, box);
   check_ends_with_its_sandbox(t, op, "expires (ttl_s 3)", 33s);
 }
 

@@ -59,18 +59,7 @@ void gone(T& t) {
 }
 
 void ttl_expiry(T& t) {
-  auto spec = t.spec();
-  spec.ttl_s = 3;
-  Sandbox box;
-  try {
-    box = t.provider().create(spec);
-  } catch (const Error& e) {
-    if (e.status() == SBX_STATUS_UNIMPLEMENTED) {
-      t.not_offered("the provider refuses a TTL (UNIMPLEMENTED at create): " +
-                    std::string(e.what()));
-    }
-    throw;
-  }
+  Sandbox box = t.create_with_ttl(3);
   CHECK_EQ(box.exec("echo alive").stdout_text, "alive\n",
            "a sandbox with ttl_s 3 must run commands until it expires");
   // Gone by TTL + 30 s: status stopped (or the sandbox no longer found by status).

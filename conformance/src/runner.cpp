@@ -93,6 +93,19 @@ SandboxSpec T::spec() {
   return spec;
 }
 
+Sandbox T::create_with_ttl(int ttl_s) {
+  SandboxSpec with_ttl = spec();
+  with_ttl.ttl_s = ttl_s;
+  try {
+    return provider().create(with_ttl);
+  } catch (const Error& e) {
+    if (e.status() == SBX_STATUS_UNIMPLEMENTED) {
+      not_offered("the provider refuses a TTL (UNIMPLEMENTED at create): " + std::string(e.what()));
+    }
+    throw;
+  }
+}
+
 Sandbox T::create(SandboxSpec spec) {
   try {
     return provider().create(spec);

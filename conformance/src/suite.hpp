@@ -59,6 +59,9 @@ class T {
   // create(spec) that drops the safety TTL when the provider refuses TTLs with UNIMPLEMENTED.
   Sandbox create(SandboxSpec spec);
   Sandbox create() { return create(spec()); }
+  // A sandbox whose TTL is `ttl_s`, for the cases about expiry: "not offered" when the provider
+  // refuses a TTL with UNIMPLEMENTED.
+  Sandbox create_with_ttl(int ttl_s);
   // A second host, as another process would have (for sbx.connect/1).
   std::unique_ptr<Host> second_host() const;
   // A scratch directory, removed with the case.

@@ -552,20 +552,22 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
                                           sdk::OutputSink& out, const sdk::CancelToken& cancel) {
   const auto& box = as_box(sandbox);
   check_not_paused(box);
+  // As exec_async: a command that ends while this handle closes the sandbox has no result.
+  const auto closed_meanwhile = [&] { return box.closing() && !cancel.stop_requested(); };
+  std::optional<sdk::ExitStatus> status;
   try {
-    const sdk::ExitStatus status =
+    status =
         execd_
             .run(
                 box.execd(), box.id(), command_for(box, request),
                 [&out](sdk::StdStream stream, std::string_view text) { out.write(stream, text); },
                 cancel, sandbox_check(box.id()))
             .status;
-    if (box.closing()) throw closed_under(box);
-    return status;
-  } catch (const sdk::Error& e) {
-    if (box.closing() && !cancel.stop_requested()) throw closed_under(box);
-    throw;
+  } catch (const sdk::Error&) {
+    if (!closed_meanwhile()) throw;
   }
+  if (closed_meanwhile()) throw closed_under(box);
+  return *status;
 }
 
 void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
