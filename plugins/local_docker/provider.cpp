@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <future>
 #include <thread>
+#include <variant>
 
 namespace sbx::local_docker {
 namespace {
@@ -619,15 +620,20 @@ sdk::ExitStatus LocalDockerProvider::run_command(const std::string& name, const 
                                                  const ExecParams& params, sdk::OutputSink& out,
                                                  const sdk::CancelToken& cancel) {
   if (socket.empty()) return run_exec(api_, name, params, out, log_, cancel);
-  std::promise<sdk::ExitStatus> result;
+  // The error crosses threads as a value, thrown here: an exception object shared through a
+  // promise is freed by whichever thread drops it last, under a reference count ThreadSanitizer
+  // cannot see (libstdc++ is not instrumented).
+  std::promise<std::variant<sdk::ExitStatus, sdk::Error>> result;
   start_agent_exec(
       name, socket, expires_at, params, out,
       [&result](const sdk::ExitStatus* status, const sdk::Error* error) {
         if (status) return result.set_value(*status);
-        result.set_exception(std::make_exception_ptr(*error));
+        result.set_value(*error);
       },
       cancel);
-  return result.get_future().get();
+  auto outcome = result.get_future().get();
+  if (const auto* error = std::get_if<sdk::Error>(&outcome)) throw *error;
+  return std::get<sdk::ExitStatus>(outcome);
 }
 
 void LocalDockerProvider::wait_for_agent(const std::string& name, const std::string& socket,
