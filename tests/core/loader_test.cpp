@@ -21,6 +21,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -139,6 +140,33 @@ TEST_CASE("a plugin whose init fails is refused when used, with the plugin's rea
   const auto e = sbx::testing::error_of<sbx::PluginLoadError>([&] { host.provider("x"); });
   CHECK(contains(e.what(), "init_fails.so"));
   CHECK(contains(e.what(), "init failed: backend library missing (injected)"));
+}
+
+TEST_CASE("concurrent first uses of a plugin whose init fails each get the plugin's reason") {
+  // They share one load while it runs (Host::provider); each waiter throws a copy of its own, typed
+  // as the loading thread's error.
+  sbx::Host::Options options;
+  options.use_default_plugin_dirs = false;
+  options.config = sbx::Config::parse(std::string(R"({"providers": {"x": {"plugin": ")") +
+                                      SBX_BAD_PLUGIN_DIR + R"(/init_fails.so#x"}}})");
+  sbx::Host host(std::move(options));
+  std::promise<void> go;
+  const std::shared_future<void> started = go.get_future().share();
+  std::vector<std::future<std::string>> users;
+  for (int i = 0; i < 8; ++i) {
+    users.push_back(std::async(std::launch::async, [&host, started] {
+      started.wait();
+      return std::string(
+          sbx::testing::error_of<sbx::PluginLoadError>([&] { host.provider("x"); }).what());
+    }));
+  }
+  go.set_value();
+  for (auto& user : users) {
+    const std::string message = user.get();
+    CHECK_MESSAGE(contains(message, "init failed: backend library missing (injected)"), message);
+  }
+  // A failed load is forgotten: the next use tries again, and is refused again.
+  CHECK_THROWS_AS(host.provider("x"), sbx::PluginLoadError);
 }
 
 TEST_CASE("the good plugin keeps working next to bad ones") {
