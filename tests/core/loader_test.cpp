@@ -40,6 +40,15 @@ sbx::Host host_with_bad_plugins() {
   return sbx::Host(std::move(options));
 }
 
+// A host whose provider "x" is the bad plugin init_fails.so, named by its config block.
+sbx::Host host_with_init_failing_x() {
+  sbx::Host::Options options;
+  options.use_default_plugin_dirs = false;
+  options.config = sbx::Config::parse(std::string(R"({"providers": {"x": {"plugin": ")") +
+                                      SBX_BAD_PLUGIN_DIR + R"(/init_fails.so#x"}}})");
+  return sbx::Host(std::move(options));
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -132,11 +141,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a plugin whose init fails is refused when used, with the plugin's reason") {
-  sbx::Host::Options options;
-  options.use_default_plugin_dirs = false;
-  options.config = sbx::Config::parse(std::string(R"({"providers": {"x": {"plugin": ")") +
-                                      SBX_BAD_PLUGIN_DIR + R"(/init_fails.so#x"}}})");
-  sbx::Host host(std::move(options));
+  sbx::Host host = host_with_init_failing_x();
   const auto e = sbx::testing::error_of<sbx::PluginLoadError>([&] { host.provider("x"); });
   CHECK(contains(e.what(), "init_fails.so"));
   CHECK(contains(e.what(), "init failed: backend library missing (injected)"));
@@ -145,11 +150,7 @@ TEST_CASE("a plugin whose init fails is refused when used, with the plugin's rea
 TEST_CASE("concurrent first uses of a plugin whose init fails each get the plugin's reason") {
   // They share one load while it runs (Host::provider); each waiter throws a copy of its own, typed
   // as the loading thread's error.
-  sbx::Host::Options options;
-  options.use_default_plugin_dirs = false;
-  options.config = sbx::Config::parse(std::string(R"({"providers": {"x": {"plugin": ")") +
-                                      SBX_BAD_PLUGIN_DIR + R"(/init_fails.so#x"}}})");
-  sbx::Host host(std::move(options));
+  sbx::Host host = host_with_init_failing_x();
   std::promise<void> go;
   const std::shared_future<void> started = go.get_future().share();
   std::vector<std::future<std::string>> users;
