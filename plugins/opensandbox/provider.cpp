@@ -554,7 +554,7 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
   check_not_paused(box);
   // As exec_async: a command that ends while this handle closes the sandbox has no result.
   const auto closed_meanwhile = [&] { return box.closing() && !cancel.stop_requested(); };
-  std::optional<sdk::ExitStatus> status;
+  sdk::ExitStatus status;
   try {
     status =
         execd_
@@ -564,10 +564,11 @@ sdk::ExitStatus OpenSandboxProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
                 cancel, sandbox_check(box.id()))
             .status;
   } catch (const sdk::Error&) {
-    if (!closed_meanwhile()) throw;
+    if (closed_meanwhile()) throw closed_under(box);
+    throw;
   }
   if (closed_meanwhile()) throw closed_under(box);
-  return *status;
+  return status;
 }
 
 void OpenSandboxProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest& request,
