@@ -61,8 +61,7 @@ int run(RunFields& f, const Global& g) {
         interrupts.step(sandbox.upload_async(local, remote));
 
       f.exec.on_output = stream_output(interrupts);
-      const sbx::ExecResult result =
-          interrupts.step(sandbox.exec_async(shell_command_of(f.command), f.exec));
+      const sbx::ExecResult result = interrupts.step(start_exec(sandbox, f.command, f.exec));
       exit_code = exit_status_of(result);
       if (interrupts.stopped()) {
         interrupts.wait(sandbox.close_async());
@@ -71,6 +70,7 @@ int run(RunFields& f, const Global& g) {
 
       for (const auto& [remote, local] : f.downloads) {
         try {
+          if (!interrupts.wait_for_fifo_reader(local)) break;
           interrupts.step(sandbox.download_async(remote, local));
         } catch (const sbx::CancelledError&) {
           throw;
@@ -103,8 +103,9 @@ Command run_command() {
       .summary = "Create a sandbox, run one command in it, close it",
       .usage = "--provider NAME [options] -- COMMAND [ARG...]",
       .description =
-          "Creates a sandbox, uploads files, runs COMMAND (through the sandbox's shell; several "
-          "words are\nquoted and joined), prints its stdout and stderr as they arrive, downloads "
+          "Creates a sandbox, uploads files, runs COMMAND (one word: a command line for the "
+          "sandbox's shell;\nseveral: the program and its arguments, without a shell), prints its "
+          "stdout and stderr as they arrive, downloads "
           "files, and closes the\nsandbox, also when something fails or on Ctrl-C. Exits with the "
           "command's return code; 125 when\nthe sandbox could not run it (timeout, backend error, "
           "or a return code no exit status can carry);\n2 for usage errors; 74 when writing the "

@@ -102,12 +102,12 @@ std::vector<Option<ExecFields>> exec_options() {
 }
 
 int exec(ExecFields& f, const Global& g) {
-  return with_sandbox(f.target, g, "the command may still be running",
-                      [&](sbx::Sandbox& sandbox, Interrupts& interrupts) {
-                        f.exec.on_output = stream_output(interrupts);
-                        return exit_status_of(interrupts.step(
-                            sandbox.exec_async(shell_command_of(f.command), f.exec)));
-                      });
+  return with_sandbox(
+      f.target, g, "the command may still be running",
+      [&](sbx::Sandbox& sandbox, Interrupts& interrupts) {
+        f.exec.on_output = stream_output(interrupts);
+        return exit_status_of(interrupts.step(start_exec(sandbox, f.command, f.exec)));
+      });
 }
 
 // ---- cp ----------------------------------------------------------------------------------------
@@ -125,10 +125,10 @@ int copy(CopyFields& f, const Global& g) {
                       [&](sbx::Sandbox& sandbox, Interrupts& interrupts) {
                         if (p.upload) {
                           interrupts.step(sandbox.upload_async(p.local, p.remote));
-                        } else {
+                        } else if (interrupts.wait_for_fifo_reader(p.local)) {
                           interrupts.step(sandbox.download_async(p.remote, p.local));
                         }
-                        return 0;
+                        return interrupts.stopped();
                       });
 }
 
@@ -222,8 +222,9 @@ Command exec_command() {
       .summary = "Run a command in a sandbox made by sbx create",
       .usage = "[options] ID -- COMMAND [ARG...]",
       .description =
-          "Runs COMMAND in the sandbox (through its shell; several words are quoted and joined), "
-          "printing its\nstdout and stderr as they arrive, and leaves the sandbox running. Exits "
+          "Runs COMMAND in the sandbox (one word: a command line for its shell; several: the "
+          "program and\nits arguments, without a shell, as docker exec runs them), printing "
+          "its\nstdout and stderr as they arrive, and leaves the sandbox running. Exits "
           "with the command's return\ncode; 125 when the sandbox could not run it (timeout, "
           "sandbox not found, backend error); 2 for\nusage errors; 74 when writing the output "
           "failed; 130 when interrupted; 141 when the output's\nreader went away. A stop ends "

@@ -110,28 +110,11 @@ void require_readable_file(const std::string& local, const std::string& what) {
   }
 }
 
-namespace {
-
-// Quotes one word for a POSIX shell.
-std::string shell_quote(const std::string& word) {
-  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                              "0123456789_-./=:,+@%") == std::string::npos) {
-    return word;
-  }
-  std::string out = "'";
-  for (char c : word)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-}  // namespace
-
-std::string shell_command_of(const std::vector<std::string>& words) {
-  if (words.size() == 1) return words[0];
-  std::string out;
-  for (const auto& word : words)
-    out += (out.empty() ? "" : " ") + shell_quote(word);
-  return out;
+sbx::Operation<sbx::ExecResult> start_exec(sbx::Sandbox& sandbox,
+                                           const std::vector<std::string>& words,
+                                           sbx::ExecOptions options) {
+  if (words.size() == 1) return sandbox.exec_async(words[0], std::move(options));
+  return sandbox.exec_argv_async(words, std::move(options));
 }
 
 }  // namespace sbx::cli

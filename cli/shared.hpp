@@ -68,8 +68,11 @@ void append(std::vector<Option<F>>& options, std::vector<Option<F>> more) {
 // readable file").
 void require_readable_file(const std::string& local, const std::string& what);
 
-// Turns a command's words into one shell command: one word is a shell string as is; several are
-// quoted one by one and joined (`sbx run -- a b c`).
-std::string shell_command_of(const std::vector<std::string>& words);
+// Starts COMMAND [ARG...] of `sbx run` and `sbx exec`: one word is a command line for the
+// sandbox's shell; several are the program and its arguments, run without a shell (as docker exec
+// runs them; an image without a shell runs them too).
+sbx::Operation<sbx::ExecResult> start_exec(sbx::Sandbox& sandbox,
+                                           const std::vector<std::string>& words,
+                                           sbx::ExecOptions options);
 
 }  // namespace sbx::cli

@@ -4,6 +4,10 @@
 
 #include "shared.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -31,6 +35,24 @@ Interrupts::Interrupts(std::chrono::milliseconds stop_timeout) : stop_timeout_(s
 Interrupts::~Interrupts() {
   pthread_kill(thread_.native_handle(), SIGUSR1);
   thread_.join();
+  if (fifo_fd_ >= 0) ::close(fifo_fd_);
+}
+
+bool Interrupts::wait_for_fifo_reader(const std::string& local) {
+  if (fifo_fd_ >= 0) {
+    ::close(fifo_fd_);
+    fifo_fd_ = -1;
+  }
+  struct stat st {};
+  if (::stat(local.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) return true;
+  // A FIFO without a reader refuses a non-blocking open (ENXIO); a blocking one would wait in the
+  // kernel, deaf to a stop. Asked again every 50 ms, as the steps' waits notice a stop.
+  for (;;) {
+    fifo_fd_ = ::open(local.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fifo_fd_ >= 0 || errno != ENXIO) return true;  // other errors: the download reports them
+    if (stopped() != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 void Interrupts::stop(int exit_code) {

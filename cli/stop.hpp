@@ -62,6 +62,12 @@ class Interrupts {
     return wait(std::move(op));
   }
 
+  // For a download to `local`: when it is (or a link leads to) a FIFO, waits until a reader has it
+  // open, as cp does, but ends the wait at a stop (false then). It keeps a write end open until
+  // this object's next such call or its end, so the download's own open does not wait and the
+  // reader sees no end of file before the download's. True at once for anything else.
+  bool wait_for_fifo_reader(const std::string& local);
+
   // Waits for a step that a stop must not cancel (closing the sandbox), within the stop timeout
   // once there was a stop. Throws GaveUp when that passes first.
   template <class T>
@@ -85,6 +91,7 @@ class Interrupts {
   int exit_code_ = 0;
   bool given_up_ = false;
   std::optional<std::chrono::steady_clock::time_point> give_up_at_;
+  int fifo_fd_ = -1;  // wait_for_fifo_reader's write end
 };
 
 // Leaves at once, without waiting for the provider any more: its threads may still be working on

@@ -35,6 +35,8 @@ packages=(
   openssl
   # used by scripts/docker-up.sh (cgroup setup on bare machines, pgrep, tar)
   cgroupfs-mount iptables procps tar
+  # scripts/fuzz.sh: clang's libFuzzer with ASan and UBSan (fuzz/)
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -154,7 +154,7 @@ check_guide_citations() {
 # Recommends, Suggests, ...; `dpkg-deb -f`) are the ones <doc> documents, in the fenced block after
 # the line `<!-- kit-test: control fields -->` (control-file paragraphs: `Package:`, then its
 # fields). Compared as sets of entries, alternatives (`a | b`) kept together; a documented entry
-# with a version (`sbx (= 1.2.0)`) must have the package's version too, one without matches any
+# with a version (`sbx (= 1.3.0)`) must have the package's version too, one without matches any
 # version (dpkg-shlibdeps' minimum versions follow the build machine's libraries). A field, or an
 # entry, on one side only fails.
 check_control_fields() {

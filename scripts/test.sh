@@ -10,7 +10,8 @@
 # While a preset's tests run (they mostly wait on Docker and on time: about
 # half the CPU is idle), the next preset is configured and built beside them at
 # the lowest priority (nice 19), so the tests keep the CPU they ask for.
-# Stops at the first failure.
+# Beside the last preset's tests, scripts/fuzz.sh fuzzes the parsers of what sandboxes send
+# (fuzz/) for a bounded time. Stops at the first failure.
 #
 # Usage: scripts/test.sh [PRESET...]      (default: default asan tsan)
 # Environment:
@@ -20,6 +21,8 @@
 #   SBX_CTEST_TIMEOUT=S      per-test timeout in seconds (default: 900)
 #   SBX_KEEP_LEFTOVERS=1     do not remove leaked sbx.sandbox containers
 #   SBX_OVERLAP_BUILDS=0     build each preset only after the previous one's tests
+#   SBX_FUZZ=0               no fuzzing run (scripts/fuzz.sh) beside the last preset's tests
+#   SBX_FUZZ_SECONDS=S       how long it fuzzes each target (default: 20)
 set -Eeuo pipefail
 trap 'printf "test.sh: ERROR: failed at line %s: %s\n" "${LINENO}" "${BASH_COMMAND}" >&2' ERR
 
@@ -167,6 +170,29 @@ kill_tree() { # pid: it and every descendant
 }
 trap '[[ -z ${prebuild_pid} ]] || kill_tree "${prebuild_pid}"' EXIT
 
+# The fuzzing run (scripts/fuzz.sh) beside the last preset's tests, at nice 19 like the builds:
+# libFuzzer's time limit is wall-clock, so it costs the tests little and the run no time.
+fuzz_pid=
+fuzz_log=
+start_fuzz() {
+  fuzz_log=$(mktemp /tmp/sbx-fuzz.XXXXXX)
+  (
+    renice -n 19 -p "${BASHPID}" >/dev/null
+    scripts/fuzz.sh "${SBX_FUZZ_SECONDS:-20}"
+  ) >"${fuzz_log}" 2>&1 &
+  fuzz_pid=$!
+}
+finish_fuzz() {
+  local rc=0
+  wait "${fuzz_pid}" || rc=$?
+  fuzz_pid=
+  printf '\n==> fuzzing (scripts/fuzz.sh), done beside the last tests at nice 19: its output\n'
+  cat "${fuzz_log}"
+  rm -f "${fuzz_log}"
+  ((rc == 0)) || die "scripts/fuzz.sh failed (exit ${rc})"
+}
+trap '[[ -z ${prebuild_pid} ]] || kill_tree "${prebuild_pid}"; [[ -z ${fuzz_pid} ]] || kill_tree "${fuzz_pid}"' EXIT
+
 prebuilt=
 for i in "${!presets[@]}"; do
   preset=${presets[i]}
@@ -182,6 +208,8 @@ for i in "${!presets[@]}"; do
   if [[ -n ${next} && ${SBX_OVERLAP_BUILDS:-1} != 0 ]]; then
     start_prebuild "${next}"
     prebuilt=${next}
+  elif [[ -z ${next} && ${SBX_FUZZ:-1} != 0 ]]; then
+    start_fuzz
   fi
   step "test (${preset})"
   run_ctest "${preset}"
@@ -192,6 +220,8 @@ for i in "${!presets[@]}"; do
     scripts/python-wheel-test.sh
   fi
 done
+
+if [[ -n ${fuzz_pid} ]]; then finish_fuzz; fi
 
 step "check that no sbx.sandbox container was left behind"
 now=$(docker_ps_sandboxes | sort)

@@ -47,9 +47,20 @@ Response error_response(const Request& request, http::status status, const std::
   return json_response(request, status, boost::json::object{{"code", code}, {"message", message}});
 }
 
+bool sandbox_gone(const sbx::Error& error) {
+  return error.status() == SBX_STATUS_NOT_FOUND && error.reason() == SBX_REASON_SANDBOX_GONE;
+}
+
+Response sandbox_gone_response(const Request& request, const sbx::Error& error,
+                               const std::string& sandbox_id) {
+  return error_response(request, http::status::conflict, "DOCKER::SANDBOX_NOT_RUNNING",
+                        "Sandbox " + sandbox_id + " is not running: " + error.what());
+}
+
 Response provider_error_response(const Request& request, std::exception_ptr error,
                                  const std::string& sandbox_id) {
   const sbx::Error e = sbx::to_error(error);
+  if (sandbox_gone(e)) return sandbox_gone_response(request, e, sandbox_id);
   if (e.create_failure() && e.reason() == SBX_REASON_IMAGE_PULL_FAILED) {
     return error_response(request, http::status::internal_server_error,
                           "DOCKER::SANDBOX_IMAGE_PULL_FAILED", e.what());

@@ -385,7 +385,9 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, 
     return {error_event("-1", "signal: killed"), -1, "signal: killed"};
   } catch (const std::exception& e) {
     if (killed) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
-    return {error_event(e.what(), e.what()), -1, std::string(e.what())};
+    // No exit status: evalue -1, as execd ends a killed command (clients read evalue as a
+    // number), the cause in the traceback (for a sandbox that no longer runs: why).
+    return {error_event("-1", e.what()), -1, std::string(e.what())};
   }
 }
 
@@ -599,7 +601,7 @@ struct Launch : std::enable_shared_from_this<Launch> {
                            : entry->box()->exec_async(text, std::move(options));
     } catch (const std::exception& e) {
       spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
-      end(Outcome{error_event(e.what(), e.what()), -1, std::string(e.what())});
+      end(Outcome{error_event("-1", e.what()), -1, std::string(e.what())});
       return;
     }
     bool cancel_now = false;

@@ -17,6 +17,8 @@
 #include "faults.hpp"
 #include "state.hpp"
 
+#include <sbx/base/shell_quote.hpp>
+
 #include <sbx/core/errors.hpp>
 
 #include <spdlog/spdlog.h>
@@ -49,15 +51,7 @@ namespace fs = std::filesystem;
 namespace asio = boost::asio;
 
 std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
+  return base::shell_quote(s);
 }
 
 std::string format_time_ns(int64_t unix_s) {
@@ -281,11 +275,14 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
   }
 
   void fail(http::status status, const std::string& code, const std::string& message) {
+    finish(execd_error(shape(), status, code, message));
+  }
+  void finish(Response response) {
     if (answered_) return;
     answered_ = true;
     pairs_.clear();
     current_.reset();
-    reply_(execd_error(shape(), status, code, message));
+    reply_(std::move(response));
   }
 
   // Consumes what it can of buffer_; false once it answered.
@@ -522,7 +519,9 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
   void upload_failed(std::exception_ptr error, const std::string& path) {
     const sbx::Error e = sbx::to_error(error);
     spdlog::info("sbx serve: upload to {} failed: {}", path, e.what());
-    if (e.status() == SBX_STATUS_INVALID_ARGUMENT) {
+    if (sandbox_gone(e)) {
+      finish(sandbox_gone_response(shape(), e, entry_->id));
+    } else if (e.status() == SBX_STATUS_INVALID_ARGUMENT) {
       fail(http::status::bad_request, "INVALID_FILE", e.what());
     } else {
       fail(http::status::internal_server_error, "RUNTIME_ERROR", e.what());
@@ -853,6 +852,8 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
       } else if (watch->over) {
         reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
                           temp_full(*state)));
+      } else if (const sbx::Error e = sbx::to_error(error); sandbox_gone(e)) {
+        reply(sandbox_gone_response(shape, e, id));
       } else if (is_not_found(error)) {
         reply(execd_error(shape, http::status::not_found, "FILE_NOT_FOUND",
                           file_not_found("open", path)));

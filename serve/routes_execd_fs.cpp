@@ -96,6 +96,13 @@ struct Ctx {
   void runtime_error(const std::string& message) const {
     error(http::status::internal_server_error, "RUNTIME_ERROR", message);
   }
+  // A failed provider call: a sandbox that no longer runs as every route answers it, anything
+  // else 500 RUNTIME_ERROR.
+  void provider_error(std::exception_ptr exception) const {
+    const sbx::Error e = sbx::to_error(exception);
+    if (sandbox_gone(e)) return reply(sandbox_gone_response(shape(), e, entry->id));
+    runtime_error(e.what());
+  }
   void ok() const { reply(empty_response(shape(), http::status::ok)); }
   void ok(const json::value& body) const {
     Response r = json_response(shape(), http::status::ok, body);
@@ -248,16 +255,16 @@ void run_script(const Ctx& ctx, std::string script,
   sbx::Operation<sbx::ExecResult> op;
   try {
     op = ctx.entry->box()->exec_async(std::move(script), std::move(options));
-  } catch (const std::exception& e) {
-    ctx.runtime_error(e.what());
+  } catch (...) {
+    ctx.provider_error(std::current_exception());
     return;
   }
   op.then([ctx, done = std::move(done)](sbx::Operation<sbx::ExecResult>& finished) {
     sbx::ExecResult result;
     try {
       result = finished.get();
-    } catch (const std::exception& e) {
-      ctx.runtime_error(e.what());
+    } catch (...) {
+      ctx.provider_error(std::current_exception());
       return;
     }
     if (result.timed_out()) {
@@ -1001,7 +1008,9 @@ class Replace : public std::enable_shared_from_this<Replace> {
 
   void transfer_failed(std::exception_ptr error, std::size_t i) const {
     const sbx::Error e = sbx::to_error(error);
-    if (e.status() == SBX_STATUS_NOT_FOUND) {
+    if (sandbox_gone(e)) {
+      ctx_.reply(sandbox_gone_response(ctx_.shape(), e, ctx_.entry->id));
+    } else if (e.status() == SBX_STATUS_NOT_FOUND) {
       ctx_.not_found("file not found. open " + items_[i].path + ": no such file or directory");
     } else {
       ctx_.runtime_error("error accessing file: " + std::string(e.what()));

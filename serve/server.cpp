@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <array>
 #include <cerrno>
@@ -221,10 +222,30 @@ class Session : public std::enable_shared_from_this<Session> {
     close();
   }
 
+  // A head the parser refuses (both Content-Length and Transfer-Encoding, a bad length, a bad
+  // field or line): 400 with the reason, then the connection closes (its framing cannot be
+  // trusted, so nothing after the head is read).
+  void refuse_malformed(beast::error_code ec) {
+    Request request;
+    request.version(11);
+    request_id_ = new_request_id();
+    Response r = error_response(request, http::status::bad_request, "GENERAL::BAD_REQUEST",
+                                "The request is malformed: " + ec.message() + ".");
+    r.keep_alive(false);
+    unread_body_ = true;
+    write(std::move(r));
+  }
+
   void on_header(beast::error_code ec) {
     if (ec == http::error::header_limit) {  // a request to answer: a stop waits for the answer
       count_answering();
       refuse_limit(true);
+      return;
+    }
+    if (ec && ec.category() == http::make_error_code(http::error::bad_method).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      count_answering();
+      refuse_malformed(ec);
       return;
     }
     if (ec) {
@@ -918,6 +939,12 @@ namespace {
 // in `state.socket_file`. An existing socket file is replaced only when nobody listens on it.
 void listen_unix(Server::State& state, const std::filesystem::path& path, unsigned mode) {
   const std::string where = "unix socket " + path.string();
+  if (path.string().size() >= sizeof(sockaddr_un::sun_path)) {
+    throw std::runtime_error("cannot listen on " + where + ": its path is " +
+                             std::to_string(path.string().size()) +
+                             " bytes, and a unix socket's holds at most " +
+                             std::to_string(sizeof(sockaddr_un::sun_path) - 1));
+  }
   struct ::stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {

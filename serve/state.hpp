@@ -512,6 +512,12 @@ Response error_response(const Request& request, http::status status, const std::
 // The response for a failed provider call, by the error's status.
 Response provider_error_response(const Request& request, std::exception_ptr error,
                                  const std::string& sandbox_id);
+// Whether a provider's error says its sandbox no longer runs (the reason sandbox_gone, ABI 1.3).
+bool sandbox_gone(const sbx::Error& error);
+// The one answer every route gives for such a sandbox (docs/serve.md, "A sandbox that no longer
+// runs"): 409 DOCKER::SANDBOX_NOT_RUNNING, the provider's message saying why.
+Response sandbox_gone_response(const Request& request, const sbx::Error& error,
+                               const std::string& sandbox_id);
 // RFC 3339 UTC with microseconds and 'Z', as the real server prints.
 std::string format_time(std::chrono::system_clock::time_point t);
 // A 32-hex-digit request id.

@@ -286,9 +286,9 @@ class LineSplitter {
 // The expiry file's content: decimal Unix seconds, possibly followed by white space (a newline).
 // nullopt when it cannot be read or does not hold a positive number (say, a writer between its
 // create and its write).
-std::optional<int64_t> read_expiry_file(const std::string& path) {
+std::optional<int64_t> read_expiry_file(int dir, const std::string& name) {
   constexpr std::size_t kLimit = 64;  // a number and white space; longer is not an expiry
-  const std::optional<std::string> text = read_file(path, kLimit);
+  const std::optional<std::string> text = read_file_at(dir, name, kLimit);
   if (!text) return std::nullopt;
   const char* buf = text->data();
   const std::size_t got = text->size();
@@ -577,6 +577,10 @@ class Server {
   bool entry_running_ = false;
   int exit_code_ = 0;
   int64_t expiry_ = 0;  // the last expiry seen (Unix seconds), 0 none yet
+  // The expiry file's directory, opened at the start (before any other process of the sandbox
+  // runs), and the file's name in it: a directory renamed or replaced later changes nothing.
+  int expiry_dir_ = -1;
+  std::string expiry_name_;
   int expiry_retries_ = 0;
   bool expired_ = false;
   bool draining_ = false;  // stopping after the expiry, once drained()
@@ -660,6 +664,23 @@ int Server::start() {
   // Orphans of the commands (a `cmd &` whose shell exited) become the agent's children and are
   // reaped here, not left as zombies; as PID 1 this is implied.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  // Not dumpable: no process of the sandbox may ptrace the agent or read its memory (that takes
+  // CAP_SYS_PTRACE, which Docker does not grant), e.g. to change the expiry it enforces. Its
+  // commands are dumpable again once they exec.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (!opt_.expiry_file.empty()) {
+    const std::size_t slash = opt_.expiry_file.rfind('/');
+    const std::string dir =
+        slash == std::string::npos ? "." : opt_.expiry_file.substr(0, slash + 1);
+    expiry_name_ = opt_.expiry_file.substr(slash == std::string::npos ? 0 : slash + 1);
+    expiry_dir_ = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (expiry_dir_ < 0) {
+      std::fprintf(stderr,
+                   "sbx-agent: cannot open the expiry file's directory %s (%s): the "
+                   "expiry is --expires-at's\n",
+                   dir.c_str(), std::strerror(errno));
+    }
+  }
 
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   sigfd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -3012,8 +3033,8 @@ void Server::signal_entrypoint(int sig) {
 void Server::check_expiry() {
   if (expired_) return;
   bool file_read = true;
-  if (!opt_.expiry_file.empty()) {
-    if (const auto value = read_expiry_file(opt_.expiry_file)) {
+  if (expiry_dir_ >= 0) {
+    if (const auto value = read_expiry_file(expiry_dir_, expiry_name_)) {
       expiry_ = *value;
     } else {
       file_read = false;
@@ -3325,12 +3346,16 @@ void Server::shutdown() {
   }
   for (auto& [key, c] : conns_)
     close_fd(c->fd);
+  // As PID 1 (a container's main process) the socket file stays: a client then finds it refusing
+  // connections, which tells a sandbox that ended from a socket someone removed (local_docker
+  // reports the one as gone, the other as tampered with; decision 251).
+  const bool pid1 = ::getpid() == 1;
   for (auto& l : listeners_) {
     close_fd(l.fd);
     struct stat st {};
     // Remove our socket, not one another process put at the same path since.
-    if (!l.unix_path.empty() && ::lstat(l.unix_path.c_str(), &st) == 0 && st.st_dev == l.dev &&
-        st.st_ino == l.ino)
+    if (!pid1 && !l.unix_path.empty() && ::lstat(l.unix_path.c_str(), &st) == 0 &&
+        st.st_dev == l.dev && st.st_ino == l.ino)
       ::unlink(l.unix_path.c_str());
   }
   for (auto& [key, cmd] : commands_)

@@ -3,6 +3,7 @@
 #include "files.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -496,6 +497,7 @@ std::optional<Failure> Upload::finish() {
 
 std::optional<Download> open_download(const Context& context, const std::string& path,
                                       const std::string* range, bool keep_alive, Failure& failure) {
+  constexpr uint64_t kMaxUnsizedFile = 16 * 1024 * 1024;
   const std::string full = resolve(context, path);
   auto refuse = [&](int error, mode_t mode) -> std::optional<Download> {
     if (error == ENOENT || error == ENOTDIR) {
@@ -522,9 +524,46 @@ std::optional<Download> open_download(const Context& context, const std::string&
     return refuse(0, st.st_mode);
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t size = static_cast<uint64_t>(st.st_size);
   Download d;
   d.fd = fd;
+  if (size == 0) {
+    // A file that reports no size may still hold bytes (/proc and /sys files do): what it gives
+    // is read now, into a memory file that is served in its place, up to kMaxUnsizedFile.
+    const int copy = ::memfd_create("sbx-download", MFD_CLOEXEC);
+    if (copy < 0) {
+      ::close(fd);
+      return refuse(errno, 0);
+    }
+    char buf[65536];
+    uint64_t total = 0;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int error = errno;
+        ::close(fd);
+        ::close(copy);
+        return refuse(error, 0);
+      }
+      if (n == 0) break;
+      total += static_cast<uint64_t>(n);
+      if (total > kMaxUnsizedFile ||
+          ::write(copy, buf, static_cast<size_t>(n)) != static_cast<ssize_t>(n)) {
+        ::close(fd);
+        ::close(copy);
+        failure = {400,
+                   "INVALID_FILE",
+                   path + " reports no size and gives more than " +
+                       std::to_string(kMaxUnsizedFile) + " bytes: it cannot be downloaded whole",
+                   {}};
+        return std::nullopt;
+      }
+    }
+    ::close(fd);
+    d.fd = copy;
+    size = total;
+  }
   d.length = size;
   std::vector<std::string> headers;
   int status = 200;

@@ -14,9 +14,25 @@ namespace sbx::agent {
 
 /// The first `limit` bytes of the file at `path` (all of it when shorter); nothing when it cannot
 /// be opened. Opened non-blocking, so a FIFO put in a file's place cannot stall the loop.
+inline std::optional<std::string> read_fd(int fd, std::size_t limit);
+
 inline std::optional<std::string> read_file(const std::string& path, std::size_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return std::nullopt;
+  return read_fd(fd, limit);
+}
+
+/// The same for the file `name` in the directory open as `dir`, following no symbolic link there:
+/// for a file whose directory was opened before anyone else could rename or replace it.
+inline std::optional<std::string> read_file_at(int dir, const std::string& name,
+                                               std::size_t limit) {
+  const int fd = ::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return std::nullopt;
+  return read_fd(fd, limit);
+}
+
+/// Reads `fd` (up to `limit` bytes) and closes it.
+inline std::optional<std::string> read_fd(int fd, std::size_t limit) {
   std::string text;
   char buf[16384];
   while (text.size() < limit) {

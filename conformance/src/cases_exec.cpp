@@ -28,6 +28,21 @@ void output_bytes(T& t) {
   CHECK_EQ(r.stderr_text, "err", "stderr must arrive apart from stdout, byte for byte");
 }
 
+void argv(T& t) {
+  Sandbox box = t.create();
+  // Words with spaces, quotes and what a shell would expand: each arrives as it is, whether the
+  // provider runs the argv itself or the quoted command line the host sends beside it (ABI 1.3).
+  const auto r =
+      box.exec_argv({"printf", "[%s]", "a b", "'q'", "$HOME", "*"}, {.cwd = std::string("/")});
+  CHECK_EQ(r.return_code, 0, "an argv exec of printf must exit 0");
+  CHECK_EQ(r.stdout_text, "[a b]['q'][$HOME][*]",
+           "each argv word must reach the program as it is: no splitting, quoting or expansion");
+  const auto missing = box.exec_argv({"/no/such/program"});
+  CHECK(missing.return_code == 127 || (missing.return_code == 125 && missing.error_type),
+        "an argv exec of a program that does not exist must be 127 (a shell's) or "
+        "125/\"sandbox\"");
+}
+
 void megabyte(T& t) {
   Sandbox box = t.create();
   const auto r = box.exec(
@@ -303,6 +318,11 @@ void add_exec_cases(std::vector<Case>& cases) {
         "exec keeps stdout and stderr apart and their bytes exact (\\001 \\002 \\377)", ""},
        output_bytes});
   cases.push_back({{"exec.megabyte", "a megabyte of output arrives whole", ""}, megabyte});
+  cases.push_back({{"exec.argv",
+                    "an argv exec (ABI 1.3) gives each word to the program as it is, with or "
+                    "without a shell",
+                    ""},
+                   argv});
   cases.push_back(
       {{"exec.exit-code", "a non-zero exit code is a result, not an error", ""}, exit_code});
   cases.push_back({{"exec.cwd",

@@ -6,6 +6,7 @@
 #include <sbx/abi/ext/endpoint.h>
 #include <sbx/abi/ext/pause.h>
 #include <sbx/abi/ext/renew.h>
+#include <sbx/base/shell_quote.hpp>
 #include <sbx/core/plugin_checks.hpp>
 #include <sbx/core/sandbox.hpp>
 
@@ -582,6 +583,26 @@ bool Sandbox::supports(std::string_view extension_id) const {
 }
 
 Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions options) {
+  return exec_request_async(std::move(command), {}, std::move(options));
+}
+
+Operation<ExecResult> Sandbox::exec_argv_async(std::vector<std::string> argv, ExecOptions options) {
+  if (argv.empty() || argv.front().empty()) {
+    throw InvalidArgumentError("an argv exec needs a program: argv[0] is missing or empty");
+  }
+  for (const auto& word : argv)
+    detail::require_utf8(word, "an argv word");
+  std::string command = base::shell_join(argv);
+  return exec_request_async(std::move(command), std::move(argv), std::move(options));
+}
+
+ExecResult Sandbox::exec_argv(std::vector<std::string> argv, ExecOptions options) {
+  return exec_argv_async(std::move(argv), std::move(options)).get();
+}
+
+Operation<ExecResult> Sandbox::exec_request_async(std::string command,
+                                                  std::vector<std::string> argv,
+                                                  ExecOptions options) {
   require_open(state_);
   options.validate();
   detail::require_utf8(command, "the command");
@@ -592,12 +613,16 @@ Operation<ExecResult> Sandbox::exec_async(std::string command, ExecOptions optio
   const bool streamed = static_cast<bool>(ctx->on_output);
   if (!options.cwd) options.cwd = state_->workdir;
   const detail::KvList env(options.env);
+  std::vector<sbx_str> words;
+  for (const auto& word : argv)
+    words.push_back(detail::view_of(word));
   const sbx_exec_request request{sizeof(sbx_exec_request),
                                  detail::view_of(command),
                                  detail::optional_view(options.cwd),
                                  env.list(),
                                  detail::to_abi_ms(options.timeout_s),
-                                 detail::optional_view(options.user)};
+                                 detail::optional_view(options.user),
+                                 {words.data(), words.size()}};
   detail::OpDeadline deadline{g->deadlines.exec(), detail::OpDeadline::From::start,
                               "the host's limit for an exec without a timeout"};
   if (options.timeout_s) {

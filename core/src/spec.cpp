@@ -223,7 +223,15 @@ void SandboxSpec::validate() const {
     require_text(path, "Sandbox startup file path");
   }
   // Text crosses the ABI as UTF-8 (docs/abi/strings.md); file contents are bytes.
-  if (image) require_text(*image, "Sandbox image");
+  if (image) {
+    // No image reference is this long (Docker's: a name of 255 bytes, a tag of 128, a digest);
+    // one that is would only fail later, inside a URL or a request.
+    if (image->size() > 4096) {
+      throw InvalidArgumentError("Sandbox image must be at most 4096 bytes, got " +
+                                 std::to_string(image->size()));
+    }
+    require_text(*image, "Sandbox image");
+  }
   if (workdir) require_text(*workdir, "Sandbox workdir");
   if (resources.gpu_type) require_text(*resources.gpu_type, "Sandbox resource gpu_type");
   require_text(env, "Sandbox env");

@@ -200,6 +200,7 @@ Operation<ExecResult> Session::run_async(std::string command, ExecOptions option
                                  detail::optional_view(options.cwd),
                                  env.list(),
                                  detail::to_abi_ms(options.timeout_s),
+                                 {nullptr, 0},
                                  {nullptr, 0}};
   detail::OpDeadline deadline{g->deadlines.exec(), detail::OpDeadline::From::start,
                               "the host's limit for an exec without a timeout"};

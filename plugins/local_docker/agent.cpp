@@ -1,24 +1,19 @@
 #include "agent.hpp"
 
+#include <sbx/sdk/unix_socket.hpp>
+
 #include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
-#include <fcntl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
-#include <filesystem>
 #include <memory>
-#include <random>
+#include <stdexcept>
 #include <stop_token>
 #include <utility>
 
@@ -36,23 +31,9 @@ namespace json = boost::json;
 constexpr std::chrono::milliseconds kIdleTimeout{20'000};
 // Beyond a command's own timeout, which the agent enforces: the bound on a frozen agent.
 constexpr std::chrono::milliseconds kDeadlineSlack{30'000};
-
-sdk::Error io_error(const std::string& what, int error) {
-  return sdk::Error::unavailable("local_docker agent: " + what + ": " + std::strerror(error));
-}
-
-// Makes `dir` and its missing parents (parents 0755, `dir` itself `mode`).
-void make_dirs(const std::string& dir, mode_t mode) {
-  const std::filesystem::path path(dir);
-  std::error_code ec;
-  if (path.has_parent_path() && path.parent_path() != path) {
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec)
-      throw sdk::Error::unavailable("local_docker agent: cannot make " +
-                                    path.parent_path().string() + ": " + ec.message());
-  }
-  if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) throw io_error("mkdir " + dir, errno);
-}
+// The most of an answer kept whole (a JSON object: an error, a terminal's id, a file's info): a
+// longer one is not the agent's. Streamed bodies (a command's frames, a download) are not kept.
+constexpr size_t kMaxAnswerBytes = 64 * 1024;
 
 std::string json_field(const json::object& o, std::string_view key) {
   const auto* v = o.if_contains(key);
@@ -79,128 +60,17 @@ std::string_view agent_hash() noexcept {
   return sbx_local_docker_agent_hash;
 }
 
-// ---- AgentFiles ---------------------------------------------------------------------------------
-
-std::string AgentFiles::binary() {
-  std::lock_guard lock(mutex_);
-  if (!binary_.empty()) return binary_;
-  make_dirs(dir_, 0700);
-  struct stat st {};
-  if (::lstat(dir_.c_str(), &st) != 0) throw io_error("stat " + dir_, errno);
-  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
-    throw sdk::Error::unavailable("local_docker agent: " + dir_ +
-                                  " (agent_dir) must be a directory owned by this user");
-  }
-  // Only this user enters it: the sandboxes' sockets are below.
-  if ((st.st_mode & 077) != 0 && ::chmod(dir_.c_str(), 0700) != 0) {
-    throw io_error("chmod 0700 " + dir_, errno);
-  }
-  make_dirs(dir_ + "/sandboxes", 0700);
-
-  const std::string path = dir_ + "/sbx-agent-" + std::string(agent_hash());
-  const std::string_view program = agent_program();
-  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<size_t>(st.st_size) == program.size()) {
-    binary_ = path;
-    return binary_;
-  }
-  std::random_device random;
-  const std::string temp = path + ".tmp-" + std::to_string(random());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
-  if (fd < 0) throw io_error("create " + temp, errno);
-  size_t off = 0;
-  while (off < program.size()) {
-    const ssize_t n = ::write(fd, program.data() + off, program.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      throw io_error("write " + temp, error);
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fchmod(fd, 0755) != 0 || ::fsync(fd) != 0 || ::close(fd) != 0 ||
-      ::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    throw io_error("install " + path, error);
-  }
-  binary_ = path;
-  return binary_;
+bool route_refused(const sdk::Error& error) {
+  return error.details().reason == sdk::kUnixSocketRefused;
 }
 
-std::string AgentFiles::run_dir(const std::string& sandbox) const {
-  return dir_ + "/sandboxes/" + sandbox;
-}
-
-std::string AgentFiles::make_run_dir(const std::string& sandbox) {
-  binary();  // the directories exist
-  const std::string dir = run_dir(sandbox);
-  if (::mkdir(dir.c_str(), 0700) != 0) throw io_error("mkdir " + dir, errno);
-  if (::chmod(dir.c_str(), 01777) != 0) {
-    const int error = errno;
-    ::rmdir(dir.c_str());
-    throw io_error("chmod " + dir, error);
-  }
-  return dir;
-}
-
-void AgentFiles::remove_run_dir(const std::string& sandbox) noexcept {
-  std::error_code ec;
-  std::filesystem::remove_all(run_dir(sandbox), ec);  // removes links, never follows them
-}
-
-size_t AgentFiles::sweep() {
-  size_t removed = 0;
-  const auto now = std::filesystem::file_time_type::clock::now();
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/sandboxes", ec)) {
-    std::error_code age_ec;
-    const auto modified = std::filesystem::last_write_time(entry.path(), age_ec);
-    if (age_ec || now - modified < std::chrono::minutes(1)) continue;
-    const std::string socket = entry.path().string() + "/agent.sock";
-    sockaddr_un address{};
-    if (socket.size() >= sizeof address.sun_path) continue;
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path, socket.c_str(), socket.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return removed;
-    const bool listening =
-        ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0 ||
-        errno == EAGAIN || errno == EINPROGRESS;
-    ::close(fd);
-    if (listening) continue;
-    remove_run_dir(entry.path().filename().string());
-    ++removed;
-  }
-  return removed;
-}
-
-// ---- FrameParser --------------------------------------------------------------------------------
-
-void FrameParser::feed(std::string_view bytes,
-                       const std::function<void(char, std::string_view)>& on_frame) {
-  auto take = [&](std::string_view data) -> size_t {  // whole frames at the start of `data`
-    size_t at = 0;
-    while (data.size() - at >= 5) {
-      uint32_t n = 0;
-      for (size_t i = 1; i <= 4; ++i)
-        n = (n << 8) | static_cast<unsigned char>(data[at + i]);
-      if (data.size() - at - 5 < n) break;
-      on_frame(data[at], data.substr(at + 5, n));
-      at += 5 + n;
-    }
-    return at;
-  };
-  if (pending_.empty()) {
-    const size_t used = take(bytes);
-    pending_.assign(bytes.substr(used));
-    return;
-  }
-  pending_.append(bytes);
-  const size_t used = take(pending_);
-  pending_.erase(0, used);
+sdk::Error unreachable(const std::string& name, const sdk::Error& error) {
+  return sdk::Error::unavailable("sandbox " + name +
+                                     " is unreachable: its agent's socket was changed from inside "
+                                     "the sandbox, and the host follows no link and no "
+                                     "replacement there (" +
+                                     error.what() + ")",
+                                 false);
 }
 
 // ---- AgentClient --------------------------------------------------------------------------------
@@ -243,7 +113,14 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
     // the call's cancellation reaches it (the host may cancel from its own output callback).
     if (cancelled_) return;
     if (http_status_ != 200) {
-      if (error_body_.size() < 64 * 1024) error_body_.append(bytes);
+      // An error answer is a short JSON object: one longer than this is not the agent's, and
+      // nothing more of it is read.
+      if (error_body_.size() >= 64 * 1024) {
+        throw sdk::Error::internal(
+            "it answered HTTP " + std::to_string(http_status_) +
+            " with a body of more than 64 KiB: " + error_body_.substr(0, 256));
+      }
+      error_body_.append(bytes);
       return;
     }
     parser_.feed(bytes, [&](char kind, std::string_view payload) {
@@ -269,14 +146,22 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
       if (cancelled_ || error->status() == SBX_STATUS_CANCELLED) {
         return fail(sdk::Error::cancelled());
       }
+      // What the agent sent cannot be what an agent sends (a frame or a head beyond its bounds):
+      // said as such, not as a sandbox that went away.
+      if (error->status() == SBX_STATUS_INTERNAL ||
+          error->status() == SBX_STATUS_RESOURCE_EXHAUSTED) {
+        return fail(
+            sdk::Error(error->status(),
+                       "sandbox " + sandbox_ + ": its agent answered badly: " + error->what()));
+      }
       // Details kept: whether anything was sent (may_have_run) tells "gone" from "went away".
       return fail(sdk::Error(SBX_STATUS_UNAVAILABLE,
                              std::string("the sandbox's agent: ") + error->what(),
                              error->details()));
     }
     if (response->status == 410) {  // expired before it could start: the sandbox is gone
-      return fail(sdk::Error::not_found("sandbox " + sandbox_ + " has expired (" +
-                                        json_message(error_body_) + ")"));
+      return fail(sdk::Error::sandbox_gone("sandbox " + sandbox_ + " has expired (" +
+                                           json_message(error_body_) + ")"));
     }
     if (response->status == 400) {
       // Refused before it started (a cwd, a user that does not exist): the command could not
@@ -300,26 +185,14 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
                                   "end (the agent was killed or the sandbox stopped)"));
     }
     try {
-      const json::object end = json::parse(*end_).as_object();
-      // Killed because the sandbox expired under it: no result, the sandbox is gone.
-      if (const auto* expired = end.if_contains("sandbox_expired")) {
-        return fail(sandbox_expired(sandbox_, expired->to_number<int64_t>()));
-      }
-      if (const auto* code = end.if_contains("exit_code")) {
-        return succeed(sdk::ExitStatus::exited(static_cast<int32_t>(code->to_number<int64_t>())));
-      }
-      if (end.contains("timed_out")) return succeed(sdk::ExitStatus::timed_out());
-      if (const auto* signal = end.if_contains("signal")) {
-        return succeed(
-            sdk::ExitStatus::exited(128 + static_cast<int32_t>(signal->to_number<int64_t>())));
-      }
+      const CommandEnd end = parse_command_end(*end_);
+      if (end.sandbox_expired) return fail(sandbox_expired(sandbox_, *end.sandbox_expired));
+      if (end.status) return succeed(*end.status);
       out_.write(sdk::StdStream::err,
-                 "sbx: the command could not start: " + json_field(end, "error") + "\n");
+                 "sbx: the command could not start: " + *end.not_started + "\n");
       return succeed(sdk::ExitStatus::sandbox_failure());
-    } catch (const std::exception& e) {
-      return fail(sdk::Error::internal(std::string("the sandbox's agent sent a bad "
-                                                   "end of command: ") +
-                                       e.what()));
+    } catch (const sdk::Error& e) {
+      return fail(sdk::Error(e.status(), "sandbox " + sandbox_ + ": " + e.what()));
     }
   }
 
@@ -351,6 +224,8 @@ sdk::http::ClientOptions client_options() {
   options.max_connections = 4096;
   options.max_idle_connections = 256;
   options.keepalive_expiry = std::chrono::milliseconds(60'000);
+  // A sandbox's root can rename, delete and link in its run/ (host_dirs.hpp): no link followed.
+  options.unix_socket_follow_links = false;
   return options;
 }
 
@@ -377,6 +252,7 @@ void AgentClient::start(const std::string& socket, const std::string& sandbox,
   if (command.timeout.count() > 0) body["timeout"] = command.timeout.count();
 
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.method = "POST";
   request.target = "/command";
   request.unix_socket = socket;
@@ -392,6 +268,7 @@ void AgentClient::start(const std::string& socket, const std::string& sandbox,
 
 bool AgentClient::ping(const std::string& socket, std::chrono::milliseconds timeout) {
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.target = "/ping";
   request.unix_socket = socket;
   request.timeout = timeout;
@@ -417,7 +294,7 @@ sdk::Error file_error(long status, const std::string& body, const std::string& w
   if (status == 404) return sdk::Error::not_found(text);
   // 410 SANDBOX_EXPIRED: the sandbox is gone, its agent about to stop.
   if (status == 410)
-    return sdk::Error::not_found(what + ": the sandbox has expired (" + message + ")");
+    return sdk::Error::sandbox_gone(what + ": the sandbox has expired (" + message + ")");
   if (message.find("ead-only file system") != std::string::npos) {
     return sdk::Error::failed_precondition(what + ": the file system there is read-only (" +
                                            message + ")");
@@ -467,6 +344,7 @@ void AgentClient::upload(const std::string& socket, const std::string& sandbox,
            },
        .size = source.size()});
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.method = "POST";
   request.target = "/files/upload";
   request.unix_socket = socket;
@@ -515,14 +393,28 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
                            const sdk::CancelToken& cancel) {
   const std::string what = "cannot download " + path + " from sandbox " + sandbox;
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.target = "/files/download?path=" + sdk::http::url_encode(path);
   request.unix_socket = socket;
   request.idle_timeout = kIdleTimeout;
   // Pulled on this thread: a slow sink slows this download only, never the loop.
   request.pull_body_limit = 1024 * 1024;
-  // The status, known before the body: its bytes are the file's or an error answer.
-  auto status = std::make_shared<std::atomic<long>>(0);
-  request.on_headers = [status](long code, const sdk::http::Headers&) { status->store(code); };
+  // The status and the declared length, known before the body: its bytes are the file's or an
+  // error answer, and a file's are never more than declared (nothing endless reaches the sink).
+  struct Head {
+    std::atomic<long> status{0};
+    std::atomic<int64_t> length{-1};
+  };
+  auto head = std::make_shared<Head>();
+  request.on_headers = [head](long code, const sdk::http::Headers& headers) {
+    for (const auto& [name, value] : headers) {
+      if (name.size() != 14 || strcasecmp(name.c_str(), "content-length") != 0) continue;
+      int64_t length = -1;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), length);
+      if (ec == std::errc() && end == value.data() + value.size()) head->length.store(length);
+    }
+    head->status.store(code);
+  };
   const sdk::http::Call call = http_.start(std::move(request));
   std::stop_callback on_cancel(cancel, [&call] { call.cancel(); });
   std::string chunk, error_body;
@@ -530,7 +422,15 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
   for (bool done = false; !done;) {
     done = call.read_body(chunk, std::chrono::steady_clock::time_point::max());
     if (chunk.empty()) continue;
-    if (status->load() == 200) {
+    if (head->status.load() == 200) {
+      const int64_t length = head->length.load();
+      if (length < 0 || delivered + chunk.size() > static_cast<uint64_t>(length)) {
+        call.cancel();
+        throw sdk::Error::internal(
+            what + ": its agent answered " +
+            (length < 0 ? std::string("without a Content-Length")
+                        : "more than the " + std::to_string(length) + " bytes it declared"));
+      }
       try {
         sink.write(chunk);
       } catch (...) {
@@ -561,6 +461,7 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
 
 bool AgentClient::runs_as_root(const std::string& socket, const sdk::CancelToken& cancel) {
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.target = "/files/info?path=" + sdk::http::url_encode(std::string(kAgentSocket));
   request.unix_socket = socket;
   request.timeout = std::chrono::milliseconds(10'000);
@@ -583,6 +484,7 @@ std::string AgentClient::open_pty(const std::string& socket, const std::string& 
                                   const sdk::CancelToken& cancel) {
   const std::string what = "cannot open a terminal";
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.method = "POST";
   request.target = "/pty";
   request.unix_socket = socket;
@@ -604,6 +506,7 @@ std::string AgentClient::open_pty(const std::string& socket, const std::string& 
 void AgentClient::delete_pty(const std::string& socket, const std::string& id,
                              const sdk::CancelToken& cancel) {
   sdk::http::Request request;
+  request.max_body_bytes = kMaxAnswerBytes;
   request.method = "DELETE";
   request.target = "/pty/" + sdk::http::url_encode(id);
   request.unix_socket = socket;

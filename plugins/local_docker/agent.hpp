@@ -1,14 +1,16 @@
-// sbx-agent in local_docker's sandboxes (agent/README.md; decisions 203-208): how the agent gets
-// into a container, where its socket is, and commands run through it.
+// sbx-agent in local_docker's sandboxes (agent/README.md; decisions 203-208, 251): commands and
+// file transfers through it. Where its binary and socket are on the host: host_dirs.hpp.
 //
-// The agent's binary is embedded in this plugin and written once per agent version to
-// `agent_dir` (mode 0700, so only root enters it), then bind-mounted read-only into every
-// sandbox as the container's main process. Each sandbox gets a directory of its own under
-// `agent_dir`/sandboxes, bind-mounted at /.sbx/run, where the agent makes its unix socket: only
-// root on the host reaches it, and no sandbox sees another's.
+// Every byte read from an agent is the sandbox's: its root can stop the agent's socket from
+// answering and bind a program of its own in its place. What this client reads is bounded (a
+// frame's length, an answer's head and error body, a download's declared length) and each
+// request has an idle timeout, so such a program fails its own sandbox's calls with a clear
+// error and nothing else.
 #pragma once
 
 #include "exec.hpp"
+#include "frames.hpp"
+#include "host_dirs.hpp"
 
 #include <sbx/sdk/http.hpp>
 #include <sbx/sdk/provider.hpp>
@@ -27,46 +29,16 @@ namespace sbx::local_docker {
 std::string_view agent_program() noexcept;
 std::string_view agent_hash() noexcept;
 
-// Inside the container.
-inline constexpr std::string_view kAgentBinary = "/.sbx/sbx-agent";
-inline constexpr std::string_view kAgentRunDir = "/.sbx/run";
-inline constexpr std::string_view kAgentSocket = "/.sbx/run/agent.sock";
 // Label of a sandbox whose main process is the agent: the host directory of its socket.
 inline constexpr std::string_view kAgentLabel = "sbx.agent";
 // Label of such a sandbox whose image's USER is not root: that user (AgentLaunch::user).
 inline constexpr std::string_view kAgentUserLabel = "sbx.agent.user";
 
-// The host side: the agent's binary and the sandboxes' socket directories under one directory.
-// THREADING: thread-safe.
-class AgentFiles {
- public:
-  explicit AgentFiles(std::string dir) : dir_(std::move(dir)) {}
-
-  // The agent's binary on the host, written on first use (atomically: a temp file renamed into
-  // place; mode 0755) into the directory, which is made mode 0700 when missing. An existing
-  // directory must be a directory owned by this process's user that no one else can write.
-  // Throws Error::unavailable naming the path and the reason.
-  std::string binary();
-  // Makes the host directory of a sandbox's /.sbx/run and returns it. Mode 01777: the agent
-  // may run as the image's user, which must be able to make its socket there; sticky, so no
-  // other user of the sandbox can remove or replace it.
-  std::string make_run_dir(const std::string& sandbox);
-  // Removes that directory and what the sandbox left in it (never following a symbolic link).
-  // Nothing when it does not exist.
-  void remove_run_dir(const std::string& sandbox) noexcept;
-  std::string run_dir(const std::string& sandbox) const;
-  // Removes the directories of sandboxes that have ended without a close (their TTL, the reaper,
-  // `docker rm`): older than a minute (a younger one may be a create in flight in another
-  // process) and whose socket is gone or refuses a connection (no agent listens: the container
-  // has stopped; a paused agent's socket still accepts). Asks nothing of the daemon, so a hung
-  // daemon cannot stall it. Returns how many it removed.
-  size_t sweep();
-
- private:
-  std::string dir_;
-  std::mutex mutex_;
-  std::string binary_;  // once written
-};
+// Whether `error` (a connection to an agent's socket) failed because the socket's path was changed
+// from inside the sandbox (sdk::kUnixSocketRefused): the sandbox is then unreachable, not gone.
+bool route_refused(const sdk::Error& error);
+// The error for sandbox `name` whose route was refused: UNAVAILABLE, saying so.
+sdk::Error unreachable(const std::string& name, const sdk::Error& error);
 
 // How a command through the agent ended: an exit status, or an error (exactly one is set).
 using AgentDoneFn = std::function<void(const sdk::ExitStatus* status, const sdk::Error* error)>;
@@ -132,17 +104,6 @@ class AgentClient {
  private:
   sdk::Logger log_;
   sdk::http::Client http_;  // last: destroyed first, ending every command while the rest lives
-};
-
-// Incremental parser of the agent's frames (agent/README.md, "Frames"): a kind byte, the
-// payload's length (4 bytes, big-endian), the payload. Not thread-safe.
-class FrameParser {
- public:
-  // Feeds bytes; calls `on_frame(kind, payload)` for every complete frame.
-  void feed(std::string_view bytes, const std::function<void(char, std::string_view)>& on_frame);
-
- private:
-  std::string pending_;
 };
 
 }  // namespace sbx::local_docker

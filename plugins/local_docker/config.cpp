@@ -3,6 +3,7 @@
 #include "docker_api.hpp"
 
 #include <sbx/sdk/error.hpp>
+#include <sbx/sdk/paths.hpp>
 
 #include <arpa/inet.h>
 
@@ -273,6 +274,7 @@ Config Config::parse(const boost::json::object& json, const char* docker_host) {
   if (auto reaper = reader.object("reaper")) config.reaper = read_reaper(*reaper);
   config.probe = default_probe();
   if (auto probe = reader.object("probe")) {
+    config.probe_configured = probe->value("command") != nullptr;
     config.probe = sdk::ProbeConfig::read(*probe, config.probe);
     probe->finish();
   }
@@ -286,6 +288,17 @@ namespace {
 
 bool is_absolute(std::string_view path) {
   return !path.empty() && path.front() == '/';
+}
+
+// Whether a mount's target is /.sbx or below it, as the kernel would reach it: local_docker keeps
+// /.sbx for the agent, its socket and the expiry (host_dirs.hpp), which no request may cover.
+bool under_sbx_dir(std::string_view target) {
+  try {
+    const std::string path = sdk::resolve_sandbox_path(target, std::nullopt);
+    return path == "/.sbx" || path.starts_with("/.sbx/");
+  } catch (const sdk::Error&) {
+    return true;  // a ".." above "/": not a target to take
+  }
 }
 
 // "src:dst[:ro|rw]" -> the same text, validated (Docker reports bad binds only at start).
@@ -304,6 +317,7 @@ std::string read_bind(std::string_view text, const std::string& path) {
   if (parts.size() < 2 || parts.size() > 3) bad("has the wrong number of ':'-separated parts");
   if (parts[0].empty()) bad("has an empty source");
   if (!is_absolute(parts[1])) bad("needs an absolute target path");
+  if (under_sbx_dir(parts[1])) bad("targets /.sbx, which local_docker keeps for itself");
   if (parts.size() == 3 && parts[2] != "ro" && parts[2] != "rw") bad("has a mode other than ro/rw");
   return std::string(text);
 }
@@ -315,6 +329,8 @@ Mount read_mount(const boost::json::object& object, const std::string& path) {
   const auto target = reader.string("target");
   if (!source || source->empty()) reader.fail("source", "is required (a host path or volume name)");
   if (!target || !is_absolute(*target)) reader.fail("target", "is required and must be absolute");
+  if (under_sbx_dir(*target))
+    reader.fail("target", "is /.sbx or below it, which local_docker keeps");
   mount.source = *source;
   mount.target = *target;
   mount.read_only = reader.boolean("read_only", false);
@@ -347,6 +363,9 @@ Mount read_opensandbox_volume(const boost::json::object& object, const std::stri
   }
   if (!mount_path || !is_absolute(*mount_path)) {
     reader.fail("mountPath", "is required and must be absolute");
+  }
+  if (under_sbx_dir(*mount_path)) {
+    reader.fail("mountPath", "is /.sbx or below it, which local_docker keeps");
   }
   if (int(host.has_value()) + int(pvc.has_value()) + int(ossfs) != 1) {
     reader.fail("host", "exactly one backend must be given: host, pvc or ossfs");

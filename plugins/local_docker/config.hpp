@@ -70,6 +70,9 @@ struct Config {
   ExecConfig exec;
   ReaperConfig reaper;
   sdk::ProbeConfig probe;
+  // Whether the config names a probe command (probe.command, null included). Without one, a
+  // sandbox with the agent is ready when its agent answers: an image without a shell is too.
+  bool probe_configured = false;
 
   // The probe defaults of this provider (the seed's six fields).
   static sdk::ProbeConfig default_probe();

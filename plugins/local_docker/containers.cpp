@@ -2,6 +2,7 @@
 
 #include "agent.hpp"
 #include "exec.hpp"
+#include "host_dirs.hpp"
 
 #include <boost/json/array.hpp>
 #include <boost/json/serialize.hpp>
@@ -21,16 +22,18 @@ constexpr int64_t kMiB = 1024 * 1024;
 constexpr int64_t kMaxSleepSeconds = 2147483647;
 
 // The TTL's clock, a shell function shared by the keep-alive and the entrypoint watchdog:
-// `w EXPIRES_AT FILE` returns once the expiry has passed. The expiry in force is FILE's (Unix
-// seconds, rewritten by sbx.renew/1), else the argument (no FILE: a read-only root file system).
-// It reads FILE with the shell's builtin `read`, compares with `date +%s` and sleeps the time left,
-// at most 20 s, so a renew is seen within 20 s and an idle sandbox runs two short processes
-// (date, sleep) every 20 s. A FILE that cannot be read once the expiry passed (a renew rewriting
-// it: the daemon deletes the old file first) is read again 1 s later, twice, before the last
+// `w EXPIRES_AT DIR` returns once the expiry has passed. The expiry in force is that of the file
+// expires_at in DIR (the host's, mounted read-only: reaper/expiry_file.hpp), else the argument.
+// It enters DIR first and reads the file relative to it from then on, so a /.sbx renamed or
+// replaced by the sandbox's root later changes nothing. It reads the file with the shell's
+// builtin `read`, compares with `date +%s` and sleeps the time left, at most 20 s, so a renew is
+// seen within 20 s and an idle sandbox runs two short processes (date, sleep) every 20 s. A file
+// that cannot be read once the expiry passed is read again 1 s later, twice, before the last
 // expiry seen counts. Without a working `date` it only sleeps, and the reaper ends the sandbox.
 constexpr std::string_view kExpiryClock =
     "w() {\n"
-    "  e=$1 f=$2 m=0\n"
+    "  e=$1 f= m=0\n"
+    "  if [ -n \"$2\" ] && cd \"$2\" 2>/dev/null; then f=expires_at; fi\n"
     "  while :; do\n"
     "    if [ -z \"$f\" ]; then m=0\n"
     "    elif read -r v <\"$f\" && [ \"$v\" -gt 0 ]; then e=$v m=0\n"
@@ -47,13 +50,14 @@ constexpr std::string_view kExpiryClock =
     "}\n";
 
 // The keep-alive of a sandbox with a TTL and no entrypoint: the main process ends (status 0) at
-// the expiry. Arguments: $1 = expiry (Unix seconds), $2 = the expiry file or "".
+// the expiry. Arguments: $1 = expiry (Unix seconds), $2 = the expiry file's directory or "".
 constexpr std::string_view kTtlKeepalive = "w \"$1\" \"$2\"\nexit 0\n";
 
 // Runs the spec's entrypoint under the TTL: when it expires the entrypoint gets SIGTERM, then
 // SIGKILL 10 s later, and the shell (the container's main process) exits, which ends the container
 // and lets AutoRemove delete it. Signals sent to the container are passed on to the entrypoint.
-// Arguments: $1 = expiry (Unix seconds), $2 = the expiry file or "", then the entrypoint's argv.
+// Arguments: $1 = expiry (Unix seconds), $2 = the expiry file's directory or "", then the
+// entrypoint's argv.
 constexpr std::string_view kTtlWatchdog =
     "e=$1 f=$2; shift 2\n"
     "\"$@\" & p=$!\n"
@@ -81,8 +85,7 @@ json::array string_array(const std::vector<std::string>& items) {
   return out;
 }
 
-json::object labels_of(const CreateConfig& create, const sdk::Spec& spec,
-                       std::optional<int64_t> expires_at) {
+json::object labels_of(const sdk::Spec& spec, std::optional<int64_t> expires_at, bool expiry_file) {
   json::object labels;
   // Metadata first: the host's labels (used to find and reap sandboxes) win over a metadata key
   // of the same name, and the sandbox marker wins over both.
@@ -92,7 +95,7 @@ json::object labels_of(const CreateConfig& create, const sdk::Spec& spec,
     labels[key] = value;
   labels[kSandboxLabel] = "1";
   if (expires_at) labels[kExpiresAtLabel] = std::to_string(*expires_at);
-  if (expires_at && has_expiry_file(create, spec)) labels[expiry::kFileLabel] = expiry::kPath;
+  if (expires_at && expiry_file) labels[expiry::kFileLabel] = expiry::kPath;
   if (spec.workdir) labels[kWorkdirLabel] = *spec.workdir;
   if (!spec.ports.empty()) {
     std::string ports;
@@ -152,8 +155,8 @@ json::array env_of(const sdk::KeyValues& env) {
 // With the agent, it is the main process and does the shell's work below itself: it serves until
 // the expiry (or forever), runs the spec's entrypoint as its child under the TTL, passes signals
 // on to it and ends with it (agent/README.md, "PID 1").
-void set_agent_process(json::object& body, json::object& host, const CreateConfig& create,
-                       const sdk::Spec& spec, std::optional<int64_t> expires_at,
+void set_agent_process(json::object& body, json::object& host, const sdk::Spec& spec,
+                       std::optional<int64_t> expires_at, bool expiry_file,
                        const AgentLaunch& agent) {
   json::array argv{std::string(kAgentBinary), "--listen", "unix:" + std::string(kAgentSocket),
                    "--state-dir", std::string(kAgentRunDir)};
@@ -168,7 +171,7 @@ void set_agent_process(json::object& body, json::object& host, const CreateConfi
     host["AutoRemove"] = true;
     argv.emplace_back("--expires-at");
     argv.emplace_back(std::to_string(expires_at.value_or(0)));
-    if (has_expiry_file(create, spec)) {
+    if (expiry_file) {
       argv.emplace_back("--expiry-file");
       argv.emplace_back(std::string(expiry::kPath));
     }
@@ -184,14 +187,14 @@ void set_agent_process(json::object& body, json::object& host, const CreateConfi
 
 // Entrypoint and Cmd: the keep-alive process, the spec's entrypoint, or either under the TTL.
 void set_process(json::object& body, json::object& host, const CreateConfig& create,
-                 const sdk::Spec& spec, std::optional<int64_t> expires_at) {
+                 const sdk::Spec& spec, std::optional<int64_t> expires_at, bool expiry_file) {
   const std::string& shell = create.keepalive_shell;
   if (spec.ttl) {
     // The container must end by itself even if the host process dies: AutoRemove deletes it when
     // its main process exits, and the main process exits when the TTL expires.
     host["AutoRemove"] = true;
     const std::string expiry = std::to_string(expires_at.value_or(0));
-    const std::string file = has_expiry_file(create, spec) ? std::string(expiry::kPath) : "";
+    const std::string file = expiry_file ? std::string(kTtlDir) : "";
     const std::string clock(kExpiryClock);
     if (spec.entrypoint) {
       body["Entrypoint"] = json::array{
@@ -343,14 +346,6 @@ std::string bracket_ipv6(const std::string& host) {
 
 }  // namespace
 
-bool has_expiry_file(const CreateConfig& create, const sdk::Spec& spec) {
-  return spec.ttl.has_value() && !create.read_only;
-}
-
-std::string expiry_file_text(int64_t expires_at) {
-  return std::to_string(expires_at) + "\n";
-}
-
 std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
   if (!spec.ttl) return std::nullopt;
   const auto now = std::chrono::system_clock::now().time_since_epoch();
@@ -361,12 +356,13 @@ std::optional<int64_t> expiry_of(const sdk::Spec& spec) {
 json::object container_config(const Config& config, const sdk::Spec& spec,
                               const SandboxOptions& options, const ImageRef& image,
                               std::optional<int64_t> expires_at, bool with_disk_limit,
-                              const AgentLaunch* agent) {
+                              const std::string& ttl_dir, const AgentLaunch* agent) {
   const CreateConfig& create = config.create;
+  const bool expiry_file = expires_at && !ttl_dir.empty();
   json::object body;
   json::object host;
   body["Image"] = image.name;
-  body["Labels"] = labels_of(create, spec, expires_at);
+  body["Labels"] = labels_of(spec, expires_at, expiry_file);
   // Only ever the host's (never the spec's metadata): connect trusts it as commands' default user.
   body["Labels"].as_object().erase(kAgentUserLabel);
   if (agent) {
@@ -382,9 +378,9 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
   body["Tty"] = false;
   body["OpenStdin"] = false;
   if (agent) {
-    set_agent_process(body, host, create, spec, expires_at, *agent);
+    set_agent_process(body, host, spec, expires_at, expiry_file, *agent);
   } else {
-    set_process(body, host, create, spec, expires_at);
+    set_process(body, host, create, spec, expires_at, expiry_file);
   }
   set_resources(host, create, spec.resources, with_disk_limit);
   set_ports(body, host, create, spec.ports);
@@ -397,6 +393,16 @@ json::object container_config(const Config& config, const sdk::Spec& spec,
         host["Binds"].is_array() ? host["Binds"].as_array() : host["Binds"].emplace_array();
     binds.emplace_back(agent->binary + ":" + std::string(kAgentBinary) + ":ro");
     binds.emplace_back(agent->run_dir + ":" + std::string(kAgentRunDir));
+  }
+  if (expiry_file) {
+    // A bind "mount" (not a Binds string) fails the create when the source is missing, as it is
+    // for a daemon that does not share this machine's files: the expiry would not be the host's.
+    json::array& mounts =
+        host["Mounts"].is_array() ? host["Mounts"].as_array() : host["Mounts"].emplace_array();
+    mounts.emplace_back(json::object{{"Type", "bind"},
+                                     {"Source", ttl_dir},
+                                     {"Target", std::string(kTtlDir)},
+                                     {"ReadOnly", true}});
   }
   host["NetworkMode"] = create.network;
   host["ReadonlyRootfs"] = create.read_only;

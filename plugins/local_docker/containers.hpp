@@ -39,9 +39,11 @@ inline constexpr size_t kMaxSpecEnvBytes = 1024 * 1024;
 // cannot honour (ports without a network, gpu_type, non-positive cpu/memory/disk, bad env keys).
 // `with_disk_limit` false leaves resources.disk_gib out (storage driver without size limits).
 // `expires_at` (from expiry_of) is stamped as the sbx.expires_at label and is the keep-alive's or
-// watchdog's expiry; with an expiry file (has_expiry_file) the label sbx.expiry_file names it.
-// With `agent`, sbx-agent is the main process (agent.hpp): its binary and run directory are
-// bind-mounted, the spec's entrypoint runs as its child.
+// watchdog's expiry at the start; with `ttl_dir` (the host directory holding the expiry file,
+// host_dirs.hpp) that directory is bind-mounted read-only at /.sbx/ttl, the agent or the
+// keep-alive honour the file, and the label sbx.expiry_file names it. With `agent`, sbx-agent is
+// the main process (agent.hpp): its binary and run directory are bind-mounted, the spec's
+// entrypoint runs as its child.
 struct AgentLaunch {
   std::string binary;   // the agent's binary on the host
   std::string run_dir;  // the host directory of the container's /.sbx/run
@@ -53,18 +55,12 @@ struct AgentLaunch {
 boost::json::object container_config(const Config& config, const sdk::Spec& spec,
                                      const SandboxOptions& options, const ImageRef& image,
                                      std::optional<int64_t> expires_at, bool with_disk_limit,
+                                     const std::string& ttl_dir = "",
                                      const AgentLaunch* agent = nullptr);
 
 // With a TTL: the unix time (seconds) at which the sandbox expires if created now (the TTL rounded
 // up to whole seconds).
 std::optional<int64_t> expiry_of(const sdk::Spec& spec);
-
-// Whether a sandbox of `spec` keeps its expiry in force in the expiry file (expiry::kPath, written
-// with the startup files, moved by sbx.renew/1): with a TTL, unless the root file system is
-// read-only (then only the sbx.expires_at label and the keep-alive's argument hold it).
-bool has_expiry_file(const CreateConfig& create, const sdk::Spec& spec);
-// The expiry file's text for `expires_at` (Unix seconds and a newline).
-std::string expiry_file_text(int64_t expires_at);
 
 // POST /containers/create?name=...; returns the container id. Daemon warnings are logged.
 std::string create_container(DockerApi& api, const std::string& name,

@@ -238,6 +238,10 @@ sdk::Error api_error(long status, std::string_view body, std::string_view what) 
     code = SBX_STATUS_PERMISSION_DENIED;
   } else if (status == 404) {
     code = SBX_STATUS_NOT_FOUND;
+    // The container itself is gone (not a file, an image or an exec of it).
+    if (docker_message(body).find("No such container") != std::string::npos) {
+      details.reason = SBX_REASON_SANDBOX_GONE;
+    }
   } else if (status == 409) {
     code = SBX_STATUS_FAILED_PRECONDITION;
   } else if (status >= 502 && status <= 504) {

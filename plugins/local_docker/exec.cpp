@@ -473,10 +473,10 @@ void kill_tagged(DockerApi& api, const std::string& container, const std::string
 }
 
 sdk::Error sandbox_expired(const std::string& sandbox, int64_t expires_at) {
-  return sdk::Error::not_found("sandbox " + sandbox + " has expired (its TTL ended at " +
-                               std::to_string(expires_at) +
-                               ", Unix seconds) while the command ran; the command was killed "
-                               "with it");
+  return sdk::Error::sandbox_gone("sandbox " + sandbox + " has expired (its TTL ended at " +
+                                  std::to_string(expires_at) +
+                                  ", Unix seconds) while the command ran; the command was killed "
+                                  "with it");
 }
 
 std::optional<std::string> oversized_argument(const ExecParams& params) {

@@ -113,6 +113,12 @@ ImageRef parse_image(std::string_view image) {
   constexpr std::string_view kScheme = "docker://";
   if (image.starts_with(kScheme)) image.remove_prefix(kScheme.size());
   if (image.empty()) throw sdk::Error::invalid_argument("spec.image is empty");
+  // Docker's references are far shorter (a name of 255, a tag of 128, a digest); a longer one is
+  // refused before it becomes a URL.
+  if (image.size() > 4096) {
+    throw sdk::Error::invalid_argument("spec.image is " + std::to_string(image.size()) +
+                                       " bytes; an image reference has at most 4096");
+  }
   if (!std::all_of(image.begin(), image.end(), image_char)) {
     throw sdk::Error::invalid_argument("spec.image '" + shorten(image, 200) +
                                        "' is not a valid image reference");

@@ -48,7 +48,10 @@ void change_state(DockerApi& api, const std::string& container, const std::strin
   const std::string message = lower(docker_message(response.body));
   if (message.find(already) != std::string::npos) return;
   if (response.status == 404) {
-    throw sdk::Error::not_found(what + " sandbox " + container + ": it no longer exists");
+    throw sdk::Error::sandbox_gone(what + " sandbox " + container + ": it no longer exists");
+  }
+  if (response.status == 409 && message.find("is not running") != std::string::npos) {
+    throw sdk::Error::sandbox_gone(what + " sandbox " + container + ": it no longer runs");
   }
   throw api_error(response.status, response.body, what + " sandbox " + container);
 }
@@ -76,41 +79,26 @@ void resume_container(DockerApi& api, const std::string& container,
   change_state(api, container, "unpause", "is not paused", "resuming", cancel);
 }
 
-void require_not_paused(DockerApi& api, const std::string& container,
-                        const sdk::CancelToken& cancel) {
+void require_running(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel) {
   http::Request request;
   request.target = "/containers/" + container + "/json";
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status == 404) {
-    throw sdk::Error::not_found("sandbox " + container + " no longer exists");
+    throw sdk::Error::sandbox_gone("sandbox " + container + " no longer exists");
   }
   if (response.status != 200) {
     throw api_error(response.status, response.body, "inspecting container " + container);
   }
   const json::object inspect = parse_body(response.body, "inspecting container " + container);
-  if (string_at(object_at(inspect, "State"), "Status") == "paused") {
+  const std::string state = string_at(object_at(inspect, "State"), "Status");
+  if (state == "paused") {
     throw sdk::Error::failed_precondition("sandbox " + container + " is paused; resume it first");
   }
-}
-
-std::optional<int64_t> read_expiry_file(DockerApi& api, const std::string& container,
-                                        const sdk::CancelToken& cancel) {
-  http::Request request;
-  request.target =
-      "/containers/" + container + "/archive?path=" + http::url_encode(std::string(expiry::kPath));
-  const http::Response response = api.send(std::move(request), cancel);
-  if (response.status == 404) return std::nullopt;
-  if (response.status != 200) {
-    throw api_error(response.status, response.body,
-                    "reading the expiry file of sandbox " + container);
+  if (state != "running") {
+    throw sdk::Error::sandbox_gone("sandbox " + container + " no longer runs (its container is " +
+                                   (state.empty() ? std::string("in no known state") : state) +
+                                   ")");
   }
-  return expiry::parse_archive(response.body);
-}
-
-void write_expiry_file(DockerApi& api, const std::string& container, int64_t expires_at,
-                       const sdk::CancelToken& cancel) {
-  upload_files(api, container, {{std::string(expiry::kPath), expiry_file_text(expires_at)}},
-               cancel);
 }
 
 std::string make_descriptor(const std::string& name, const std::string& container_id) {
@@ -150,7 +138,7 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
   request.target = "/containers/" + found.name + "/json";
   const http::Response response = api.send(std::move(request), cancel);
   if (response.status == 404) {
-    throw sdk::Error::not_found("sandbox " + found.name + " no longer exists");
+    throw sdk::Error::sandbox_gone("sandbox " + found.name + " no longer exists");
   }
   if (response.status != 200) {
     throw api_error(response.status, response.body, "inspecting container " + found.name);
@@ -164,13 +152,14 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
   }
   found.container_id = string_at(&inspect, "Id");
   if (!expected_id.empty() && expected_id != found.container_id) {
-    throw sdk::Error::not_found("sandbox " + found.name +
-                                " no longer exists (another container has its name now)");
+    throw sdk::Error::sandbox_gone("sandbox " + found.name +
+                                   " no longer exists (another container has its name now)");
   }
   const std::string state = string_at(object_at(inspect, "State"), "Status");
   if (state != "running" && state != "paused") {
-    throw sdk::Error::not_found("sandbox " + found.name + " has ended (its container is " +
-                                (state.empty() ? std::string("in no known state") : state) + ")");
+    throw sdk::Error::sandbox_gone("sandbox " + found.name + " has ended (its container is " +
+                                   (state.empty() ? std::string("in no known state") : state) +
+                                   ")");
   }
   if (const std::string workdir = string_at(labels, kWorkdirLabel); !workdir.empty()) {
     found.workdir = workdir;
@@ -184,11 +173,9 @@ FoundSandbox find_sandbox(DockerApi& api, const std::string& descriptor,
     const auto [ptr, err] = std::from_chars(expiry.data(), expiry.data() + expiry.size(), value);
     if (err == std::errc() && ptr == expiry.data() + expiry.size()) found.expires_at = value;
   }
-  // A renew may have moved the expiry past the label: the file holds the one in force.
-  if (found.expires_at && string_at(labels, expiry::kFileLabel) == expiry::kPath) {
-    found.has_expiry_file = true;
-    if (const auto in_file = read_expiry_file(api, found.name, cancel)) found.expires_at = in_file;
-  }
+  // Renewable through the host's expiry file (read by the provider: host_dirs.hpp).
+  found.has_expiry_file =
+      found.expires_at && string_at(labels, expiry::kFileLabel) == expiry::kPath;
   return found;
 }
 

@@ -1,8 +1,7 @@
 // ABI 1.1 lifecycle of a local_docker sandbox beyond create and close: pause and resume (the Engine
 // API's pause/unpause: the cgroup freezer), and descriptors for sbx.connect/1 (a sandbox found
 // again by its container name, with what a later process needs read from the labels stamped at
-// create), and the expiry file that sbx.renew/1 rewrites (reaper/expiry_file.hpp). THREADING: any
-// thread; each call is a request or two on `api`.
+// create). THREADING: any thread; each call is a request or two on `api`.
 #pragma once
 
 #include "docker_api.hpp"
@@ -25,9 +24,9 @@ void pause_container(DockerApi& api, const std::string& container, const sdk::Ca
 void resume_container(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
 
 // Fails with FAILED_PRECONDITION ("... is paused; resume it first") when the container is paused,
-// NOT_FOUND when it is gone. For file transfers, which the daemon would otherwise half do.
-void require_not_paused(DockerApi& api, const std::string& container,
-                        const sdk::CancelToken& cancel);
+// NOT_FOUND with the reason sandbox_gone when it is gone or no longer runs. For file transfers,
+// which the daemon would otherwise half do (or do on a sandbox that has ended).
+void require_running(DockerApi& api, const std::string& container, const sdk::CancelToken& cancel);
 
 // What a connect found out about a sandbox.
 struct FoundSandbox {
@@ -35,21 +34,12 @@ struct FoundSandbox {
   std::string container_id;  // Docker's Id
   std::optional<std::string> workdir;
   std::vector<uint16_t> ports;
-  std::optional<int64_t> expires_at;  // Unix seconds: the expiry file's, else the label's
-  bool has_expiry_file = false;       // labelled sbx.expiry_file: renewable
+  std::optional<int64_t> expires_at;  // Unix seconds: the label's (the host's file may say later)
+  bool has_expiry_file = false;       // labelled sbx.expiry_file=expiry::kPath: renewable
   std::string agent_run_dir;          // labelled sbx.agent: its agent's socket directory
   std::string agent_user;             // labelled sbx.agent.user: commands' default user
   bool paused = false;
 };
-
-// The expiry in the container's expiry file (expiry::kPath) through the archive API (also while
-// paused); nothing when the file is missing or does not hold an expiry (e.g. being rewritten).
-// Other daemon errors throw. A container that is gone also answers nothing: ask its state first.
-std::optional<int64_t> read_expiry_file(DockerApi& api, const std::string& container,
-                                        const sdk::CancelToken& cancel);
-// Replaces the expiry file with `expires_at` (one small archive; works on a paused container).
-void write_expiry_file(DockerApi& api, const std::string& container, int64_t expires_at,
-                       const sdk::CancelToken& cancel);
 
 // The descriptor of a sandbox (JSON text): {"format": "sbx.descriptor/1", "provider":
 // "local_docker", "sandbox_id": NAME, "container_id": ID}.

@@ -32,6 +32,9 @@ using std::chrono::milliseconds;
 constexpr milliseconds kTtlStopWait = 2s;
 // The farthest renew takes: the longest TTL a create takes (2^31 - 1 s, about 68 years).
 constexpr int64_t kMaxRenewAheadMs = int64_t{2147483647} * 1000;
+// A sandbox's shell when its image has none (`sh` cannot be started): command lines fail at once
+// saying so, argv commands run (ExecRequest::argv). Not a program name anyone has.
+constexpr std::string_view kNoShell = "<no shell>";
 // Bound on the `command -v bash` exec that picks a sandbox's shell.
 constexpr milliseconds kShellProbeTimeout = 10s;
 // Room in the pool for everything that is not an exec: execs beyond exec.concurrency wait on the
@@ -82,16 +85,15 @@ struct ContainerStopped : std::runtime_error {
 // (with a TTL) or to `sbx reap`, and the failure is logged.
 class ContainerGuard {
  public:
-  // `agent_files`: also removes the sandbox's agent run directory (after the container).
-  ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log,
-                 AgentFiles* agent_files = nullptr)
-      : api_(api), name_(std::move(name)), log_(log), agent_files_(agent_files) {}
+  // `dirs`: also removes the sandbox's host directories (after the container).
+  ContainerGuard(DockerApi& api, std::string name, const sdk::Logger& log, HostDirs* dirs = nullptr)
+      : api_(api), name_(std::move(name)), log_(log), dirs_(dirs) {}
   ContainerGuard(const ContainerGuard&) = delete;
   ContainerGuard& operator=(const ContainerGuard&) = delete;
   ~ContainerGuard() {
     if (state_ == State::dismissed) return;
     remove();
-    if (agent_files_) agent_files_->remove_run_dir(name_);
+    if (dirs_) dirs_->remove(name_);
   }
   void created() { state_ = State::created; }
   void dismiss() { state_ = State::dismissed; }
@@ -124,7 +126,7 @@ class ContainerGuard {
   DockerApi& api_;
   std::string name_;
   const sdk::Logger& log_;
-  AgentFiles* agent_files_;
+  HostDirs* dirs_;
   State state_ = State::unknown;
 };
 
@@ -168,9 +170,11 @@ std::string join_ports(const std::vector<uint16_t>& ports) {
 // The hint that an entrypoint must keep running is given only when nothing says the process could
 // not even start (a runtime error, or runc's "exec <path>: <reason>" such as "argument list too
 // long" for an environment the kernel refuses).
-std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch& watch) {
+std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch& watch,
+                        const std::string& keepalive_shell) {
   std::string reason = "its main process exited";
-  if (const auto code = watch.exit_code(2s)) reason += " with exit code " + std::to_string(*code);
+  const auto code = watch.exit_code(2s);
+  if (code) reason += " with exit code " + std::to_string(*code);
   std::string runtime_error;
   try {
     const auto inspect = inspect_container(api, name, sdk::CancelToken());
@@ -189,6 +193,13 @@ std::string stop_reason(DockerApi& api, const std::string& name, const ExitWatch
                            output.find("argument list too long") != std::string::npos ||
                            (output.starts_with("exec ") && output.find(": ") != std::string::npos);
   if (not_started) return reason;
+  // 127 is "not found" from Docker's init and from shells: the image lacks the program.
+  if (code == 127 && output.empty()) {
+    return reason +
+           " (a program it needs is not in the image: the entrypoint's, or with Docker "
+           "exec the keep-alive shell " +
+           keepalive_shell + ", create.keepalive_shell; the agent needs none)";
+  }
   return reason + " (an entrypoint must keep running; without one the keep-alive does)";
 }
 
@@ -222,7 +233,7 @@ LocalDockerProvider::LocalDockerProvider(const sdk::ProviderContext& context,
                       .max_connections = static_cast<long>(max_connections(config_))},
            log_),
       exec_slots_(config_.exec.concurrency),
-      agent_files_(config_.agent_dir),
+      dirs_(config_.agent_dir),
       agent_client_(config_.agent ? std::make_unique<AgentClient>(log_) : nullptr),
       create_slots_(config_.create.concurrency),
       reaper_(api_, config_.reaper, config_.socket, log_) {}
@@ -248,10 +259,6 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   for (const auto& file : spec.files) {
     files.emplace_back(container_path(file.path, spec.workdir), file.contents);
   }
-  // Last, so that it wins over a startup file of the same path.
-  const bool expiry_file = expires_at && has_expiry_file(config_.create, spec);
-  if (expiry_file) files.emplace_back(expiry::kPath, expiry_file_text(*expires_at));
-
   const Semaphore::Slot slot(create_slots_, cancel);
 
   std::string image_user =
@@ -264,22 +271,29 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
   if (spec.ttl) reaper_.ensure(cancel);
 
   const std::string name = config_.create.name_prefix + random_hex(12);
+  // The host keeps the agent's socket directory and the expiry where the sandbox cannot write
+  // (host_dirs.hpp), made before the container that mounts them.
+  const bool host_dirs = agent_client_ || expires_at;
+  if (host_dirs) {
+    std::call_once(swept_, [&] {
+      const size_t removed = dirs_.sweep();
+      if (removed > 0) log_.debug("removed the host directories of ", removed, " ended sandboxes");
+    });
+    dirs_.make(name, agent_client_ != nullptr, expires_at);
+  }
+  ContainerGuard guard(api_, name, log_, host_dirs ? &dirs_ : nullptr);
   std::optional<AgentLaunch> agent;
   std::string socket;
   if (agent_client_) {
-    std::call_once(swept_, [&] {
-      const size_t removed = agent_files_.sweep();
-      if (removed > 0) log_.debug("removed ", removed, " agent directories of ended sandboxes");
-    });
     // The image's user, when not root, is the agent's to switch to (AgentLaunch::user).
-    agent = AgentLaunch{agent_files_.binary(), agent_files_.make_run_dir(name), image_user};
-    socket = agent->run_dir + "/agent.sock";
+    agent = AgentLaunch{dirs_.binary(), dirs_.run_dir(name), image_user};
+    socket = dirs_.socket(name);
   }
-  ContainerGuard guard(api_, name, log_, agent ? &agent_files_ : nullptr);
   try {
     std::string container_id;
     try {
       container_id = create_container_for(name, spec, options, image, expires_at,
+                                          expires_at ? dirs_.ttl_dir(name) : "",
                                           agent ? &*agent : nullptr, cancel);
       guard.created();
     } catch (const sdk::Error& e) {
@@ -288,15 +302,14 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
     }
     // Before the start: no exec needed, parents created by the daemon, in place for the entrypoint.
     if (!files.empty()) upload_files(api_, name, files, cancel);
-    std::string shell =
-        resolve_shell(name, socket, start_and_probe(name, socket, spec, cancel), cancel);
+    std::string shell = start_and_probe(name, socket, spec, cancel);
     guard.dismiss();
     const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - started);
     log_.debug("sandbox ", name, " ready (image ", image.name, ", shell ", shell,
                agent ? ", agent" : ", Docker exec", ") in ", ms.count(), " ms");
-    auto box = std::make_unique<DockerSandbox>(name, std::move(container_id), std::move(shell),
-                                               spec.workdir, spec.ports, expires_at, expiry_file,
-                                               socket, agent ? agent->user : "");
+    auto box = std::make_unique<DockerSandbox>(
+        name, std::move(container_id), std::move(shell), spec.workdir, spec.ports, expires_at,
+        expires_at.has_value(), socket, agent ? agent->user : "");
     if (agent) box->set_agent_is_root(true);  // made so above: nothing to ask before a transfer
     return box;
   } catch (const sdk::Error& e) {
@@ -306,13 +319,22 @@ std::unique_ptr<sdk::Sandbox> LocalDockerProvider::create(const sdk::Spec& spec,
 
 std::string LocalDockerProvider::create_container_for(
     const std::string& name, const sdk::Spec& spec, const SandboxOptions& options,
-    const ImageRef& image, std::optional<int64_t> expires_at, const AgentLaunch* agent,
-    const sdk::CancelToken& cancel) {
+    const ImageRef& image, std::optional<int64_t> expires_at, const std::string& ttl_dir,
+    const AgentLaunch* agent, const sdk::CancelToken& cancel) {
   try {
     return create_container(
-        api_, name, container_config(config_, spec, options, image, expires_at, true, agent), log_,
+        api_, name,
+        container_config(config_, spec, options, image, expires_at, true, ttl_dir, agent), log_,
         cancel);
   } catch (const sdk::Error& e) {
+    // The daemon does not see the host directories: it is not on this machine.
+    if (!ttl_dir.empty() && std::string_view(e.what()).find("bind source path does not exist") !=
+                                std::string_view::npos) {
+      throw sdk::Error::failed_precondition(
+          "the Docker daemon does not see this machine's " + config_.agent_dir + " (" + e.what() +
+          "): a sandbox with a TTL keeps its expiry there, where it cannot rewrite it, so it "
+          "needs the daemon on this machine (decision 251)");
+    }
     if (!spec.resources.disk_gib || !is_storage_opt_unsupported(e)) throw;
     const std::string disk = std::to_string(*spec.resources.disk_gib);
     if (config_.create.disk_limit == DiskLimitMode::error) {
@@ -324,15 +346,15 @@ std::string LocalDockerProvider::create_container_for(
     log_.warn("resources.disk_gib=", disk, " is not enforced for sandbox ", name,
               ": the storage driver cannot limit container size (create.disk_limit is \"warn\")");
     return create_container(
-        api_, name, container_config(config_, spec, options, image, expires_at, false, agent), log_,
+        api_, name,
+        container_config(config_, spec, options, image, expires_at, false, ttl_dir, agent), log_,
         cancel);
   }
 }
 
-std::optional<bool> LocalDockerProvider::start_and_probe(const std::string& name,
-                                                         const std::string& socket,
-                                                         const sdk::Spec& spec,
-                                                         const sdk::CancelToken& cancel) {
+std::string LocalDockerProvider::start_and_probe(const std::string& name, const std::string& socket,
+                                                 const sdk::Spec& spec,
+                                                 const sdk::CancelToken& cancel) {
   std::optional<Clock::time_point> ready_deadline;
   milliseconds timeout = start_timeout();
   if (spec.ready_timeout) {
@@ -353,10 +375,14 @@ std::optional<bool> LocalDockerProvider::start_and_probe(const std::string& name
     if (!socket.empty()) {
       wait_for_agent(name, socket, watch, ready_deadline.value_or(Clock::now() + timeout), cancel);
     }
-    return probe(name, socket, ready_deadline, cancel);
+    const std::optional<bool> has_bash = probe(name, socket, ready_deadline, cancel);
+    std::string shell = resolve_shell(name, socket, has_bash, cancel, /*during_create=*/true);
+    // A main process that exited meanwhile (an entrypoint that ends at once) is not ready.
+    if (watch.exit_code(0ms)) throw ContainerStopped("its main process exited");
+    return shell;
   } catch (const ContainerStopped&) {
-    throw sdk::Error::create_failed(
-        "sandbox " + name + " stopped before it was ready: " + stop_reason(api_, name, watch));
+    throw sdk::Error::create_failed("sandbox " + name + " stopped before it was ready: " +
+                                    stop_reason(api_, name, watch, config_.create.keepalive_shell));
   }
 }
 
@@ -365,6 +391,10 @@ std::optional<bool> LocalDockerProvider::probe(const std::string& name, const st
                                                const sdk::CancelToken& cancel) {
   sdk::ProbeConfig probe = config_.probe;
   if (!probe.command) return std::nullopt;
+  // With the agent, the sandbox is ready once its agent answers (wait_for_agent), unless the
+  // operator asked for a probe: the default probe is a command line, and an image may have no
+  // shell.
+  if (!socket.empty() && !config_.probe_configured) return std::nullopt;
   if (ready_deadline) {
     // spec.ready_timeout bounds start and probe together: the probe gets what is left.
     const double left = std::chrono::duration<double>(*ready_deadline - Clock::now()).count();
@@ -403,7 +433,7 @@ std::optional<bool> LocalDockerProvider::probe(const std::string& name, const st
 
 std::string LocalDockerProvider::resolve_shell(const std::string& name, const std::string& socket,
                                                std::optional<bool> has_bash,
-                                               const sdk::CancelToken& cancel) {
+                                               const sdk::CancelToken& cancel, bool during_create) {
   if (config_.exec.shell) return *config_.exec.shell;
   if (has_bash) return *has_bash ? "bash" : "sh";
   try {
@@ -412,9 +442,16 @@ std::string LocalDockerProvider::resolve_shell(const std::string& name, const st
     params.timeout = kShellProbeTimeout;
     CollectingSink sink;
     const sdk::ExitStatus status = run_command(name, socket, std::nullopt, params, sink, cancel);
+    // `sh` itself could not be started: the image has no shell.
+    if (status.error_type == SBX_EXEC_ERROR_SANDBOX) return std::string(kNoShell);
     return status.return_code == 0 && !status.error_type ? "bash" : "sh";
   } catch (const sdk::Error& e) {
     if (e.status() == SBX_STATUS_CANCELLED) throw;
+    // During a create, a container that is gone or stopped is not ready (ContainerStopped).
+    if (during_create &&
+        (e.status() == SBX_STATUS_NOT_FOUND || e.status() == SBX_STATUS_FAILED_PRECONDITION)) {
+      throw ContainerStopped(e.what());
+    }
     log_.debug("shell detection in ", name, " failed (using sh): ", e.what());
     return "sh";
   }
@@ -430,7 +467,8 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     }
     box.set_paused(false);
   }
-  const std::string shell = shell_of(box, cancel);
+  const std::string shell = request.argv.empty() ? shell_of(box, cancel) : std::string();
+  if (const auto refused = needs_shell(box, shell, request, out)) return *refused;
   if (agent_client_ && !box.agent_socket().empty()) {
     return run_command(box.container(), box.agent_socket(), box.expires_at(),
                        exec_params(box, shell, request), out, cancel);
@@ -448,8 +486,8 @@ sdk::ExitStatus LocalDockerProvider::exec(sdk::Sandbox& sandbox, const sdk::Exec
     if (!started && (e.http_status() == 404 ||
                      (e.http_status() == 409 && std::string_view(e.what()).find("is not running") !=
                                                     std::string_view::npos))) {
-      throw sdk::Error::not_found("sandbox " + box.container() + " no longer exists (" + e.what() +
-                                  ")");
+      throw sdk::Error::sandbox_gone("sandbox " + box.container() + " no longer exists (" +
+                                     e.what() + ")");
     }
     if (e.status() == SBX_STATUS_FAILED_PRECONDITION && e.http_status() == 409 &&
         std::string_view(e.what()).find("paused") != std::string_view::npos) {
@@ -502,9 +540,9 @@ std::optional<sdk::Error> LocalDockerProvider::ended_under_command(
   }
   if (!gone) return std::nullopt;
   if (past_expiry) return sandbox_expired(name, *expires_at);
-  return sdk::Error::not_found("sandbox " + name +
-                               " no longer exists: it was closed, removed or stopped while the "
-                               "command ran, and the command was killed with it");
+  return sdk::Error::sandbox_gone("sandbox " + name +
+                                  " no longer exists: it was closed, removed or stopped while the "
+                                  "command ran, and the command was killed with it");
 }
 
 bool LocalDockerProvider::container_event_since(const DockerSandbox& box,
@@ -548,6 +586,9 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   auto& box = static_cast<DockerSandbox&>(sandbox);
   sdk::OutputSink& out = done.output();
   const sdk::CancelToken cancel = done.cancel_token();
+  if (const auto refused = needs_shell(box, box.shell(), request, out)) {
+    return done.succeed(*refused);
+  }
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
   start_agent_exec(
       box.container(), box.agent_socket(), box.expires_at(), exec_params(box, box.shell(), request),
@@ -568,10 +609,26 @@ std::string LocalDockerProvider::shell_of(DockerSandbox& box, const sdk::CancelT
   return shell;
 }
 
+std::optional<sdk::ExitStatus> LocalDockerProvider::needs_shell(const DockerSandbox& box,
+                                                                const std::string& shell,
+                                                                const sdk::ExecRequest& request,
+                                                                sdk::OutputSink& out) const {
+  if (!request.argv.empty() || shell != kNoShell) return std::nullopt;
+  out.write(sdk::StdStream::err,
+            "sbx: sandbox " + box.container() +
+                " has no shell (its image has no sh): a command line needs one; run the "
+                "program with its arguments instead (an argv exec runs without a shell)\n");
+  return sdk::ExitStatus::sandbox_failure();
+}
+
 ExecParams LocalDockerProvider::exec_params(const DockerSandbox& box, const std::string& shell,
                                             const sdk::ExecRequest& request) const {
   ExecParams params;
-  params.argv = {shell, "-c", request.command};
+  if (request.argv.empty()) {
+    params.argv = {shell, "-c", request.command};
+  } else {
+    params.argv = request.argv;  // no shell: the image may have none
+  }
   params.env = request.env;
   params.cwd = request.cwd;
   params.user = docker_user(request.user);
@@ -596,10 +653,15 @@ void LocalDockerProvider::start_agent_exec(const std::string& name, const std::s
         // A result, or an error the agent's answer made (NOT_FOUND when the sandbox expired under
         // the command: the agent killed it and said so).
         if (status || error->status() != SBX_STATUS_UNAVAILABLE) return done(status, error);
+        // Its socket's path was changed from inside: it is there, and unreachable.
+        if (route_refused(*error)) {
+          const auto refused = unreachable(name, *error);
+          return done(nullptr, &refused);
+        }
         // Nothing reached the agent: the sandbox is gone (or stopped), as for Docker exec's 404.
         if (!error->may_have_run()) {
-          const auto gone = sdk::Error::not_found("sandbox " + name + " no longer exists (" +
-                                                  error->what() + ")");
+          const auto gone = sdk::Error::sandbox_gone("sandbox " + name + " no longer exists (" +
+                                                     error->what() + ")");
           return done(nullptr, &gone);
         }
         // The agent went away with the command, without its end: the sandbox ended (closed,
@@ -608,8 +670,8 @@ void LocalDockerProvider::start_agent_exec(const std::string& name, const std::s
           const auto expired = sandbox_expired(name, *expires_at);
           return done(nullptr, &expired);
         }
-        const auto ended =
-            sdk::Error::not_found("sandbox " + name + " no longer answers (" + error->what() + ")");
+        const auto ended = sdk::Error::sandbox_gone("sandbox " + name + " no longer answers (" +
+                                                    error->what() + ")");
         done(nullptr, &ended);
       },
       cancel);
@@ -664,7 +726,8 @@ void through_agent(const std::string& name, Files&& files) {
     files();
   } catch (const sdk::Error& e) {
     if (e.status() != SBX_STATUS_UNAVAILABLE) throw;
-    throw sdk::Error::not_found(
+    if (route_refused(e)) throw unreachable(name, e);
+    throw sdk::Error::sandbox_gone(
         "sandbox " + name + (e.may_have_run() ? " no longer answers (" : " no longer exists (") +
         e.what() + ")");
   }
@@ -692,7 +755,7 @@ void LocalDockerProvider::upload(sdk::Sandbox& sandbox, const sdk::UploadRequest
                             cancel);
     });
   }
-  require_not_paused(api_, box.container(), cancel);  // the daemon would write, then not rename
+  require_running(api_, box.container(), cancel);  // the daemon would write, then not rename
   upload_file(api_, box.container(), path, request.mode, source, log_, cancel);
 }
 
@@ -705,7 +768,7 @@ void LocalDockerProvider::download(sdk::Sandbox& sandbox, const std::string& rem
       agent_client_->download(box.agent_socket(), box.container(), path, sink, cancel);
     });
   }
-  require_not_paused(api_, box.container(), cancel);
+  require_running(api_, box.container(), cancel);
   download_file(api_, box.container(), path, sink, cancel);
 }
 
@@ -720,7 +783,7 @@ void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& c
   box.exec_terminals().clear();
   remove_container(api_, box.container(), cancel);
   // Ours by its name only (a label is not trusted with a path to delete).
-  if (!box.agent_socket().empty()) agent_files_.remove_run_dir(box.container());
+  dirs_.remove(box.container());
 }
 
 // ---- sbx.pty/1 (sdk::ExecdTerminal through the agent, ExecTerminal without it)
@@ -729,7 +792,7 @@ void LocalDockerProvider::close(sdk::Sandbox& sandbox, const sdk::CancelToken& c
 namespace {
 
 sdk::ExecdPlace agent_place(const DockerSandbox& box) {
-  return {.endpoint = {.unix_socket = box.agent_socket()}};
+  return {.endpoint = {.unix_socket = box.agent_socket(), .follow_links = false}};
 }
 
 DockerSandbox& terminal_box(sdk::Sandbox& sandbox) {
@@ -864,8 +927,12 @@ sdk::Connected LocalDockerProvider::connect(const std::string& descriptor,
   // never one to trust otherwise); else Docker exec.
   std::string socket;
   if (agent_client_ && !found.agent_run_dir.empty() &&
-      found.agent_run_dir == agent_files_.run_dir(found.name)) {
-    socket = found.agent_run_dir + "/agent.sock";
+      found.agent_run_dir == dirs_.run_dir(found.name)) {
+    socket = dirs_.socket(found.name);
+  }
+  // A renew may have moved the expiry past the label: the host's file holds the one in force.
+  if (found.has_expiry_file) {
+    if (const auto in_file = dirs_.read_expiry(found.name)) found.expires_at = in_file;
   }
   // The shell is found at the first exec (the sandbox may be paused now) unless configured.
   auto box = std::make_unique<DockerSandbox>(
@@ -898,8 +965,9 @@ int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_uni
   }
   if (!box.has_expiry_file()) {
     throw sdk::Error::failed_precondition(
-        "sandbox " + box.container() + " has no expiry file (a read-only root file system, or " +
-        "created by an older local_docker), so its expiry cannot move");
+        "sandbox " + box.container() + " has no expiry file of the host's (it was made by a " +
+        "local_docker before decision 251, whose sandboxes could rewrite theirs), so its expiry " +
+        "cannot move");
   }
   // Seconds, rounded up: the resolution of the expiry file, the label and `date +%s`.
   const int64_t expires_at = expires_at_unix_ms / 1000 + (expires_at_unix_ms % 1000 > 0 ? 1 : 0);
@@ -912,19 +980,18 @@ int64_t LocalDockerProvider::renew(sdk::Sandbox& sandbox, int64_t expires_at_uni
   const std::string running =
       status && status->is_string() ? std::string(status->get_string()) : std::string();
   if (running != "running" && running != "paused") {
-    throw sdk::Error::not_found("sandbox " + box.container() + " has ended (its container is " +
-                                (running.empty() ? std::string("in no known state") : running) +
-                                ")");
+    throw sdk::Error::sandbox_gone("sandbox " + box.container() + " has ended (its container is " +
+                                   (running.empty() ? std::string("in no known state") : running) +
+                                   ")");
   }
   // The expiry in force may come from another handle's renew: the file, else what we know.
-  const int64_t current =
-      read_expiry_file(api_, box.container(), cancel).value_or(*box.expires_at());
+  const int64_t current = dirs_.read_expiry(box.container()).value_or(*box.expires_at());
   if (current * 1000 <= now_ms) {
-    throw sdk::Error::not_found("sandbox " + box.container() +
-                                " has reached its TTL (sbx.expires_at=" + std::to_string(current) +
-                                ") and is being removed");
+    throw sdk::Error::sandbox_gone("sandbox " + box.container() +
+                                   " has reached its TTL (sbx.expires_at=" +
+                                   std::to_string(current) + ") and is being removed");
   }
-  write_expiry_file(api_, box.container(), expires_at, cancel);
+  dirs_.write_expiry(box.container(), expires_at);
   box.set_expires_at(expires_at);
   log_.debug("sandbox ", box.container(), " renewed: expires at ", expires_at, " (was ", current,
              ")");
@@ -968,7 +1035,7 @@ std::vector<sdk::SandboxInfo> LocalDockerProvider::reap(const sdk::KeyValues& se
     sdk::throw_if_cancelled(cancel);
     try {
       remove_container(api_, info.id, cancel);
-      agent_files_.remove_run_dir(info.id);
+      dirs_.remove(info.id);
       info.status = sdk::SandboxStatus::stopped;
       removed.push_back(std::move(info));
     } catch (const sdk::Error& e) {

@@ -7,6 +7,7 @@
 #include "containers.hpp"
 #include "docker_api.hpp"
 #include "exec.hpp"
+#include "host_dirs.hpp"
 #include "images.hpp"
 #include "reaper.hpp"
 #include "terminal.hpp"
@@ -65,7 +66,8 @@ class DockerSandbox final : public sdk::Sandbox {
     return value == kNoExpiry ? std::nullopt : std::optional<int64_t>(value);
   }
   void set_expires_at(int64_t value) noexcept { expires_at_.store(value); }
-  // Whether the container keeps its expiry in the expiry file (expiry::kPath), i.e. can be renewed.
+  // Whether the container keeps its expiry in the host's expiry file (expiry::kPath mounted from
+  // host_dirs.hpp's ttl/), i.e. can be renewed.
   bool has_expiry_file() const noexcept { return has_expiry_file_; }
   // The host path of its agent's socket; empty when its commands go through Docker exec.
   const std::string& agent_socket() const noexcept { return agent_socket_; }
@@ -187,11 +189,11 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // sbx.connect/1: a container name (and Id) is enough; the rest is on its labels.
   std::string serialize(sdk::Sandbox& sandbox, const sdk::CancelToken& cancel) override;
   sdk::Connected connect(const std::string& descriptor, const sdk::CancelToken& cancel) override;
-  // sbx.renew/1: rewrites the sandbox's expiry file (archive API, so also while paused), which the
-  // keep-alive or watchdog inside and the reaper read. Refused (FAILED_PRECONDITION) for a sandbox
-  // without a TTL or without an expiry file (read-only root file system); a past expiry is
-  // INVALID_ARGUMENT; a sandbox that has ended or reached its expiry NOT_FOUND. Rounds up to whole
-  // seconds.
+  // sbx.renew/1: rewrites the sandbox's expiry file on the host (host_dirs.hpp; also while
+  // paused), which the agent or keep-alive inside and the reaper read. Refused
+  // (FAILED_PRECONDITION) for a sandbox without a TTL or without an expiry file of the host's (one
+  // made by a local_docker before decision 251); a past expiry is INVALID_ARGUMENT; a sandbox
+  // that has ended or reached its expiry NOT_FOUND. Rounds up to whole seconds.
   int64_t renew(sdk::Sandbox& sandbox, int64_t expires_at_unix_ms,
                 const sdk::CancelToken& cancel) override;
 
@@ -221,8 +223,8 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
 
   std::string create_container_for(const std::string& name, const sdk::Spec& spec,
                                    const SandboxOptions& options, const ImageRef& image,
-                                   std::optional<int64_t> expires_at, const AgentLaunch* agent,
-                                   const sdk::CancelToken& cancel);
+                                   std::optional<int64_t> expires_at, const std::string& ttl_dir,
+                                   const AgentLaunch* agent, const sdk::CancelToken& cancel);
   // Asked when a command's exec (started at `since`) ended without a result of its own (killed
   // by a signal, or the exec vanished): whether its sandbox ended under it (closed by any handle,
   // removed, stopped, expired), i.e. its container is gone or no longer runs. The daemon records
@@ -237,21 +239,29 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // Whether the daemon logged a kill, an end or a removal of `box`'s container since `since`.
   bool container_event_since(const DockerSandbox& box, std::chrono::system_clock::time_point since,
                              const sdk::CancelToken& cancel);
-  // Start and readiness probe; return whether the image has bash, when the probe found out.
-  // `socket`: the agent's, or empty (Docker exec).
-  std::optional<bool> start_and_probe(const std::string& name, const std::string& socket,
-                                      const sdk::Spec& spec, const sdk::CancelToken& cancel);
+  // Start, readiness probe and the shell (exec.shell, or found: bash, sh, or none). `socket`: the
+  // agent's, or empty (Docker exec). A main process that exits before all that is CREATE_FAILED
+  // with its reason.
+  std::string start_and_probe(const std::string& name, const std::string& socket,
+                              const sdk::Spec& spec, const sdk::CancelToken& cancel);
   std::optional<bool> probe(const std::string& name, const std::string& socket,
                             std::optional<Clock::time_point> ready_deadline,
                             const sdk::CancelToken& cancel);
   // exec.shell, else bash or sh: from the probe, or from an exec of `command -v bash`.
   std::string resolve_shell(const std::string& name, const std::string& socket,
-                            std::optional<bool> has_bash, const sdk::CancelToken& cancel);
+                            std::optional<bool> has_bash, const sdk::CancelToken& cancel,
+                            bool during_create = false);
   // One command, waited for on the calling thread (the probe, shell detection, exec() on the
   // pool): through the agent on `socket` (start_agent_exec) when it is set, else Docker exec.
   sdk::ExitStatus run_command(const std::string& name, const std::string& socket,
                               std::optional<int64_t> expires_at, const ExecParams& params,
                               sdk::OutputSink& out, const sdk::CancelToken& cancel);
+  // A command line (no argv) in a sandbox whose image has no shell: 125/"sandbox", saying so on
+  // `out`'s stderr. Nothing otherwise.
+  std::optional<sdk::ExitStatus> needs_shell(const DockerSandbox& box, const std::string& shell,
+                                             const sdk::ExecRequest& request,
+                                             sdk::OutputSink& out) const;
+  // What Docker exec (or the agent) runs: `shell -c command`, or the request's argv as it is.
   ExecParams exec_params(const DockerSandbox& box, const std::string& shell,
                          const sdk::ExecRequest& request) const;
   // Runs a command through the agent of sandbox `name` on `socket`: `done` once, with the exit
@@ -274,7 +284,7 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   sdk::Logger log_;
   DockerApi api_;
   Semaphore exec_slots_;
-  AgentFiles agent_files_;
+  HostDirs dirs_;  // the agent's binary, and each sandbox's socket and expiry directories
   std::unique_ptr<AgentClient> agent_client_;  // with config.agent
   std::once_flag swept_;
   Semaphore create_slots_;

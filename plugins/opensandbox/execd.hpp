@@ -10,6 +10,7 @@
 // logged.
 #pragma once
 
+#include "events.hpp"
 #include "lifecycle.hpp"
 
 #include <sbx/sdk/provider.hpp>
@@ -37,32 +38,6 @@ struct CommandOutcome {
   sdk::ExitStatus status;
   std::string command_id;  // the `init` event's id ("" if none came)
 };
-
-// Parses execd's event stream: bare JSON objects separated by blank lines, also tolerating SSE's
-// "data:" prefix, ":" comments, event:/id:/retry: lines and "\r\n". Not thread-safe.
-class EventStreamParser {
- public:
-  struct Event {
-    std::string type;
-    std::string text;
-    std::optional<std::string> error_value;  // error.evalue
-    std::string error_name;                  // error.ename
-    std::optional<std::string> traceback;    // error.traceback[0]
-  };
-  // Feeds bytes; calls `on_event` for every complete event line. Throws sdk::Error::internal for
-  // a line that is not a JSON object.
-  void feed(std::string_view bytes, const std::function<void(const Event&)>& on_event);
-
- private:
-  std::string pending_;
-};
-
-// The exit status an execd terminal event stands for: `execution_complete` is 0; `error` with a
-// numeric evalue N is exit code N when its traceback is execd's "exit status N" (or absent);
-// -1 (killed) is a timeout when `timed_out`, else the sandbox's failure; an evalue that is not a
-// number (the command could not start) or a numeric one whose traceback says something other than
-// "exit status N" (the process did not exit by itself) is 125/"sandbox".
-sdk::ExitStatus exit_status_of(const EventStreamParser::Event& terminal, bool timed_out);
 
 // The answer of a SandboxCheckFn: an error ends the command with it; nullopt lets it go on.
 using Verdict = std::function<void(std::optional<sdk::Error>)>;
@@ -150,8 +125,5 @@ class ExecdClient {
 // Whether a request failed before any answer: it could not connect, or lost its connection (an
 // UNAVAILABLE transport error, no HTTP status). A paused or deleted sandbox looks like this.
 bool reached_no_answer(const sdk::Error& error);
-
-// Quotes a word for a POSIX shell: 'it'\''s'.
-std::string shell_quote(std::string_view word);
 
 }  // namespace sbx::opensandbox

@@ -3,6 +3,7 @@
 #include "diagnosis.hpp"
 
 #include <sbx/abi/ext/connect.h>
+#include <sbx/base/shell_quote.hpp>
 #include <sbx/sdk/paths.hpp>
 #include <sbx/sdk/retry.hpp>
 
@@ -353,7 +354,7 @@ std::unique_ptr<OpenSandbox> OpenSandboxProvider::create_once(const sdk::Spec& s
         spec.ports);
     step = "workdir";
     if (spec.workdir) {
-      const auto made = run_collect(*box, "mkdir -p " + shell_quote(*spec.workdir),
+      const auto made = run_collect(*box, "mkdir -p " + base::shell_quote(*spec.workdir),
                                     seconds_ms(config_.probe.timeout_s), cancel);
       if (made.return_code != 0) {
         throw sdk::Error::create_failed("cannot create the workdir " + *spec.workdir +
@@ -508,7 +509,7 @@ CommandRequest OpenSandboxProvider::command_for(const OpenSandbox& box,
       command.uid = uid;
     } else {
       command.command =
-          "su -s /bin/sh -c " + shell_quote(request.command) + " " + shell_quote(user);
+          "su -s /bin/sh -c " + base::shell_quote(request.command) + " " + base::shell_quote(user);
     }
   }
   return command;
@@ -676,7 +677,7 @@ std::optional<std::string> with_env(const sdk::PtyRequest& request) {
   if (request.env.empty()) return request.command;
   std::string out;
   for (const auto& [k, v] : request.env)
-    out += "export " + k + "=" + shell_quote(v) + "; ";
+    out += "export " + k + "=" + base::shell_quote(v) + "; ";
   return out + request.command.value_or("exec \"$(command -v bash || echo sh)\"");
 }
 

@@ -10,6 +10,7 @@ the task sees ``asyncio.CancelledError``. ``Provider.blocking`` has the same cal
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -64,7 +65,26 @@ def _spec_json(spec: SandboxSpec | Mapping[str, Any] | None) -> str:
         spec = SandboxSpec()
     elif isinstance(spec, Mapping):
         spec = SandboxSpec(**dict(spec))
-    return json.dumps(spec.to_json())
+    elif not isinstance(spec, SandboxSpec):
+        raise TypeError(f"spec must be a SandboxSpec, a mapping or None, not {type(spec).__name__}")
+    return json.dumps(spec.to_json(), allow_nan=False)
+
+
+# The longest duration taken (2^31 - 1 s, about 68 years: the longest TTL a provider takes).
+_MAX_SECONDS = 2147483647.0
+
+
+def _seconds(name: str, value: Any, *, optional: bool = False) -> float | None:
+    """A duration argument in seconds: a finite number > 0 and at most about 68 years (None when
+    ``optional``); else a TypeError or ValueError naming the argument."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
+        raise ValueError(f"{name} must be a number of seconds > 0 and at most {_MAX_SECONDS:.0f}, got {value!r}")
+    return seconds
 
 
 def _user(user: str | int | None) -> str | None:
@@ -80,7 +100,9 @@ def _exec_args(
     user: str | int | None,
 ) -> tuple[Any, ...]:
     """The native exec and its arguments before ``on_output`` and ``done``."""
-    timeout = None if timeout_s is None else float(timeout_s)
+    if not isinstance(command, str):
+        raise TypeError(f"command must be a str, not {type(command).__name__}")
+    timeout = _seconds("timeout_s", timeout_s, optional=True)
     return (_native(handle).exec, command, cwd, dict(env or {}), timeout, _user(user))
 
 
@@ -206,7 +228,7 @@ class Provider:
     async def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
         """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force (Unix
         seconds)."""
-        return float(await _await(_native(handle).renew, float(ttl_s)))
+        return float(await _await(_native(handle).renew, _seconds("ttl_s", ttl_s)))
 
     async def open_session(
         self,
@@ -325,7 +347,7 @@ class BlockingProvider:
 
     def renew(self, handle: SandboxHandle, ttl_s: float) -> float:
         """Moves the sandbox's expiry to ``ttl_s`` from now; the expiry in force."""
-        return float(_blocking(_native(handle).renew, float(ttl_s)))
+        return float(_blocking(_native(handle).renew, _seconds("ttl_s", ttl_s)))
 
 
 class Host:

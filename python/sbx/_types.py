@@ -4,6 +4,7 @@ returns them (the same fields and meanings as ``nemo_gym.sandbox.providers.base`
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,6 +54,18 @@ class SandboxSpec:
             "resources": {k: v for k, v in asdict(resources).items() if v is not None},
             "provider_options": dict(self.provider_options),
         }
+        for name in ("ttl_s", "ready_timeout_s"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"spec.{name} must be a number of seconds, not {type(value).__name__}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"spec.{name} must be a finite number of seconds > 0, got {value!r}")
+        for name in ("image", "workdir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"spec.{name} must be a str, not {type(value).__name__}")
         for name in ("image", "ttl_s", "ready_timeout_s", "workdir", "entrypoint"):
             value = getattr(self, name)
             if value is not None:

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -364,9 +365,11 @@ NB_MODULE(_sbx, m) {
            [](const SandboxHolder& s, double ttl_s, nb::callable done) {
              return start_op(
                  [&] {
-                   const auto at = std::chrono::system_clock::now() +
-                                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                       std::chrono::duration<double>(ttl_s));
+                   if (!(ttl_s > 0) || !std::isfinite(ttl_s)) {
+                     throw sbx::InvalidArgumentError("renew ttl_s must be a finite number > 0");
+                   }
+                   // Clamped as the host's own renew(ttl_s) does: no duration overflows.
+                   const auto at = std::chrono::system_clock::now() + sbx::Deadlines::ms(ttl_s);
                    return s.box->renew_async(at);
                  },
                  std::move(done),

@@ -195,6 +195,34 @@ def test_bad_input_is_an_exception_not_a_crash(processes: sbx.Provider, tmp_path
     run(main())
 
 
+def test_bad_arguments_are_value_or_type_errors_naming_them(processes: sbx.Provider) -> None:
+    """Numbers that cannot be durations, values of the wrong type and a spec that is no spec are
+    ValueError or TypeError naming the argument, before anything reaches the host."""
+    box = processes.blocking.create(sbx.SandboxSpec(ttl_s=600))
+    try:
+        for bad in (1e300, float("nan"), float("inf"), 0, -5):
+            with pytest.raises(ValueError, match="ttl_s"):
+                processes.blocking.renew(box, bad)
+        with pytest.raises(TypeError, match="ttl_s"):
+            processes.blocking.renew(box, "60")
+        with pytest.raises(ValueError, match="timeout_s"):
+            processes.blocking.exec(box, "true", timeout_s=float("nan"))
+        with pytest.raises(TypeError, match="command"):
+            processes.blocking.exec(box, 42)
+        assert processes.blocking.renew(box, 300) > 0  # a good one still works
+    finally:
+        processes.blocking.close(box)
+    for field in ("ttl_s", "ready_timeout_s"):
+        with pytest.raises(ValueError, match=field):
+            processes.blocking.create(sbx.SandboxSpec(**{field: float("nan")}))
+    with pytest.raises(TypeError, match="spec"):
+        processes.blocking.create(42)
+    with pytest.raises(TypeError, match="spec.image"):
+        processes.blocking.create(sbx.SandboxSpec(image=42))
+    with pytest.raises(ValueError, match="image"):
+        processes.blocking.create(sbx.SandboxSpec(image="x" * 10_000_000))
+
+
 def test_hosts_leave_no_thread_or_descriptor(root: Path) -> None:
     """A host, its sandboxes and its commands leave nothing once dropped: hosts used one after
     another add no thread (but the host library's process-wide ones) and no file descriptor."""

@@ -23,6 +23,9 @@ Error Error::invalid_argument(std::string m) {
 Error Error::not_found(std::string m) {
   return {SBX_STATUS_NOT_FOUND, std::move(m)};
 }
+Error Error::sandbox_gone(std::string m) {
+  return {SBX_STATUS_NOT_FOUND, std::move(m), ErrorDetails{.reason = SBX_REASON_SANDBOX_GONE}};
+}
 Error Error::timeout(std::string m) {
   return {SBX_STATUS_TIMEOUT, std::move(m), retryable_if(true)};
 }

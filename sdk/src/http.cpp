@@ -1,13 +1,17 @@
 #include <sbx/sdk/http.hpp>
 
 #include <sbx/sdk/time.hpp>
+#include <sbx/sdk/unix_socket.hpp>
 
 #include <curl/curl.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -119,6 +123,11 @@ struct Transfer {
   Response response;
   long block_status = 0;  // the header block being read (1xx blocks are dropped)
   Headers block_headers;
+  size_t header_bytes = 0;  // of every head so far, against kMaxHeaderBytes
+  // A unix socket reached without following links (ClientOptions::unix_socket_follow_links):
+  // the socket file while its connection is made, and why it could not be reached.
+  UniqueFd route;
+  std::optional<Error> route_error;
   bool headers_done = false;
   std::exception_ptr callback_error;  // what a request callback threw; it ends the request
 
@@ -255,8 +264,14 @@ size_t on_header_line(char* data, size_t size, size_t count, void* user) {
   auto& transfer = *static_cast<Transfer*>(user);
   const size_t bytes = size * count;
   transfer.last_activity = Clock::now();
-  if (transfer.headers_done) return bytes;  // trailers of a chunked response
   try {
+    transfer.header_bytes += bytes;
+    if (transfer.header_bytes > kMaxHeaderBytes) {
+      throw Error::resource_exhausted(describe(transfer) +
+                                      ": the answer's head (or its trailers) " + "is larger than " +
+                                      std::to_string(kMaxHeaderBytes) + " bytes");
+    }
+    if (transfer.headers_done) return bytes;  // trailers of a chunked response
     std::string_view line = trim({data, bytes});
     if (line.empty()) {
       // End of a header block. 1xx responses are interim; the real one follows.
@@ -369,11 +384,35 @@ size_t on_push_source(char* buffer, size_t size, size_t count, void* user) {
 int on_prereq(void* user, char*, char*, int, int) {
   auto& transfer = *static_cast<Transfer*>(user);
   transfer.last_activity = Clock::now();
+  transfer.route = UniqueFd();  // connected: the socket file's descriptor is no longer needed
   if (++transfer.attempts > (transfer.idempotent ? 2 : 1)) {
     transfer.retry_refused = true;
     return CURL_PREREQFUNC_ABORT;
   }
   return CURL_PREREQFUNC_OK;
+}
+
+// Opens the socket of a connection to a unix socket reached without following links: the socket
+// file is opened component by component (sbx/sdk/unix_socket.hpp) and the address libcurl is
+// about to connect to is made "/proc/self/fd/N" of it, so the connection reaches that very file.
+// libcurl keeps the address in storage sized for a sockaddr_un and connects right after this;
+// the descriptor is closed once the connection is up (on_prereq) or with the transfer.
+curl_socket_t open_unix_socket_nofollow(void* user, curlsocktype, curl_sockaddr* address) {
+  auto& transfer = *static_cast<Transfer*>(user);
+  if (address->family != AF_UNIX) return CURL_SOCKET_BAD;
+  try {
+    transfer.route = open_socket_file(transfer.endpoint);
+    const std::string by_fd = fd_path(transfer.route.get());
+    auto* un = reinterpret_cast<sockaddr_un*>(&address->addr);
+    std::memcpy(un->sun_path, by_fd.c_str(), by_fd.size() + 1);
+    address->addrlen =
+        static_cast<unsigned int>(offsetof(sockaddr_un, sun_path) + by_fd.size() + 1);
+  } catch (const Error& error) {
+    transfer.route_error = error;
+    return CURL_SOCKET_BAD;
+  }
+  const int fd = ::socket(AF_UNIX, address->socktype | SOCK_CLOEXEC, address->protocol);
+  return fd < 0 ? CURL_SOCKET_BAD : fd;
 }
 
 // ---- Request setup ----------------------------------------------------------------------------
@@ -473,7 +512,17 @@ void set_up(Transfer& t, const ClientOptions& options) {
   if (!options.client_cert.empty()) set(t.easy, CURLOPT_SSLCERT, options.client_cert.c_str());
   if (!options.client_key.empty()) set(t.easy, CURLOPT_SSLKEY, options.client_key.c_str());
   if (!unix_socket.empty()) {
+    sockaddr_un address{};
+    if (unix_socket.size() >= sizeof address.sun_path) {
+      throw Error::invalid_argument(
+          "the unix socket path " + unix_socket + " is " + std::to_string(unix_socket.size()) +
+          " bytes; a socket address holds at most " + std::to_string(sizeof address.sun_path - 1));
+    }
     set(t.easy, CURLOPT_UNIX_SOCKET_PATH, unix_socket.c_str());
+    if (!options.unix_socket_follow_links) {
+      set(t.easy, CURLOPT_OPENSOCKETFUNCTION, &open_unix_socket_nofollow);
+      set(t.easy, CURLOPT_OPENSOCKETDATA, static_cast<void*>(&t));
+    }
   } else {
     // Notice peers that vanished (a rebooted host) on idle pooled and long-streaming connections.
     set(t.easy, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -520,6 +569,7 @@ Error curl_error(const Transfer& t, CURLcode code, const ClientOptions& options)
     case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY: {
+      if (t.route_error) return *t.route_error;
       // libcurl's own text names "localhost port 80" even for a unix socket; the errno says
       // what matters there (no such file, permission denied, refused).
       long os_errno = 0;

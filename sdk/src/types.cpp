@@ -98,6 +98,12 @@ ExecRequest to_exec_request(const sbx_exec_request& c) {
   r.env = text_key_values(c.env, "exec env variable");
   r.timeout = optional_ms(c.timeout_ms);
   r.user = optional_text(c.user, "the exec's user");
+  if (SBX_HAS_FIELD(&c, sbx_exec_request, argv) && c.argv.count > 0) {
+    if (!c.argv.items) throw Error::invalid_argument("the exec's argv has no items");
+    for (size_t i = 0; i < c.argv.count; ++i)
+      r.argv.push_back(text(c.argv.items[i], "an argv word"));
+    if (r.argv.front().empty()) throw Error::invalid_argument("the exec's argv[0] is empty");
+  }
   return r;
 }
 

@@ -1,6 +1,7 @@
 // sbx::sdk::UpgradedStream (upgraded_stream.hpp): the connection, the upgrade request and its
 // answer's head; then bytes both ways.
 
+#include <sbx/sdk/unix_socket.hpp>
 #include <sbx/sdk/upgraded_stream.hpp>
 
 #include <arpa/inet.h>
@@ -11,7 +12,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -44,19 +44,7 @@ int connect_socket(const UpgradedStream::Endpoint& endpoint, Clock::time_point d
                    std::string& where) {
   if (!endpoint.unix_socket.empty()) {
     where = endpoint.unix_socket;
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (endpoint.unix_socket.size() >= sizeof addr.sun_path)
-      throw Error::invalid_argument("socket path too long: " + endpoint.unix_socket);
-    std::memcpy(addr.sun_path, endpoint.unix_socket.data(), endpoint.unix_socket.size());
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw Error::unavailable("socket: " + errno_text(errno));
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw Error::unavailable("cannot connect to " + where + ": " + errno_text(e));
-    }
-    return fd;
+    return connect_unix(endpoint.unix_socket, endpoint.follow_links, false).release();
   }
   where = endpoint.host + ":" + std::to_string(endpoint.port);
   addrinfo hints{};

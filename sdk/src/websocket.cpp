@@ -84,42 +84,65 @@ void WebSocket::shutdown() noexcept {
   stream_.shutdown();
 }
 
-bool WebSocket::fill(size_t want) {
-  while (in_.size() < want) {
-    if (!stream_.read_some(in_)) return false;
+ServerFrameHead parse_server_frame(std::string_view bytes, size_t max_payload) {
+  using Verdict = ServerFrameHead::Verdict;
+  ServerFrameHead head;
+  if (bytes.size() < 2) return head;
+  const auto b0 = static_cast<uint8_t>(bytes[0]);
+  const auto b1 = static_cast<uint8_t>(bytes[1]);
+  head.opcode = b0 & 0x0f;
+  const bool fin = (b0 & 0x80) != 0;
+  const bool known = head.opcode == 0x1 || head.opcode == 0x2 || head.opcode >= 0x8;
+  const bool control = head.opcode >= 0x8;
+  if ((b0 & 0x70) != 0 || (b1 & 0x80) != 0 || !fin || !known || (control && head.opcode > 0xA)) {
+    head.verdict = Verdict::protocol_error;  // reserved bits, a masked server frame, a fragment
+    return head;
   }
-  return true;
+  head.header = 2;
+  head.length = b1 & 0x7f;
+  if (head.length == 126) {
+    head.header = 4;
+    if (bytes.size() < head.header) return head;
+    head.length = (uint64_t{static_cast<uint8_t>(bytes[2])} << 8) | static_cast<uint8_t>(bytes[3]);
+  } else if (head.length == 127) {
+    head.header = 10;
+    if (bytes.size() < head.header) return head;
+    head.length = 0;
+    for (int i = 0; i < 8; ++i)
+      head.length = (head.length << 8) | static_cast<uint8_t>(bytes[2 + i]);
+  }
+  if (control && head.length > 125) {
+    head.verdict = Verdict::protocol_error;
+    return head;
+  }
+  if (head.length > max_payload) {
+    head.verdict = Verdict::too_big;
+    return head;
+  }
+  if (bytes.size() - head.header < head.length) return head;
+  head.verdict = Verdict::frame;
+  return head;
 }
 
 std::optional<WebSocket::Message> WebSocket::receive(size_t max_message) {
   for (;;) {
-    if (!fill(2)) return std::nullopt;
-    const auto b0 = static_cast<uint8_t>(in_[0]);
-    const auto b1 = static_cast<uint8_t>(in_[1]);
-    const uint8_t opcode = b0 & 0x0f;
-    const bool fin = (b0 & 0x80) != 0;
-    if ((b0 & 0x70) != 0 || (b1 & 0x80) != 0 || !fin || opcode == 0x0) {
-      close(1002);  // reserved bits, a masked server frame or a fragment
+    ServerFrameHead frame;
+    for (;;) {
+      frame = parse_server_frame(in_, max_message);
+      if (frame.verdict != ServerFrameHead::Verdict::incomplete) break;
+      if (!stream_.read_some(in_)) return std::nullopt;
+    }
+    if (frame.verdict == ServerFrameHead::Verdict::protocol_error) {
+      close(1002);
       return std::nullopt;
     }
-    size_t header = 2;
-    uint64_t length = b1 & 0x7f;
-    if (length == 126) {
-      header = 4;
-      if (!fill(header)) return std::nullopt;
-      length = (uint64_t{static_cast<uint8_t>(in_[2])} << 8) | static_cast<uint8_t>(in_[3]);
-    } else if (length == 127) {
-      header = 10;
-      if (!fill(header)) return std::nullopt;
-      length = 0;
-      for (int i = 0; i < 8; ++i)
-        length = (length << 8) | static_cast<uint8_t>(in_[2 + i]);
-    }
-    if (length > max_message) {
+    if (frame.verdict == ServerFrameHead::Verdict::too_big) {
       close(1009);
       return std::nullopt;
     }
-    if (!fill(header + length)) return std::nullopt;
+    const uint8_t opcode = frame.opcode;
+    const size_t header = frame.header;
+    const size_t length = static_cast<size_t>(frame.length);
     std::string payload = in_.substr(header, length);
     in_.erase(0, header + length);
     switch (opcode) {

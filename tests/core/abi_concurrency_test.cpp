@@ -170,7 +170,7 @@ TEST_CASE("1000 concurrent operations each complete exactly once") {
         case 0: {
           const std::string cmd = "echo " + std::to_string(i);
           r->expected_stdout = std::to_string(i) + "\n";
-          const sbx_exec_request req{sizeof(req), {cmd.data(), cmd.size()}, {}, {}, {}, {}};
+          const sbx_exec_request req{sizeof(req), {cmd.data(), cmd.size()}, {}, {}, {}, {}, {}};
           const sbx_exec_callbacks cb{sizeof(cb), r, on_exec_output, on_exec_done};
           // Exec with streaming on half of them: the result's stdout is then empty.
           const sbx_exec_callbacks plain{sizeof(cb), r, nullptr, on_exec_done};

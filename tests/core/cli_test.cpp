@@ -131,7 +131,7 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
   const Run text = run_cli("plugins");
   CHECK(text.exit_code == 0);
   CHECK(has(text.out, "test_processes.so"));
-  CHECK(has(text.out, "plugin:    test_processes 0.1.0 (ABI 1.2)"));
+  CHECK(has(text.out, "plugin:    test_processes 0.1.0 (ABI 1.3)"));
 
   const Run json = run_cli("plugins --json");
   REQUIRE(json.exit_code == 0);
@@ -180,11 +180,11 @@ TEST_CASE("sbx plugins says which directory shadows which") {
 
   const Run text = plugins(two_dirs);
   CHECK(text.exit_code == 0);
-  CHECK_MESSAGE(has(text.out, used + "\n  plugin:    test_processes 0.1.0 (ABI 1.2)\n"
+  CHECK_MESSAGE(has(text.out, used + "\n  plugin:    test_processes 0.1.0 (ABI 1.3)\n"
                                      "  provider:  test_processes - "),
                 text.out);
   CHECK(has(text.out, "  shadows:   test_processes of " + shadowed + "\n"));
-  CHECK(has(text.out, shadowed + "\n  plugin:    test_processes 0.1.0 (ABI 1.2)\n"));
+  CHECK(has(text.out, shadowed + "\n  plugin:    test_processes 0.1.0 (ABI 1.3)\n"));
   CHECK(has(text.out, "  shadowed:  test_processes, by " + used + " (not used)\n"));
   CHECK(text.out.find(used + "\n") < text.out.find(shadowed + "\n"));  // in search order
   CHECK(has(text.out, "searched in this order: " + (base / "first").string() + " " +

@@ -1,14 +1,13 @@
 // The multi-step commands against local_docker: `sbx create`, then exec, cp, status, pause, resume
 // and close, each in an sbx process of its own that connects to the sandbox by its id (or by its
 // descriptor), with the exit codes of `sbx run`.
-//
-// PENDING: registered DISABLED in CMakeLists.txt until local_docker implements sbx.connect/1 and
-// sbx.pause/1; enable it then.
 
 #include "../common/test_helpers.hpp"
 #include "support.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <optional>
@@ -171,6 +170,34 @@ TEST_CASE("cp copies a file in and out; a directory target gets the file's name"
   CHECK(missing.code == 125);
   CHECK_FALSE(std::filesystem::exists(dir.path / "none"));  // complete or absent
   CHECK(box.running());
+}
+
+TEST_CASE("cp into a FIFO waits for its reader, and a stop ends the wait") {
+  Created box;
+  sbx::testing::TempDir dir("sbx-ld-cli-fifo");
+  const std::string fifo = (dir.path / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // No reader: cp waits (as cp does) until SIGTERM, which ends it like every other wait: 130.
+  {
+    ldtest::Child cp({.argv = {ldtest::sbx_binary(), "cp", box.id + ":/etc/passwd", fifo},
+                      .stderr_path = (dir.path / "stderr").string()});
+    std::this_thread::sleep_for(2s);  // it has connected and waits for a reader (no event says so)
+    CHECK(cp.running());
+    cp.kill(SIGTERM);
+    CHECK(cp.wait_for(15s) == 130);
+  }
+  // With a reader, the file arrives whole through the FIFO.
+  ldtest::Child cp({.argv = {ldtest::sbx_binary(), "cp", box.id + ":/etc/passwd", fifo},
+                    .stderr_path = (dir.path / "stderr2").string()});
+  const int reader = ::open(fifo.c_str(), O_RDONLY);
+  REQUIRE(reader >= 0);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(reader, buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(reader);
+  CHECK(cp.wait_for(30s) == 0);
+  CHECK(has(got, "root:"));
 }
 
 TEST_CASE("pause and resume: status paused, exec refused at once while paused") {

@@ -193,7 +193,7 @@ class RawDocker {
   }
 
   std::string exec(sbx_sandbox* sandbox, const std::string& command) {
-    const sbx_exec_request request{sizeof(request), view(command), {}, {}, {}, {}};
+    const sbx_exec_request request{sizeof(request), view(command), {}, {}, {}, {}, {}};
     Completion done;
     const sbx_exec_callbacks callbacks{sizeof(callbacks), &done, nullptr, &Completion::executed};
     release(provider_->exec(provider_, sandbox, &request, &callbacks));

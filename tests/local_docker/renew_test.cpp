@@ -55,9 +55,9 @@ TEST_CASE("renew moves the TTL past the original one; the sandbox then ends by i
   sbx::Sandbox box = provider().create(spec);
   const auto created = Wall::now();
   const std::string id = box.id();
-  CHECK(label(id, "sbx.expiry_file") == "/.sbx/expires_at");
+  CHECK(label(id, "sbx.expiry_file") == "/.sbx/ttl/expires_at");
   const std::string label_expiry = label(id, "sbx.expires_at");
-  CHECK(box.exec("cat /.sbx/expires_at").stdout_text == label_expiry + "\n");
+  CHECK(box.exec("cat /.sbx/ttl/expires_at").stdout_text == label_expiry + "\n");
 
   const auto asked = Wall::now() + 20s;
   const auto got = box.renew_async(asked).get();
@@ -65,7 +65,7 @@ TEST_CASE("renew moves the TTL past the original one; the sandbox then ends by i
   CHECK(got - asked < 1s);  // whole seconds, rounded up
   const int64_t renewed = unix_s(got);
   // The file holds the new expiry; the label keeps the old one (labels cannot change).
-  CHECK(box.exec("cat /.sbx/expires_at").stdout_text == std::to_string(renewed) + "\n");
+  CHECK(box.exec("cat /.sbx/ttl/expires_at").stdout_text == std::to_string(renewed) + "\n");
   CHECK(label(id, "sbx.expires_at") == label_expiry);
 
   // Past the original TTL (and the reaper's interval after it): still running, execs work.
@@ -121,7 +121,7 @@ TEST_CASE("renew while paused: the reaper reads the expiry file, then removes it
   CHECK(run_reaper_once() == 0);
   CHECK(state(id) == "paused");
   box.resume();
-  CHECK(box.exec("cat /.sbx/expires_at").stdout_text == std::to_string(unix_s(got)) + "\n");
+  CHECK(box.exec("cat /.sbx/ttl/expires_at").stdout_text == std::to_string(unix_s(got)) + "\n");
   box.pause();
 
   // Past the new expiry the reaper removes it, paused as it is.
@@ -176,13 +176,13 @@ TEST_CASE("renew: no TTL, a past expiry, a read-only root, a sandbox that is gon
   }
   SUBCASE("an expiry in the past is INVALID_ARGUMENT and changes nothing") {
     sbx::Sandbox box = provider().create(ldtest::spec());
-    const std::string before = box.exec("cat /.sbx/expires_at").stdout_text;
+    const std::string before = box.exec("cat /.sbx/ttl/expires_at").stdout_text;
     CHECK_THROWS_AS(box.renew_async(Wall::now() - 60s).get(), sbx::InvalidArgumentError);
     CHECK_THROWS_AS(box.renew_async(Wall::now() - 1ms).get(), sbx::InvalidArgumentError);
-    CHECK(box.exec("cat /.sbx/expires_at").stdout_text == before);
+    CHECK(box.exec("cat /.sbx/ttl/expires_at").stdout_text == before);
     box.close();
   }
-  SUBCASE("a read-only root file system has no expiry file: FAILED_PRECONDITION") {
+  SUBCASE("a read-only root file system renews too: the expiry file is the host's mount") {
     sbx::Host::Options options;
     options.config = sbx::Config::parse(
         R"({"providers": {"ro": {"plugin": "local_docker", "config": {"create": {"read_only": true}}}}})",
@@ -190,10 +190,10 @@ TEST_CASE("renew: no TTL, a past expiry, a read-only root, a sandbox that is gon
     options.labels[ldtest::kSuiteLabel] = ldtest::kSuiteValue;
     sbx::Host host(options);
     sbx::Sandbox box = host.provider("ro").create(ldtest::spec());
-    CHECK(label(box.id(), "sbx.expiry_file").empty());
+    CHECK(label(box.id(), "sbx.expiry_file") == "/.sbx/ttl/expires_at");
     CHECK_FALSE(label(box.id(), "sbx.expires_at").empty());
-    CHECK_THROWS_AS(box.renew(60), sbx::FailedPreconditionError);
-    CHECK(box.exec("echo ok").stdout_text == "ok\n");  // the TTL's keep-alive runs without it
+    const auto got = box.renew_async(Wall::now() + 90s).get();
+    CHECK(box.exec("cat /.sbx/ttl/expires_at").stdout_text == std::to_string(unix_s(got)) + "\n");
     box.close();
   }
   SUBCASE("a sandbox removed behind the host's back is NOT_FOUND") {

@@ -83,6 +83,38 @@ http::Response Docker::send(const std::string& method, const std::string& target
   return client_.send(std::move(request));
 }
 
+Docker::ExecOutput Docker::exec(const std::string& container, const std::vector<std::string>& argv,
+                                bool detach) {
+  boost::json::array cmd;
+  for (const auto& arg : argv)
+    cmd.emplace_back(arg);
+  const auto made = send("POST", "/containers/" + container + "/exec",
+                         boost::json::serialize(boost::json::object{{"Cmd", std::move(cmd)},
+                                                                    {"User", "0"},
+                                                                    {"AttachStdout", !detach},
+                                                                    {"AttachStderr", !detach}}));
+  REQUIRE_MESSAGE(made.status == 201, made.body);
+  const std::string id(boost::json::parse(made.body).at("Id").as_string());
+  const auto started = send("POST", "/exec/" + id + "/start",
+                            boost::json::serialize(boost::json::object{{"Detach", detach}}));
+  REQUIRE_MESSAGE(started.status == 200, started.body);
+  ExecOutput out;
+  if (detach) return out;
+  // The multiplexed stream: an 8-byte header (stream, 0, 0, 0, big-endian length) per frame.
+  for (size_t at = 0; at + 8 <= started.body.size();) {
+    size_t n = 0;
+    for (size_t i = 4; i < 8; ++i)
+      n = (n << 8) | static_cast<unsigned char>(started.body[at + i]);
+    out.output += started.body.substr(at + 8, n);
+    at += 8 + n;
+  }
+  const auto inspected = send("GET", "/exec/" + id + "/json");
+  REQUIRE_MESSAGE(inspected.status == 200, inspected.body);
+  const auto& code = boost::json::parse(inspected.body).at("ExitCode");
+  out.exit_code = code.is_int64() ? static_cast<int>(code.as_int64()) : -1;
+  return out;
+}
+
 std::optional<boost::json::object> Docker::inspect(const std::string& container) {
   const auto response = send("GET", "/containers/" + container + "/json");
   if (response.status == 404) return std::nullopt;

@@ -47,6 +47,15 @@ class Docker {
   bool wait_gone(const std::string& container, std::chrono::seconds limit);
   // The daemon's storage driver can enforce per-container size limits (overlay2 needs xfs+pquota).
   bool storage_supports_size_limit();
+  // Runs `argv` in `container` as root through the Engine API's exec, beside the plugin (as root
+  // inside the sandbox would): its exit code and its stdout and stderr together. `detach`: starts
+  // it and returns at once (exit code -1, no output).
+  struct ExecOutput {
+    int exit_code = -1;
+    std::string output;
+  };
+  ExecOutput exec(const std::string& container, const std::vector<std::string>& argv,
+                  bool detach = false);
   // Any request (a JSON body when `body` is not empty); the response whatever its status.
   sbx::sdk::http::Response send(const std::string& method, const std::string& target,
                                 const std::string& body = "");

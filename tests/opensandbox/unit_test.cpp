@@ -9,6 +9,8 @@
 #include "provider.hpp"
 
 #include <doctest/doctest.h>
+
+#include <sbx/base/shell_quote.hpp>
 #include <boost/json.hpp>
 
 #include <string>
@@ -471,9 +473,10 @@ TEST_CASE("API error bodies: both envelopes") {
   CHECK(os::to_error(e, "create", false).status() == SBX_STATUS_INVALID_ARGUMENT);
 }
 
-TEST_CASE("shell quoting for su") {
-  CHECK(os::shell_quote("it's") == "'it'\\''s'");
-  CHECK(os::shell_quote("") == "''");
+TEST_CASE("shell quoting for su (sbx/base/shell_quote.hpp)") {
+  CHECK(sbx::base::shell_quote("it's") == "'it'\\''s'");
+  CHECK(sbx::base::shell_quote("") == "''");
+  CHECK(sbx::base::shell_join({"printf", "%s", "a b", "$x"}) == "'printf' '%s' 'a b' '$x'");
 }
 
 TEST_CASE("RFC 3339 times for renew") {

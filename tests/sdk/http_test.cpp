@@ -3,6 +3,7 @@
 #include "../common/test_helpers.hpp"
 
 #include <sbx/sdk/http.hpp>
+#include <sbx/sdk/unix_socket.hpp>
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -10,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -543,6 +546,127 @@ TEST_CASE("requests over a unix socket, with keep-alive reuse") {
   }
   CHECK(server.requests() == 20);
   CHECK(server.accepted() == 1);
+}
+
+TEST_CASE("unix_socket_follow_links false: no link anywhere on the path is followed") {
+  // A sandbox's directory (decision 251): whatever is put at the socket's path, the client reaches
+  // the socket file there or nothing.
+  TempDir tmp;
+  const auto real = fs::weakly_canonical(tmp.path);
+  TestServer server((real / "agent.sock").string());
+  fs::create_directory(real / "sandbox");
+  http::ClientOptions options = server.options();
+  options.unix_socket_follow_links = false;
+  http::Client client(options);
+  auto get_via = [&](const fs::path& socket) {
+    http::Request request = get("/fixed");
+    request.unix_socket = socket.string();
+    return client.send(std::move(request));
+  };
+  CHECK(get_via(real / "agent.sock").status == 200);  // the real socket, by a path without links
+
+  auto refused = [&](const fs::path& socket, const std::string& why) {
+    try {
+      get_via(socket);
+      FAIL("connected through " << socket);
+    } catch (const sbx::sdk::Error& e) {
+      CHECK(e.status() == SBX_STATUS_UNAVAILABLE);
+      CHECK_FALSE(e.retryable());
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+      return e.details().reason;
+    }
+    return std::string();
+  };
+  // A symbolic link in the socket's place, to a socket that answers: not followed.
+  fs::create_symlink(real / "agent.sock", real / "sandbox" / "link.sock");
+  CHECK(refused(real / "sandbox" / "link.sock", "a symbolic link (not followed)") ==
+        sbx::sdk::kUnixSocketRefused);
+  // A link on the way.
+  fs::create_directory_symlink(real / "sandbox", real / "linkdir");
+  CHECK(refused(real / "linkdir" / "link.sock", "a symbolic link") == sbx::sdk::kUnixSocketRefused);
+  // A directory, a regular file, a FIFO where the socket should be.
+  fs::create_directory(real / "sandbox" / "dir.sock");
+  CHECK(refused(real / "sandbox" / "dir.sock", "a directory") == sbx::sdk::kUnixSocketRefused);
+  { std::ofstream(real / "sandbox" / "file.sock") << "x"; }
+  CHECK(refused(real / "sandbox" / "file.sock", "a regular file") == sbx::sdk::kUnixSocketRefused);
+  REQUIRE(::mkfifo((real / "sandbox" / "fifo.sock").c_str(), 0600) == 0);
+  CHECK(refused(real / "sandbox" / "fifo.sock", "a FIFO") == sbx::sdk::kUnixSocketRefused);
+  // Nothing in a directory that exists: removed by someone (the reason says so); a directory
+  // missing on the way is a sandbox that is gone (no reason).
+  CHECK(refused(real / "sandbox" / "none.sock", "no such file") == sbx::sdk::kUnixSocketRefused);
+  CHECK(refused(real / "gone" / "agent.sock", "no such file").empty());
+  // A socket file nobody listens on.
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, (real / "sandbox" / "dead.sock").c_str());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    ::close(fd);
+  }
+  // The socket file is found; the connection itself is refused, as any refused connection is.
+  try {
+    get_via(real / "sandbox" / "dead.sock");
+    FAIL("connected to a socket nobody listens on");
+  } catch (const sbx::sdk::Error& e) {
+    CHECK(e.status() == SBX_STATUS_UNAVAILABLE);
+    CHECK(std::string(e.what()).find("Connection refused") != std::string::npos);
+    CHECK(e.details().reason.empty());
+  }
+  // Following links (the default) still reaches the socket through the link.
+  http::Client following(server.options());
+  http::Request request = get("/fixed");
+  request.unix_socket = (real / "sandbox" / "link.sock").string();
+  CHECK(following.send(std::move(request)).status == 200);
+}
+
+TEST_CASE("a unix socket path too long for an address is refused, naming it") {
+  const std::string path = "/tmp/" + std::string(200, 'x') + "/agent.sock";
+  http::Client client(http::ClientOptions{.unix_socket = path});
+  try {
+    client.send(get("/"));
+    FAIL("sent");
+  } catch (const sbx::sdk::Error& e) {
+    CHECK(e.status() == SBX_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+  }
+}
+
+TEST_CASE("an answer's head that never ends is refused past kMaxHeaderBytes") {
+  TempDir tmp;
+  const std::string socket = (tmp.path / "endless.sock").string();
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, socket.c_str());
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  std::atomic<bool> stop{false};
+  std::thread peer([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    char buf[4096];
+    (void)::read(fd, buf, sizeof buf);
+    std::string line = "HTTP/1.1 200 OK\r\n";
+    const std::string filler = "X-Filler: " + std::string(1000, 'x') + "\r\n";
+    size_t sent = 0;
+    while (!stop && ::send(fd, line.data(), line.size(), MSG_NOSIGNAL) > 0) {
+      sent += line.size();
+      line = filler;
+      if (sent > 64 * sbx::sdk::http::kMaxHeaderBytes) break;  // a bound for the test itself
+    }
+    ::close(fd);
+  });
+  http::Client client(http::ClientOptions{.unix_socket = socket});
+  try {
+    client.send(get("/"));
+    FAIL("answered");
+  } catch (const sbx::sdk::Error& e) {
+    CHECK(e.status() == SBX_STATUS_RESOURCE_EXHAUSTED);
+    CHECK(std::string(e.what()).find("head") != std::string::npos);
+  }
+  stop = true;
+  peer.join();
+  ::close(listener);
 }
 
 TEST_CASE("sequential requests reuse one TCP connection") {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <thread>
 
 using namespace serve_test;
 namespace json = boost::json;
@@ -326,5 +327,45 @@ TEST_CASE("the execd file-system routes on a busybox sandbox: directories, searc
     CHECK(json::parse(*line).at("cpu_count").to_number<double>() >= 1);
   }
   watch.disconnect();
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a sandbox whose entrypoint died answers 409 SANDBOX_NOT_RUNNING on every route") {
+  // Issue 34: after `kill -9 -1` inside (the entrypoint dies, the sandbox ends), a download of an
+  // existing file answered 404 FILE_NOT_FOUND and a command's error event had a sentence as its
+  // evalue. Decision 253.
+  BusyboxSandbox box;
+  ServeProcess& server = *box.server;
+  const std::string& id = box.id;
+  const std::string base = "/sandboxes/" + id + "/proxy/44772";
+  std::string ignored;
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "sh", "-c", "kill -9 -1"}, ignored) ==
+          0);
+  std::string state;
+  for (int i = 0; i < 200 && state != "Terminated"; ++i) {
+    const auto got = request(server.port(), "GET", "/v1/sandboxes/" + id);
+    if (got.status == 200) state = std::string(got.json().at("status").at("state").as_string());
+    if (got.status == 404) break;  // removed already (its TTL's AutoRemove)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto not_running = [&](const Response& r) {
+    CHECK(r.status == 409);
+    CHECK(r.json().at("code") == "DOCKER::SANDBOX_NOT_RUNNING");
+    CHECK(std::string(r.json().at("message").as_string()).find(id) != std::string::npos);
+  };
+  not_running(request(server.port(), "GET", base + "/files/download?path=/etc/hostname"));
+  not_running(request(server.port(), "GET", base + "/files/info?path=/etc/hostname"));
+  not_running(request(server.port(), "POST", "/v1/sandboxes/" + id + "/pause"));
+  // A command's stream had begun: its end is a killed command's, with a number as its evalue.
+  StreamClient s(server.port(), "POST", base + "/command", R"({"command":"echo hi"})");
+  REQUIRE(s.status() == 200);
+  const auto events = s.rest();
+  REQUIRE_FALSE(events.empty());
+  const auto& last = events.back();
+  CHECK(last.at("type") == "error");
+  CHECK(last.at("error").at("evalue") == "-1");
+  CHECK(std::string(last.at("error").at("traceback").at(0).as_string()).find("sandbox") !=
+        std::string::npos);
+  CHECK(request(server.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
   CHECK(server.stop() == 0);
 }

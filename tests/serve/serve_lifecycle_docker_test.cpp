@@ -148,8 +148,8 @@ TEST_CASE("local_docker: pause, renew, list, and a restarted server serving the 
   CHECK(new_expiry != created.json().at("expiresAt"));
   CHECK(request(server->port(), "GET", "/v1/sandboxes/" + id).json().at("expiresAt") == new_expiry);
   std::string file;
-  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "cat", "/.sbx/expires_at"}, file) ==
-          0);
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "cat", "/.sbx/ttl/expires_at"},
+                      file) == 0);
   CHECK(std::stoll(file) == later_s.count());
 
   const auto listed =

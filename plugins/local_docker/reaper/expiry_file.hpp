@@ -1,9 +1,12 @@
-// The expiry file of a local_docker sandbox with a TTL: `/.sbx/expires_at` in the container's
-// root file system, Unix seconds as decimal text and a newline. Written at create (with the
-// startup files, before the container starts) and by sbx.renew/1; read by the keep-alive or TTL
-// watchdog inside the container (the shell's `read`), by the provider (connect, renew) and by the
-// reaper (sbx_reaper.cpp), both through the archive API. Header-only and without dependencies, so
-// that the static reaper program and the plugin parse it the same way.
+// The expiry file of a local_docker sandbox with a TTL: `/.sbx/ttl/expires_at` in the container,
+// Unix seconds as decimal text and a newline. It lives on the host (host_dirs.hpp: agent_dir's
+// sandboxes/NAME/ttl/, bind-mounted read-only at /.sbx/ttl), where no sandbox can write it:
+// written there at create and by sbx.renew/1 (a temp file renamed over it), read there by the
+// provider (connect, renew), inside the container by the agent or the keep-alive (relative to
+// the directory each opened at its start, so a /.sbx renamed or replaced later changes nothing),
+// and by the reaper (sbx_reaper.cpp) through the archive API, which reads the container's mounts
+// as Docker configured them. Header-only and without dependencies, so that the static reaper
+// program and the plugin parse it the same way.
 //
 // THREADING: pure functions, any thread.
 #pragma once
@@ -11,15 +14,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace sbx::local_docker::expiry {
 
-// Where the file lives in the container, and the label that says a container has one (its value
-// is the path). A container without the label (no TTL, a read-only root file system, or created
-// by an older plugin) has only its sbx.expires_at label.
-inline constexpr std::string_view kPath = "/.sbx/expires_at";
+// Where the file lives in the container, its name in its directory, and the label that says a
+// container has one (its value is the path). A container without the label (no TTL), or whose
+// label names another path (created by a local_docker before decision 251, whose expiry file its
+// sandbox could rewrite), has only its sbx.expires_at label.
+inline constexpr std::string_view kPath = "/.sbx/ttl/expires_at";
+inline constexpr std::string_view kFileName = "expires_at";
 inline constexpr std::string_view kFileLabel = "sbx.expiry_file";
+
+// The file's text for `expires_at`.
+inline std::string file_text(int64_t expires_at) {
+  return std::to_string(expires_at) + "\n";
+}
 
 // Unix seconds as all digits (at most 18, so no overflow); nothing otherwise.
 inline std::optional<int64_t> parse_seconds(std::string_view text) {

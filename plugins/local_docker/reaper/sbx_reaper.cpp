@@ -6,11 +6,11 @@
 // AutoRemove never fires for it.
 //
 // sbx.renew/1 can move a sandbox's expiry past its label (labels cannot change): a container
-// labelled sbx.expiry_file has its expiry in force in that file (expiry_file.hpp), and once its
-// label has passed the reaper reads the file (GET /containers/{id}/archive, a small tar) and
-// leaves the container alone while the file says later. A file that cannot be read is looked at
-// once more half a second later (a renew rewrites it, and the daemon deletes the old file first),
-// then the label decides.
+// labelled sbx.expiry_file=/.sbx/ttl/expires_at has its expiry in force in that file
+// (expiry_file.hpp: the host's, mounted read-only), and once its label has passed the reaper
+// reads the file (GET /containers/{id}/archive, a small tar; Docker reads the mount it made, not
+// what a sandbox put at that path) and leaves the container alone while the file says later. A
+// file that cannot be read is looked at once more half a second later, then the label decides.
 //
 // Built static (no libc, libstdc++ or sanitizer runtime needed in its image, which holds only this
 // file) and embedded in local_docker.so. It speaks HTTP/1.0 to the daemon over the bind-mounted
@@ -199,12 +199,14 @@ std::optional<long long> read_expiry_file(const std::string& socket_path,
 }
 
 // The expiry in force of a container whose label expiry has passed: its expiry file's when it
-// has one (read twice, 0.5 s apart, before giving up on it), else the label's.
+// has one (read twice, 0.5 s apart, before giving up on it), else the label's. Only the file of
+// expiry::kPath counts, the host's read-only mount: a label naming another path is a sandbox of a
+// local_docker before decision 251, whose file its root could rewrite.
 long long expiry_in_force(const std::string& socket_path, const std::string& container_id,
                           const json::object& labels, long long label_expiry) {
   const auto* file = labels.if_contains(expiry::kFileLabel);
-  if (!file || !file->is_string() || !file->get_string().starts_with("/")) return label_expiry;
-  const std::string path(file->get_string());
+  if (!file || !file->is_string() || file->get_string() != expiry::kPath) return label_expiry;
+  const std::string path(expiry::kPath);
   for (int attempt = 0; attempt < 2 && !g_stop; ++attempt) {
     if (attempt > 0) sleep_for(0.5);
     if (const auto value = read_expiry_file(socket_path, container_id, path)) return *value;

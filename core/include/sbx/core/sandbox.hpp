@@ -52,6 +52,13 @@ class Sandbox {
   // (unreachable backend, sandbox gone, closed sandbox) throw.
   ExecResult exec(std::string_view command, ExecOptions options = {});
   Operation<ExecResult> exec_async(std::string command, ExecOptions options = {});
+  // Runs a program with its arguments, without a shell (argv[0] looked up in PATH when it has no
+  // '/'), on a provider that can (ABI 1.3's sbx_exec_request.argv): an image without a shell runs
+  // it. A provider that runs only command lines gets the same argv as one (each word quoted) and
+  // runs it through its shell. Outcomes as exec(); an empty argv or argv[0] is
+  // InvalidArgumentError.
+  ExecResult exec_argv(std::vector<std::string> argv, ExecOptions options = {});
+  Operation<ExecResult> exec_argv_async(std::vector<std::string> argv, ExecOptions options = {});
 
   // Copies a local file in, with the local file's permission bits (0777 of its mode: a script
   // uploaded with 0755 runs); missing parent directories are created. upload_bytes writes 0644.
@@ -127,6 +134,8 @@ class Sandbox {
   friend void plugin_checks::close_behind_host(Sandbox& box);
   friend class plugin_checks::FailingUpload;
   friend class Host;  // Host::move_to_current
+  Operation<ExecResult> exec_request_async(std::string command, std::vector<std::string> argv,
+                                           ExecOptions options);
   std::shared_ptr<detail::SandboxState> state_;
 };
 

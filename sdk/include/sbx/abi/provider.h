@@ -114,6 +114,13 @@ typedef struct sbx_exec_request {
   sbx_opt_i64 timeout_ms; /* unset = the provider's configured default */
   sbx_str user;           /* user name or numeric uid as text; unset = the sandbox default. A
                              provider that cannot run as another user refuses with UNIMPLEMENTED */
+  /* --- ABI 1.3 --- */
+  /* When count > 0: the program and its arguments, to run without a shell (argv[0] is looked up
+   * in PATH when it has no '/'), so that an image without one runs it. `command` then holds the
+   * same argv as a shell command line (each word single-quoted), for a provider that runs only
+   * command lines: reading `argv` is a choice, and a provider that ignores it runs the same
+   * program through its shell. Read it only after SBX_HAS_FIELD(request, sbx_exec_request, argv). */
+  sbx_str_list argv;
 } sbx_exec_request;
 
 /* The outcome of a command that the sandbox ran (docs/abi/errors.md, "exit codes are results"):

@@ -130,6 +130,12 @@ typedef struct sbx_error {
 #define SBX_REASON_IMAGE_PULL_FAILED "image_pull_failed"
 /* A terminal's attachment ended because another attach took the terminal over (ext/pty.h). */
 #define SBX_REASON_TAKEN_OVER "taken_over"
+/* --- ABI 1.3 --- */
+/* The operation failed because its sandbox no longer runs: closed (through any handle), past its
+ * TTL, removed behind the provider, or its main process ended. With SBX_STATUS_NOT_FOUND, it tells
+ * a sandbox that is gone from a missing object of the call (a file, a terminal, a command), which
+ * is NOT_FOUND without it. Final: nothing done to that sandbox can succeed again. */
+#define SBX_REASON_SANDBOX_GONE "sandbox_gone"
 
 /* Where synchronous calls (init, provider factories) report failure details.
  * OWNERSHIP: the sink is host-owned and BORROWED for the duration of the call that receives it;

@@ -47,6 +47,9 @@ class Error : public std::runtime_error {
   // for timeout and create_verification_failed, and where the parameter says so.
   static Error invalid_argument(std::string message);
   static Error not_found(std::string message);
+  // NOT_FOUND with the reason SBX_REASON_SANDBOX_GONE (ABI 1.3): the call's sandbox no longer runs
+  // (closed, expired, removed, its main process ended), as opposed to a missing file or terminal.
+  static Error sandbox_gone(std::string message);
   static Error timeout(std::string message);
   static Error cancelled(std::string message = "operation cancelled");
   static Error unavailable(std::string message, bool retryable = true);

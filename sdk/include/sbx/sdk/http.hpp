@@ -21,7 +21,8 @@
 //     retryable when the request was non-idempotent and already sent.
 //   - Error::unavailable, not retryable: TLS failed (handshake, or the peer's certificate did not
 //     verify, naming the endpoint); Error::invalid_argument: a TLS file that cannot be used.
-//   - Error::resource_exhausted: a kept body over Request::max_body_bytes.
+//   - Error::resource_exhausted: a kept body over Request::max_body_bytes, or an answer whose
+//     status line and headers together pass kMaxHeaderBytes (a peer that never ends its head).
 //   - Error::internal: a 200 or a mismatched 206 to a Request::range; other curl errors.
 // An idle pooled connection the server closed is not an error: an idempotent request that failed
 // on a reused connection before any response byte arrived is sent once more on a new connection.
@@ -44,10 +45,19 @@ namespace sbx::sdk::http {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// The most an answer's head (status line and header lines, 1xx heads included) may take.
+inline constexpr size_t kMaxHeaderBytes = 256 * 1024;
+
 // How a Client connects. Read once, by the constructor; the Client keeps its own copy.
 struct ClientOptions {
   std::string base_url = "http://localhost";  // scheme://host[:port][/prefix], no trailing '/'
   std::string unix_socket;                    // when set, every connection goes through it
+  // false: every unix socket of this client (this one, or a request's) is reached without
+  // following a symbolic link anywhere in its path, and must be a socket (sbx/sdk/unix_socket.hpp:
+  // for sockets in directories that someone you do not trust can write to, such as a sandbox's).
+  // A path that does not hold fails the request with Error::unavailable, not retryable, naming
+  // what was found there. Give such paths in canonical form.
+  bool unix_socket_follow_links = true;
   std::chrono::milliseconds connect_timeout{10'000};  // TCP connect and TLS handshake
   long max_connections = 64;  // cap on open connections (CURLMOPT_MAX_TOTAL_CONNECTIONS)
   // Cap on idle connections kept for reuse (CURLMOPT_MAXCONNECTS); -1: max_connections.

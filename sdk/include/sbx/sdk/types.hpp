@@ -60,6 +60,9 @@ struct ExecRequest {
   KeyValues env;
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::string> user;
+  // ABI 1.3: when not empty, the program and its arguments to run without a shell; `command` is
+  // then the same argv as a quoted command line (a provider may run that through its shell).
+  std::vector<std::string> argv;
 };
 
 // How a command ended; its output travels separately (OutputSink). See sbx_exec_result.

@@ -30,6 +30,9 @@ class UpgradedStream {
  public:
   struct Endpoint {
     std::string unix_socket;  // when set, host and port are not used
+    // false: the unix socket is reached without following a symbolic link anywhere in its path
+    // (sbx/sdk/unix_socket.hpp), for a socket in a directory a sandbox can write to.
+    bool follow_links = true;
     std::string host = "127.0.0.1";
     uint16_t port = 0;
   };

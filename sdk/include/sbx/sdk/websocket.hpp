@@ -31,6 +31,23 @@
 
 namespace sbx::sdk {
 
+// The head of a frame from a server, as a client reads it (RFC 6455 section 5.2), at the start of
+// `bytes`. Pure and bounded: for WebSocket::receive, and for its fuzz target.
+struct ServerFrameHead {
+  enum class Verdict {
+    incomplete,      // more bytes are needed to know
+    frame,           // a whole frame: opcode, payload at [header, header + length)
+    protocol_error,  // reserved bits, a masked frame, a fragment, an unknown opcode, a control
+                     // frame over 125 bytes: close 1002
+    too_big,         // a payload over the limit: close 1009
+  };
+  Verdict verdict = Verdict::incomplete;
+  uint8_t opcode = 0;
+  size_t header = 0;
+  uint64_t length = 0;
+};
+ServerFrameHead parse_server_frame(std::string_view bytes, size_t max_payload);
+
 class WebSocket {
  public:
   using Endpoint = UpgradedStream::Endpoint;
@@ -69,7 +86,6 @@ class WebSocket {
  private:
   explicit WebSocket(UpgradedStream stream) : stream_(std::move(stream)) {}
   void send(uint8_t opcode, std::string_view payload);
-  bool fill(size_t want);  // reads until in_ holds `want` bytes; false at the end
 
   UpgradedStream stream_;
   std::string in_;  // bytes read and not yet parsed
