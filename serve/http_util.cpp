@@ -51,6 +51,12 @@ bool sandbox_gone(const sbx::Error& error) {
   return error.status() == SBX_STATUS_NOT_FOUND && error.reason() == SBX_REASON_SANDBOX_GONE;
 }
 
+bool sandbox_gone(const sbx::Error& error, Entry& entry) {
+  if (!sandbox_gone(error)) return false;
+  entry.not_running = true;
+  return true;
+}
+
 Response sandbox_gone_response(const Request& request, const sbx::Error& error,
                                const std::string& sandbox_id) {
   return error_response(request, http::status::conflict, "DOCKER::SANDBOX_NOT_RUNNING",

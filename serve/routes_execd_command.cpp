@@ -369,7 +369,8 @@ struct Outcome {
   std::optional<std::string> error;
 };
 
-Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, bool killed) {
+Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, bool killed,
+                   Entry& entry) {
   try {
     const sbx::ExecResult result = done.get();
     if (result.timed_out() || killed)
@@ -383,11 +384,16 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, 
     return {error_event(std::to_string(result.return_code), status), result.return_code, status};
   } catch (const sbx::CancelledError&) {  // an interrupt, the client gone, the server stopping
     return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+  } catch (const sbx::Error& e) {
+    if (killed) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
+    sandbox_gone(e, entry);
+    return {error_event(e.what(), e.what()), -1, std::string(e.what())};
   } catch (const std::exception& e) {
     if (killed) return {error_event("-1", "signal: killed"), -1, "signal: killed"};
-    // No exit status: evalue -1, as execd ends a killed command (clients read evalue as a
-    // number), the cause in the traceback (for a sandbox that no longer runs: why).
-    return {error_event("-1", e.what()), -1, std::string(e.what())};
+    // No exit status: the cause as evalue, execd's shape for a command that could not start (the
+    // SDKs read no exit code; NeMo Gym reports 125/"sandbox"). A sandbox found to be gone is
+    // remembered: the next call on it is answered 409 before any stream.
+    return {error_event(e.what(), e.what()), -1, std::string(e.what())};
   }
 }
 
@@ -601,7 +607,7 @@ struct Launch : std::enable_shared_from_this<Launch> {
                            : entry->box()->exec_async(text, std::move(options));
     } catch (const std::exception& e) {
       spdlog::info("sbx serve: command in sandbox {} not started: {}", entry->id, e.what());
-      end(Outcome{error_event("-1", e.what()), -1, std::string(e.what())});
+      end(Outcome{error_event(e.what(), e.what()), -1, std::string(e.what())});
       return;
     }
     bool cancel_now = false;
@@ -612,7 +618,7 @@ struct Launch : std::enable_shared_from_this<Launch> {
     }
     if (cancel_now) op.cancel();
     op.then([self = shared_from_this()](sbx::Operation<sbx::ExecResult>& done) {
-      self->end(outcome_of(done, self->elapsed_ms(), self->command->killed));
+      self->end(outcome_of(done, self->elapsed_ms(), self->command->killed, *self->entry));
     });
   }
 
@@ -959,6 +965,12 @@ std::shared_ptr<Entry> execd_entry(const std::shared_ptr<Server::State>& state,
   if (!entry) {
     reply(error_response(request, http::status::not_found, "DOCKER::SANDBOX_NOT_FOUND",
                          "Sandbox " + target.sandbox_id + " not found."));
+    return nullptr;
+  }
+  if (entry->not_running) {
+    reply(error_response(
+        request, http::status::conflict, "DOCKER::SANDBOX_NOT_RUNNING",
+        "Sandbox " + target.sandbox_id + " is not running: its provider said it has ended"));
     return nullptr;
   }
   if (target.port != "44772") {

@@ -519,7 +519,7 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
   void upload_failed(std::exception_ptr error, const std::string& path) {
     const sbx::Error e = sbx::to_error(error);
     spdlog::info("sbx serve: upload to {} failed: {}", path, e.what());
-    if (sandbox_gone(e)) {
+    if (sandbox_gone(e, *entry_)) {
       finish(sandbox_gone_response(shape(), e, entry_->id));
     } else if (e.status() == SBX_STATUS_INVALID_ARGUMENT) {
       fail(http::status::bad_request, "INVALID_FILE", e.what());
@@ -835,7 +835,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
     watch->hung_up = true;
     watch->op.cancel();
   });
-  op.then([state, id = entry->id, file, watch, path, range, lines, version, reply,
+  op.then([state, entry, id = entry->id, file, watch, path, range, lines, version, reply,
            open_stream](sbx::Operation<void>& done) {
     watch->stop();
     Request shape;
@@ -852,7 +852,7 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
       } else if (watch->over) {
         reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
                           temp_full(*state)));
-      } else if (const sbx::Error e = sbx::to_error(error); sandbox_gone(e)) {
+      } else if (const sbx::Error e = sbx::to_error(error); sandbox_gone(e, *entry)) {
         reply(sandbox_gone_response(shape, e, id));
       } else if (is_not_found(error)) {
         reply(execd_error(shape, http::status::not_found, "FILE_NOT_FOUND",

@@ -100,7 +100,7 @@ struct Ctx {
   // else 500 RUNTIME_ERROR.
   void provider_error(std::exception_ptr exception) const {
     const sbx::Error e = sbx::to_error(exception);
-    if (sandbox_gone(e)) return reply(sandbox_gone_response(shape(), e, entry->id));
+    if (sandbox_gone(e, *entry)) return reply(sandbox_gone_response(shape(), e, entry->id));
     runtime_error(e.what());
   }
   void ok() const { reply(empty_response(shape(), http::status::ok)); }
@@ -1008,7 +1008,7 @@ class Replace : public std::enable_shared_from_this<Replace> {
 
   void transfer_failed(std::exception_ptr error, std::size_t i) const {
     const sbx::Error e = sbx::to_error(error);
-    if (sandbox_gone(e)) {
+    if (sandbox_gone(e, *ctx_.entry)) {
       ctx_.reply(sandbox_gone_response(ctx_.shape(), e, ctx_.entry->id));
     } else if (e.status() == SBX_STATUS_NOT_FOUND) {
       ctx_.not_found("file not found. open " + items_[i].path + ": no such file or directory");

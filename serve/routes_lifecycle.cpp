@@ -664,7 +664,9 @@ void get(const std::shared_ptr<Server::State>& state, const Request& request, co
         Request shape;
         shape.version(version);
         try {
-          reply(json_response(shape, http::status::ok, sandbox_json(state, *entry, done.get())));
+          const sbx::SandboxStatus status = done.get();
+          if (status == sbx::SandboxStatus::stopped) entry->not_running = true;
+          reply(json_response(shape, http::status::ok, sandbox_json(state, *entry, status)));
         } catch (...) {
           reply(provider_error_response(shape, std::current_exception(), id));
         }

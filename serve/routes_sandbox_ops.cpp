@@ -77,6 +77,7 @@ void pause_or_resume(const std::shared_ptr<Server::State>& state, const Request&
           reply(provider_error_response(shape, std::current_exception(), id));
           return;
         }
+        if (status == sbx::SandboxStatus::stopped) entry->not_running = true;
         if (pause && status != sbx::SandboxStatus::running) {
           reply(error_response(shape, http::status::conflict, "DOCKER::SANDBOX_NOT_RUNNING",
                                "Sandbox is not in a running state."));

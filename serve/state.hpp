@@ -215,6 +215,10 @@ struct Entry {
   std::shared_ptr<SessionTable> sessions = new_session_table();
   // Its terminals (execd API, over sbx.pty/1).
   std::shared_ptr<PtyTable> ptys = new_pty_table();
+  // Known to no longer run: the provider said so (a status of stopped, an error with the reason
+  // sandbox_gone). From then on every execd route answers 409 DOCKER::SANDBOX_NOT_RUNNING at once,
+  // before any stream (docs/serve.md, "A sandbox that no longer runs"). Any thread.
+  std::atomic<bool> not_running{false};
 
  private:
   mutable std::mutex box_mutex_;
@@ -514,6 +518,8 @@ Response provider_error_response(const Request& request, std::exception_ptr erro
                                  const std::string& sandbox_id);
 // Whether a provider's error says its sandbox no longer runs (the reason sandbox_gone, ABI 1.3).
 bool sandbox_gone(const sbx::Error& error);
+// The same, remembered on `entry` (Entry::not_running) when it does.
+bool sandbox_gone(const sbx::Error& error, Entry& entry);
 // The one answer every route gives for such a sandbox (docs/serve.md, "A sandbox that no longer
 // runs"): 409 DOCKER::SANDBOX_NOT_RUNNING, the provider's message saying why.
 Response sandbox_gone_response(const Request& request, const sbx::Error& error,

@@ -33,9 +33,9 @@ void argv(T& t) {
   // Words with spaces, quotes and what a shell would expand: each arrives as it is, whether the
   // provider runs the argv itself or the quoted command line the host sends beside it (ABI 1.3).
   const auto r =
-      box.exec_argv({"printf", "[%s]", "a b", "'q'", "$HOME", "*"}, {.cwd = std::string("/")});
+      box.exec_argv({"printf", "[%s]\\n", "a b", "'q'", "$HOME", "*"}, {.cwd = std::string("/")});
   CHECK_EQ(r.return_code, 0, "an argv exec of printf must exit 0");
-  CHECK_EQ(r.stdout_text, "[a b]['q'][$HOME][*]",
+  CHECK_EQ(r.stdout_text, "[a b]\n['q']\n[$HOME]\n[*]\n",
            "each argv word must reach the program as it is: no splitting, quoting or expansion");
   const auto missing = box.exec_argv({"/no/such/program"});
   CHECK(missing.return_code == 127 || (missing.return_code == 125 && missing.error_type),

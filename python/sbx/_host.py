@@ -83,7 +83,9 @@ def _seconds(name: str, value: Any, *, optional: bool = False) -> float | None:
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     seconds = float(value)
     if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
-        raise ValueError(f"{name} must be a number of seconds > 0 and at most {_MAX_SECONDS:.0f}, got {value!r}")
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds > 0 and at most {_MAX_SECONDS:.0f}, got {value!r}"
+        )
     return seconds
 
 

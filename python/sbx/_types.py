@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._errors import InvalidArgumentError
+
 
 @dataclass(frozen=True)
 class SandboxResources:
@@ -61,7 +63,7 @@ class SandboxSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"spec.{name} must be a number of seconds, not {type(value).__name__}")
             if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"spec.{name} must be a finite number of seconds > 0, got {value!r}")
+                raise InvalidArgumentError(f"spec.{name} must be a finite number of seconds > 0, got {value!r}")
         for name in ("image", "workdir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

@@ -140,7 +140,7 @@ TEST_CASE("sbx plugins lists the test plugin, also as JSON") {
   for (const auto& p : parsed) {
     if (p.at("name") == "test_processes") {
       found = true;
-      CHECK(p.at("abi_version") == "1.2");
+      CHECK(p.at("abi_version") == "1.3");
       const auto& kind = p.at("providers").as_array().at(0);
       CHECK(kind.at("id") == "test_processes");
       CHECK(kind.at("config_schema").at("type") == "object");  // the schema, as JSON

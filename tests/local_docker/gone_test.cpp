@@ -108,3 +108,18 @@ TEST_CASE("an image without a shell") {
   CHECK(box.download_bytes("/etc/passwd").size() > 0);
   box.close();
 }
+
+TEST_CASE("a file that reports no size downloads what it gives, or is refused clearly") {
+  sbx::Sandbox box = provider().create(ldtest::spec());
+  if (ldtest::agent_mode()) {
+    // /proc's files say size 0 and hold bytes: the agent reads what the file gives.
+    const std::string cmdline = box.download_bytes("/proc/1/cmdline");
+    CHECK(contains(cmdline, "sbx-agent"));
+    CHECK(contains(box.download_bytes("/proc/self/status"), "Name:"));
+  } else {
+    // The archive API reads the container's root file system, where /proc is an empty directory:
+    // no such file, said as such (never an empty file presented as the file).
+    CHECK_THROWS_AS(box.download_bytes("/proc/1/cmdline"), sbx::NotFoundError);
+  }
+  box.close();
+}

@@ -332,22 +332,33 @@ TEST_CASE("the execd file-system routes on a busybox sandbox: directories, searc
 
 TEST_CASE("a sandbox whose entrypoint died answers 409 SANDBOX_NOT_RUNNING on every route") {
   // Issue 34: after `kill -9 -1` inside (the entrypoint dies, the sandbox ends), a download of an
-  // existing file answered 404 FILE_NOT_FOUND and a command's error event had a sentence as its
-  // evalue. Decision 253.
+  // existing file answered 404 FILE_NOT_FOUND. Decision 253.
   BusyboxSandbox box;
   ServeProcess& server = *box.server;
   const std::string& id = box.id;
   const std::string base = "/sandboxes/" + id + "/proxy/44772";
-  std::string ignored;
-  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "sh", "-c", "kill -9 -1"}, ignored) ==
-          0);
-  std::string state;
-  for (int i = 0; i < 200 && state != "Terminated"; ++i) {
-    const auto got = request(server.port(), "GET", "/v1/sandboxes/" + id);
-    if (got.status == 200) state = std::string(got.json().at("status").at("state").as_string());
-    if (got.status == 404) break;  // removed already (its TTL's AutoRemove)
+  std::string out;
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "sh", "-c", "kill -9 -1"}, out) == 0);
+  // The daemon's word that it ended (with its TTL the container then goes: AutoRemove).
+  for (int i = 0; i < 200; ++i) {
+    out.clear();
+    run_to_exit({"/usr/bin/env", "docker", "inspect", "-f", "{{.State.Running}}", id}, out);
+    if (out != "true\n") break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  // The first call to find it gone is a command whose stream had begun: it ends as execd ends a
+  // command that could not start (the cause as evalue: the SDKs read no exit code).
+  {
+    StreamClient s(server.port(), "POST", base + "/command", R"({"command":"echo hi"})");
+    REQUIRE(s.status() == 200);
+    const auto events = s.rest();
+    REQUIRE_FALSE(events.empty());
+    const auto& last = events.back();
+    CHECK(last.at("type") == "error");
+    const std::string evalue(last.at("error").at("evalue").as_string());
+    CHECK(evalue.find("sandbox " + id) != std::string::npos);
+  }
+  // From then on every route answers 409 before anything else.
   auto not_running = [&](const Response& r) {
     CHECK(r.status == 409);
     CHECK(r.json().at("code") == "DOCKER::SANDBOX_NOT_RUNNING");
@@ -355,17 +366,34 @@ TEST_CASE("a sandbox whose entrypoint died answers 409 SANDBOX_NOT_RUNNING on ev
   };
   not_running(request(server.port(), "GET", base + "/files/download?path=/etc/hostname"));
   not_running(request(server.port(), "GET", base + "/files/info?path=/etc/hostname"));
-  not_running(request(server.port(), "POST", "/v1/sandboxes/" + id + "/pause"));
-  // A command's stream had begun: its end is a killed command's, with a number as its evalue.
-  StreamClient s(server.port(), "POST", base + "/command", R"({"command":"echo hi"})");
-  REQUIRE(s.status() == 200);
-  const auto events = s.rest();
-  REQUIRE_FALSE(events.empty());
-  const auto& last = events.back();
-  CHECK(last.at("type") == "error");
-  CHECK(last.at("error").at("evalue") == "-1");
-  CHECK(std::string(last.at("error").at("traceback").at(0).as_string()).find("sandbox") !=
-        std::string::npos);
+  not_running(
+      request(server.port(), "POST", base + "/command", std::string(R"({"command":"true"})")));
+  // Pause answers as the real server does for a sandbox that is not running (its own message).
+  const auto paused = request(server.port(), "POST", "/v1/sandboxes/" + id + "/pause");
+  CHECK(paused.status == 409);
+  CHECK(paused.json().at("code") == "DOCKER::SANDBOX_NOT_RUNNING");
+  CHECK(request(server.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a sandbox the provider reports stopped: its execd routes answer 409 at once") {
+  BusyboxSandbox box;
+  ServeProcess& server = *box.server;
+  const std::string& id = box.id;
+  std::string out;
+  REQUIRE(run_to_exit({"/usr/bin/env", "docker", "exec", id, "sh", "-c", "kill -9 -1"}, out) == 0);
+  std::string state;
+  for (int i = 0; i < 200 && state != "Terminated"; ++i) {
+    const auto got = request(server.port(), "GET", "/v1/sandboxes/" + id);
+    REQUIRE(got.status == 200);
+    state = std::string(got.json().at("status").at("state").as_string());
+    if (state != "Terminated") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(state == "Terminated");
+  const auto r = request(server.port(), "POST", "/sandboxes/" + id + "/proxy/44772/command",
+                         std::string(R"({"command":"echo never"})"));
+  CHECK(r.status == 409);
+  CHECK(r.json().at("code") == "DOCKER::SANDBOX_NOT_RUNNING");
   CHECK(request(server.port(), "DELETE", "/v1/sandboxes/" + id).status == 204);
   CHECK(server.stop() == 0);
 }

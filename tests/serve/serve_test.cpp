@@ -522,6 +522,18 @@ TEST_CASE("request header and body size limits: 431 and 413, and the server keep
   CHECK(request(f.port(), "GET", "/health").status == 200);
 }
 
+TEST_CASE("a malformed head (Content-Length and Transfer-Encoding) is answered 400, then closed") {
+  // Issue 34: the connection used to close without an answer.
+  Fixture f;
+  const auto both = raw_request(f.port(),
+                                "POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  CHECK(both.status == 400);
+  CHECK(both.json().at("code") == "GENERAL::BAD_REQUEST");
+  CHECK(f.sandboxes_on_disk() == 0);
+  CHECK(request(f.port(), "GET", "/health").status == 200);
+}
+
 TEST_CASE("SIGTERM stops the server gracefully: the sandboxes it created are closed, exit 0") {
   Fixture f;
   for (int i = 0; i < 3; ++i) {
