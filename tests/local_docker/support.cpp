@@ -110,7 +110,8 @@ Docker::ExecOutput Docker::exec(const std::string& container, const std::vector<
   }
   const auto inspected = send("GET", "/exec/" + id + "/json");
   REQUIRE_MESSAGE(inspected.status == 200, inspected.body);
-  const auto& code = boost::json::parse(inspected.body).at("ExitCode");
+  const boost::json::value answer = boost::json::parse(inspected.body);
+  const auto& code = answer.at("ExitCode");
   out.exit_code = code.is_int64() ? static_cast<int>(code.as_int64()) : -1;
   return out;
 }
