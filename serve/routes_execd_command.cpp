@@ -8,11 +8,13 @@
 //
 // THREADING: route handlers run on the connection's strand. A command's output arrives on a
 // plugin thread (ExecOptions::on_output): it is split into lines there and handed to the
-// connection's ChunkSink, which posts to the strand; the plugin thread never waits: when more than
-// Options::stream_buffer bytes wait for a slow client, the stream is cut and the command
-// cancelled. Pings come from a timer on a strand of its own. A command's record is guarded by its
-// sandbox's ExecdState mutex. No thread is held per command: one waiting for a slot is a record
-// and a closure, started from the continuation of the command that ended.
+// connection's ChunkSink, which posts to the strand; the plugin thread never waits: past 1 MiB
+// waiting for a slow client the provider holds the command's output (sbx.flow/1), and the command
+// waits on its pipe until the client reads; only a provider that cannot hold it has its stream
+// cut past Options::stream_buffer (docs/flow-control.md). Pings come from a timer on a strand of
+// its own. A command's record is guarded by its sandbox's ExecdState mutex. No thread is held per
+// command: one waiting for a slot is a record and a closure, started from the continuation of the
+// command that ended.
 //
 // OWNERSHIP: each sandbox's ExecdState owns its command records (running, waiting, and the last
 // Options::kept_commands finished) and the background commands' log files (in the server's temp
@@ -48,7 +50,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::size_t kMaxLine = 8 * 1024 * 1024;     // a longer line is sent in pieces
+constexpr std::size_t kMaxLine = 8 * 1024 * 1024;
+// Bytes of a stream waiting for its client past which the command's output is held (sbx.flow/1).
+constexpr std::size_t kHoldAbove = 1024 * 1024;       // a longer line is sent in pieces
 constexpr std::size_t kMaxLogRead = 4 * 1024 * 1024;  // bytes of log per GET .../logs
 constexpr auto kPingEvery = std::chrono::seconds(3);  // execd's keep-alive
 constexpr double kNoTimeoutS = 30.0 * 24 * 3600;      // "no limit": 30 days
@@ -254,7 +258,8 @@ int64_t steady_ms() {
       .count();
 }
 
-// A foreground command's stream: its sink, the line splitters and the keep-alive timer.
+// A foreground command's stream: its sink, the line splitters, the output's flow and the
+// keep-alive timer.
 struct Foreground : std::enable_shared_from_this<Foreground> {
   std::shared_ptr<ChunkSink> sink;
   std::mutex mutex;  // guards the splitters (output arrives on plugin threads)
@@ -273,18 +278,40 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   // The longest output event this stream has queued (at most a kMaxLine line and its framing).
   std::atomic<std::size_t> longest{0};
 
+  // The output's flow (sbx.flow/1; docs/flow-control.md): past `hold_above` bytes waiting for the
+  // client the provider holds the command's output (the command then waits on its pipe), and it
+  // flows again once the client has read down to `release_below`. Nothing is dropped and nothing
+  // is killed for a slow reader. Only when the provider cannot hold this command's output is the
+  // stream cut past `bound`, as before flow control.
+  std::size_t hold_above;
+  std::size_t release_below;
+  std::mutex flow_mutex;
+  std::function<bool(bool)> hold_fn;  // the command's Operation::hold_output, once it exists
+  bool held = false;                  // what the provider was last asked
+  bool holding = false;               // a thread is asking it now (it asks again if needed)
+  bool unholdable = false;            // the provider said it cannot hold this output
+
   Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every, std::size_t bound)
       : strand(asio::make_strand(ioc)),
         timer(strand),
         ping_every_ms(ping_every.count()),
-        bound(bound) {}
+        bound(bound),
+        hold_above(std::min<std::size_t>(bound, kHoldAbove)),
+        release_below(std::min<std::size_t>(bound, kHoldAbove) / 4) {}
 
   // Sends `e` unless the stream has ended; `final`: `e` is the last event, and the stream ends.
-  bool send(std::string e, bool final = false) {
+  // `flow`: once written, the flow is looked at again (an output event may be what it waits for).
+  bool send(std::string e, bool final = false, bool flow = false) {
     std::lock_guard lock(send_mutex);
     if (ended) return false;
     last_event_ms = steady_ms();
-    sink->send(std::move(e));
+    if (flow) {
+      sink->send(std::move(e), [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->update_flow();
+      });
+    } else {
+      sink->send(std::move(e));
+    }
     if (final) {
       ended = true;
       sink->end();
@@ -292,9 +319,58 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     return true;
   }
 
-  // On a plugin thread: never waits for the client. When more than `bound` bytes wait for it,
-  // the stream is cut (the connection reset without the final event; on_gone cancels the
-  // command) and what the command prints after is dropped.
+  // The command's Operation, once started: a hold asked before is applied now.
+  void set_flow(std::function<bool(bool)> fn) {
+    {
+      std::lock_guard lock(flow_mutex);
+      hold_fn = std::move(fn);
+    }
+    update_flow();
+  }
+
+  // Holds or releases the output to match what waits for the client. One thread asks the provider
+  // at a time (never under a lock of ours: a provider may write from inside); it asks again while
+  // what is wanted changed meanwhile.
+  void update_flow() {
+    for (;;) {
+      std::function<bool(bool)> fn;
+      bool want = false;
+      {
+        std::lock_guard lock(flow_mutex);
+        if (!hold_fn || unholdable || holding) return;
+        const std::size_t waiting = sink->queued();
+        want = held ? waiting > release_below : waiting > hold_above;
+        if (want == held) return;
+        holding = true;
+        fn = hold_fn;
+      }
+      const bool ok = fn(want);
+      std::lock_guard lock(flow_mutex);
+      holding = false;
+      if (!ok) {
+        unholdable = true;
+        spdlog::debug(
+            "sbx serve: the provider cannot hold a command's output; its stream is "
+            "cut past {} bytes for a slow client",
+            bound);
+        return;
+      }
+      held = want;
+    }
+  }
+
+  bool can_hold() {
+    std::lock_guard lock(flow_mutex);
+    return !unholdable;
+  }
+  bool is_held() {
+    std::lock_guard lock(flow_mutex);
+    return held;
+  }
+
+  // On a plugin thread: never waits for the client. Past hold_above the output is held at the
+  // provider; a provider that cannot hold it gets its stream cut past `bound` (the connection
+  // reset without the final event; on_gone cancels the command).
   void output(OutputStream stream, std::string_view data) {
     std::vector<std::string> lines;
     {
@@ -306,12 +382,14 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
       std::string e = text_event(type, std::move(line));
       for (auto seen = longest.load(); e.size() > seen;)
         if (longest.compare_exchange_weak(seen, e.size())) break;
-      if (!send(std::move(e))) return;
+      if (!send(std::move(e), false, true)) return;
     }
+    if (lines.empty()) return;
+    update_flow();
     // The bound is counted beyond the longest event the stream has had, so a line longer than the
     // bound (up to kMaxLine) goes out whole to a client that reads, and what follows it may wait
     // while the client is still reading it.
-    if (!lines.empty() && sink->queued() > bound + longest) cut();
+    if (!can_hold() && sink->queued() > bound + longest) cut();
   }
 
   void cut() {
@@ -348,7 +426,9 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
     timer.expires_after(std::chrono::milliseconds(std::clamp<int64_t>(ping_every_ms / 6, 10, 500)));
     timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->timer_stopped) return;
-      if (steady_ms() - self->last_event_ms >= self->ping_every_ms) {
+      // No ping while the client has not read what waits for it (the output is held): pings
+      // would pile up behind it.
+      if (steady_ms() - self->last_event_ms >= self->ping_every_ms && !self->is_held()) {
         if (!self->send(text_event("ping", "pong"))) return;  // the final event went out
       }
       self->arm();
@@ -617,6 +697,7 @@ struct Launch : std::enable_shared_from_this<Launch> {
       cancel_now = execd->closed || command->killed;  // cancelled before the op was known
     }
     if (cancel_now) op.cancel();
+    if (fg) fg->set_flow([op](bool hold) { return op.hold_output(hold); });
     op.then([self = shared_from_this()](sbx::Operation<sbx::ExecResult>& done) {
       self->end(outcome_of(done, self->elapsed_ms(), self->command->killed, *self->entry));
     });
@@ -769,6 +850,8 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
         };
       }
       sink = open_stream(stream_head(request), true);
+      // A slow client holds the command's output (sbx.flow/1), not the server: no stall timeout.
+      if (launch->fg) sink->never_stall();
       if (launch->fg) launch->fg->sink = sink;
     }
   }

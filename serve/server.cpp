@@ -18,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -682,6 +683,9 @@ class Session : public std::enable_shared_from_this<Session> {
     void cut_after(int pieces) override {
       asio::post(s_->stream_.get_executor(), [s = s_, pieces] { s->cut_after_ = pieces; });
     }
+    void never_stall() override {
+      asio::post(s_->stream_.get_executor(), [s = s_] { s->stall_never_ = true; });
+    }
 
    private:
     std::shared_ptr<Session> s_;
@@ -703,7 +707,17 @@ class Session : public std::enable_shared_from_this<Session> {
     return std::make_shared<StreamSink>(shared_from_this());
   }
 
+  // A write's bound: the stall timeout, or none for a stream whose producer a slow client holds.
+  void arm_stall() {
+    if (stall_never_) {
+      stream_.expires_never();
+    } else {
+      stream_.expires_after(state_->options.stream_stall_timeout);
+    }
+  }
+
   void begin_stream(Response head, bool chunked) {
+    stall_never_ = false;
     answered_ = true;
     hangup_ = nullptr;
     streaming_ = true;
@@ -718,7 +732,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (chunked) res->chunked(true);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
     writing_ = true;
-    stream_.expires_after(state_->options.stream_stall_timeout);
+    arm_stall();
     http::async_write_header(
         stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, std::size_t) {
           self->writing_ = false;
@@ -782,7 +796,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       writing_ = true;
-      stream_.expires_after(state_->options.stream_stall_timeout);
+      arm_stall();
       asio::async_write(stream_, http::make_chunk_last(),
                         [self = shared_from_this()](beast::error_code ec, std::size_t) {
                           self->writing_ = false;
@@ -797,7 +811,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (cut_after_) --*cut_after_;
     writing_ = true;
-    stream_.expires_after(state_->options.stream_stall_timeout);
+    arm_stall();
     auto on_written = [self = shared_from_this()](beast::error_code ec, std::size_t) {
       self->writing_ = false;
       self->stream_.expires_never();
@@ -886,6 +900,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::pair<std::string, std::function<void()>>> out_;
   std::function<void()> on_gone_;
   std::optional<int> cut_after_;  // pieces left before an injected cut
+  bool stall_never_ = false;      // never_stall(): no write timeout for this stream
   std::array<char, 1024> watch_buffer_{};
   // The request being answered (strand only): whether its answer started, and what runs if the
   // client goes away before (WatchHangup).
@@ -895,6 +910,23 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t queued_ = 0;
   bool gone_flag_ = false;
 };
+
+// TCP keepalive on a client's connection: a command's stream has no write timeout (its output is
+// held while the client reads slowly), so a peer that vanished is found this way, in about 2 min.
+void keep_alive(stream_protocol::socket& socket) {
+  const int fd = socket.native_handle();
+  int family = 0;
+  socklen_t len = sizeof family;
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &len) != 0 ||
+      (family != AF_INET && family != AF_INET6)) {
+    return;  // a unix socket: its peer's end is seen at once
+  }
+  const int on = 1, idle = 60, interval = 10, count = 6;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
 
 void accept(const std::shared_ptr<Server::State>& state) {
   state->acceptor.async_accept(
@@ -908,6 +940,7 @@ void accept(const std::shared_ptr<Server::State>& state) {
           timer->async_wait([state, timer](beast::error_code) { accept(state); });
           return;
         }
+        keep_alive(socket);
         std::make_shared<Session>(state, std::move(socket))->start();
         accept(state);
       });

@@ -94,6 +94,10 @@ class ChunkSink {
   // `fn` runs once on the strand when the client goes away before end() (at once if it already
   // has). Set it once, before relying on it.
   virtual void on_gone(std::function<void()> fn) = 0;
+  // For a stream whose producer is held while its client reads slowly (a command's events,
+  // sbx.flow/1): a client that accepts nothing for any time keeps the stream (no stall timeout;
+  // TCP keepalive still finds a peer that vanished). Call before sending.
+  virtual void never_stall() = 0;
   // Fault injection (a plan's cut_after_events): after `pieces` more pieces are written, the
   // connection is reset without the rest and without the chunked body's end, as a network cut
   // looks to a client; the stream is then gone (on_gone runs). Call before sending.

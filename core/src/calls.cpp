@@ -3,6 +3,7 @@
 
 #include "calls.hpp"
 
+#include <sbx/abi/ext/flow.h>
 #include <sbx/base/abi_views.hpp>
 #include <sbx/base/time.hpp>
 #include <sbx/base/utf8.hpp>
@@ -429,12 +430,33 @@ void OpBase::attach(sbx_operation* handle) {
     handle = nullptr;
   }
   bool cancel_now;
+  std::optional<bool> hold;
   {
     std::lock_guard lock(mutex_);
     handle_ = handle;
     cancel_now = cancel_requested_ && handle_ && !done_;
+    if (handle_ && !done_) hold = hold_;
   }
+  if (hold) hold_output(*hold);
   if (cancel_now) handle_->cancel(handle_);
+}
+
+bool OpBase::hold_output(bool hold) {
+  sbx_operation* handle;
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return true;
+    hold_ = hold;
+    handle = handle_;
+  }
+  const auto* flow = static_cast<const sbx_provider_flow*>(generation_->extension(SBX_EXT_FLOW));
+  if (!flow || flow->struct_size < offsetof(sbx_provider_flow, hold_output) + sizeof(void*) ||
+      !flow->hold_output) {
+    return false;
+  }
+  if (!handle) return true;  // applied at attach
+  // Not under the lock: the plugin may deliver output or complete from inside it.
+  return flow->hold_output(generation_->provider, handle, hold);
 }
 
 bool OpBase::request_cancel() {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <charconv>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <stop_token>
 #include <utility>
@@ -90,11 +91,24 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
       self->http_status_ = status;
     };
     request.on_body = [self](std::string_view bytes) { self->on_body(bytes); };
-    call_ = http.start(std::move(request),
-                       [self](sdk::http::Response* response, const sdk::Error* error) {
-                         self->on_complete(response, error);
-                       });
+    {
+      std::lock_guard lock(hold_mutex_);
+      call_ = http.start(std::move(request),
+                         [self](sdk::http::Response* response, const sdk::Error* error) {
+                           self->on_complete(response, error);
+                         });
+      if (held_) call_.hold_receive(true);
+    }
     on_cancel_.emplace(cancel, Canceller{weak_from_this()});
+  }
+
+  // The host holds the output (sbx.flow/1): the stream stops being read, the agent's writes to
+  // it wait, and past its own buffer (4 MiB) the agent stops reading the command's pipes, so the
+  // command waits on its output as on a terminal nobody reads.
+  void hold(bool hold) {
+    std::lock_guard lock(hold_mutex_);
+    held_ = hold;
+    call_.hold_receive(hold);  // nothing before the call exists: start applies held_
   }
 
  private:
@@ -213,6 +227,8 @@ class AgentRun final : public std::enable_shared_from_this<AgentRun> {
   std::optional<std::string> end_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> finished_{false};
+  std::mutex hold_mutex_;  // orders hold() with the call's start
+  bool held_ = false;
   sdk::http::Call call_;
   std::optional<std::stop_callback<Canceller>> on_cancel_;
 };
@@ -233,9 +249,9 @@ sdk::http::ClientOptions client_options() {
 
 AgentClient::AgentClient(sdk::Logger log) : log_(std::move(log)), http_(client_options()) {}
 
-void AgentClient::start(const std::string& socket, const std::string& sandbox,
-                        const ExecParams& command, sdk::OutputSink& out, AgentDoneFn done,
-                        const sdk::CancelToken& cancel) {
+AgentCommand AgentClient::start(const std::string& socket, const std::string& sandbox,
+                                const ExecParams& command, sdk::OutputSink& out, AgentDoneFn done,
+                                const sdk::CancelToken& cancel) {
   json::object body;
   json::array argv;
   for (const auto& arg : command.argv)
@@ -264,6 +280,9 @@ void AgentClient::start(const std::string& socket, const std::string& sandbox,
   request.idempotent = false;
   const auto run = std::make_shared<AgentRun>(sandbox, out, std::move(done));
   run->start(http_, std::move(request), cancel);
+  return AgentCommand([weak = std::weak_ptr<AgentRun>(run)](bool hold) {
+    if (auto run = weak.lock()) run->hold(hold);
+  });
 }
 
 bool AgentClient::ping(const std::string& socket, std::chrono::milliseconds timeout) {

@@ -43,6 +43,21 @@ sdk::Error unreachable(const std::string& name, const sdk::Error& error);
 // How a command through the agent ended: an exit status, or an error (exactly one is set).
 using AgentDoneFn = std::function<void(const sdk::ExitStatus* status, const sdk::Error* error)>;
 
+// A command started through an agent, as far as its output flow goes: hold(true) stops reading
+// its stream, hold(false) reads again; from any thread, also from inside its output's write;
+// nothing once it has ended. THREADING: thread-safe.
+class AgentCommand {
+ public:
+  AgentCommand() = default;
+  explicit AgentCommand(std::function<void(bool)> hold) : hold_(std::move(hold)) {}
+  void hold(bool hold) const {
+    if (hold_) hold_(hold);
+  }
+
+ private:
+  std::function<void(bool)> hold_;
+};
+
 // Commands through the agents of many sandboxes, over the SDK's HTTP client: one loop thread for
 // all of them, no thread per running command. THREADING: thread-safe; callbacks run on the
 // client's loop thread.
@@ -65,8 +80,10 @@ class AgentClient {
   //   - the agent cannot be reached or went away: Error::unavailable.
   // Both callbacks run on the loop thread (`done` may run on the calling thread when the request
   // cannot even start).
-  void start(const std::string& socket, const std::string& sandbox, const ExecParams& command,
-             sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel);
+  // Returns the command's output flow: hold(true) stops reading its stream (sbx.flow/1).
+  AgentCommand start(const std::string& socket, const std::string& sandbox,
+                     const ExecParams& command, sdk::OutputSink& out, AgentDoneFn done,
+                     const sdk::CancelToken& cancel);
 
   // GET /ping: true for a 200 within `timeout`.
   bool ping(const std::string& socket, std::chrono::milliseconds timeout);

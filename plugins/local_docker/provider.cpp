@@ -73,6 +73,27 @@ bool take_bash_marker(std::string& stdout_text) {
   return true;
 }
 
+// An exec's output flow until its command through the agent exists (exec_async): a hold asked
+// before is kept and applied then.
+class FlowSlot {
+ public:
+  void hold(bool hold) {
+    std::lock_guard lock(mutex_);
+    held_ = hold;
+    command_.hold(hold);
+  }
+  void set(AgentCommand command) {
+    std::lock_guard lock(mutex_);
+    command_ = std::move(command);
+    if (held_) command_.hold(true);
+  }
+
+ private:
+  std::mutex mutex_;
+  bool held_ = false;
+  AgentCommand command_;
+};
+
 // Thrown by a probe attempt when the container has stopped: polling it further is pointless.
 struct ContainerStopped : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -589,15 +610,19 @@ void LocalDockerProvider::exec_async(sdk::Sandbox& sandbox, sdk::ExecRequest req
   if (const auto refused = needs_shell(box, box.shell(), request, out)) {
     return done.succeed(*refused);
   }
+  // The host may hold the output (sbx.flow/1) before the command's stream exists: the slot
+  // keeps the hold and hands it on.
+  auto flow = std::make_shared<FlowSlot>();
+  done.on_hold([flow](bool hold) { flow->hold(hold); });
   auto completion = std::make_shared<sdk::ExecCompletion>(std::move(done));
-  start_agent_exec(
+  flow->set(start_agent_exec(
       box.container(), box.agent_socket(), box.expires_at(), exec_params(box, box.shell(), request),
       out,
       [completion](const sdk::ExitStatus* status, const sdk::Error* error) {
         if (status) return completion->succeed(*status);
         completion->fail(*error);
       },
-      cancel);
+      cancel));
 }
 
 std::string LocalDockerProvider::shell_of(DockerSandbox& box, const sdk::CancelToken& cancel) {
@@ -637,16 +662,19 @@ ExecParams LocalDockerProvider::exec_params(const DockerSandbox& box, const std:
   return params;
 }
 
-void LocalDockerProvider::start_agent_exec(const std::string& name, const std::string& socket,
-                                           std::optional<int64_t> expires_at,
-                                           const ExecParams& params, sdk::OutputSink& out,
-                                           AgentDoneFn done, const sdk::CancelToken& cancel) {
+AgentCommand LocalDockerProvider::start_agent_exec(const std::string& name,
+                                                   const std::string& socket,
+                                                   std::optional<int64_t> expires_at,
+                                                   const ExecParams& params, sdk::OutputSink& out,
+                                                   AgentDoneFn done,
+                                                   const sdk::CancelToken& cancel) {
   if (const auto message = oversized_argument(params)) {  // as the Docker exec path says it
     out.write(sdk::StdStream::err, *message);
     const auto failure = sdk::ExitStatus::sandbox_failure();
-    return done(&failure, nullptr);
+    done(&failure, nullptr);
+    return {};
   }
-  agent_client_->start(
+  return agent_client_->start(
       socket, name, params, out,
       [done = std::move(done), expires_at, name](const sdk::ExitStatus* status,
                                                  const sdk::Error* error) {

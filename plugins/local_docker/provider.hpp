@@ -267,9 +267,10 @@ class LocalDockerProvider final : public sdk::BlockingProvider,
   // Runs a command through the agent of sandbox `name` on `socket`: `done` once, with the exit
   // status or the error as Docker exec reports it (NOT_FOUND for a sandbox that is gone, also one
   // that ended or expired while the command ran; past `expires_at` the message names the expiry).
-  void start_agent_exec(const std::string& name, const std::string& socket,
-                        std::optional<int64_t> expires_at, const ExecParams& params,
-                        sdk::OutputSink& out, AgentDoneFn done, const sdk::CancelToken& cancel);
+  AgentCommand start_agent_exec(const std::string& name, const std::string& socket,
+                                std::optional<int64_t> expires_at, const ExecParams& params,
+                                sdk::OutputSink& out, AgentDoneFn done,
+                                const sdk::CancelToken& cancel);
   // Waits until the agent answers on `socket` (it binds it a moment after the start), or the
   // container's main process exits (ContainerStopped), or `deadline`.
   void wait_for_agent(const std::string& name, const std::string& socket, const ExitWatch& watch,

@@ -63,8 +63,12 @@ class BlockingAdapter final : public Provider,
       return;
     }
     OutputSink& out = done.output();
+    // The command's writes from this exec's own pool thread wait while the host holds its output
+    // (sbx.flow/1); writes from another thread (a provider's event loop) never do.
+    done.hold_by_blocking_writes();
     run(std::move(done),
         [this, &sandbox, &out, request = std::move(request)](const CancelToken& cancel) {
+          const detail::WritesMayWait here;
           return impl_->exec(sandbox, request, out, cancel);
         });
   }

@@ -88,8 +88,9 @@ struct CallState {
   std::mutex mutex;
   std::condition_variable finished;  // also signalled when pulled body bytes arrive
   bool done = false;
-  std::string body;     // pulled body bytes not yet read (Request::pull_body_limit)
-  bool paused = false;  // the transfer waits for read_body to make room
+  std::string body;        // pulled body bytes not yet read (Request::pull_body_limit)
+  bool paused = false;     // the transfer waits for read_body to make room
+  bool recv_held = false;  // Call::hold_receive: a streamed body waits
   std::optional<Response> response;
   std::optional<Error> error;
   // Pushed request body (Request::push_body): bytes from push_at on wait for the read callback.
@@ -315,6 +316,14 @@ size_t on_body_bytes(char* data, size_t size, size_t count, void* user) {
       state.body.append(data, bytes);
       state.finished.notify_all();
     } else if (transfer.request.on_body) {
+      {
+        CallState& state = *transfer.state;
+        std::lock_guard lock(state.mutex);
+        if (state.recv_held) {  // libcurl hands the same bytes again after the release
+          transfer.recv_paused = true;
+          return CURL_WRITEFUNC_PAUSE;
+        }
+      }
       transfer.last_activity = Clock::now();
       transfer.request.on_body({data, bytes});
     } else {
@@ -1005,6 +1014,16 @@ void Call::fail_body(Error error) const {
     resume = std::exchange(state_->push_paused, false);
   }
   if (resume) queue_resume(state_);
+}
+
+void Call::hold_receive(bool hold) const {
+  if (!state_) return;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->recv_held == hold || state_->done) return;
+    state_->recv_held = hold;
+  }
+  if (!hold) queue_resume(state_);  // a paused transfer reads again
 }
 
 bool Call::read_body(std::string& out, std::chrono::steady_clock::time_point deadline) const {

@@ -5,6 +5,7 @@
 
 #include <sbx/abi/ext/connect.h>
 #include <sbx/abi/ext/endpoint.h>
+#include <sbx/abi/ext/flow.h>
 #include <sbx/abi/ext/list_reap.h>
 #include <sbx/abi/ext/pause.h>
 #include <sbx/abi/ext/pty.h>

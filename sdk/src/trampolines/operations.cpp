@@ -56,6 +56,17 @@ void OpBase::release() noexcept {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
+OpBase* OpBase::of_host_handle(sbx_operation* op, const char* call) noexcept {
+  LiveHandles& live = live_handles();
+  std::lock_guard lock(live.mutex);
+  if (!op || !live.handles.count(op)) {
+    checks::violation(plugin_host(), call);
+    return nullptr;
+  }
+  // The host's reference keeps the op alive until its release, which must not race with this call.
+  return static_cast<OpBase*>(op->plugin_data);
+}
+
 void SBX_ABI OpBase::cancel_thunk(sbx_operation* op) {
   {
     LiveHandles& live = live_handles();
@@ -157,6 +168,34 @@ void Completion<void>::succeed() {
   if (!op) return;  // already completed, or moved from
   if (op->claim()) op->deliver_value();
   op->release();
+}
+
+}  // namespace sbx::sdk
+
+namespace sbx::sdk {
+
+namespace detail {
+namespace {
+thread_local bool t_writes_may_wait = false;
+}  // namespace
+
+WritesMayWait::WritesMayWait() noexcept : outer_(t_writes_may_wait) {
+  t_writes_may_wait = true;
+}
+WritesMayWait::~WritesMayWait() {
+  t_writes_may_wait = outer_;
+}
+bool WritesMayWait::here() noexcept {
+  return t_writes_may_wait;
+}
+}  // namespace detail
+
+void ExecCompletion::on_hold(std::function<void(bool hold)> fn) const {
+  if (*this && flow_) flow_->set_hold_handler(std::move(fn));
+}
+
+void ExecCompletion::hold_by_blocking_writes() const {
+  if (*this && flow_) flow_->set_blocking_hold();
 }
 
 }  // namespace sbx::sdk

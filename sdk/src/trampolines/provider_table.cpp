@@ -178,6 +178,15 @@ sbx_operation* SBX_ABI renew_renew(sbx_provider* p, sbx_sandbox* s, int64_t expi
       });
 }
 
+// sbx.flow/1: every exec of an SDK provider can be asked; whether its output can be held is the
+// exec's (ExecCompletion::on_hold, hold_by_blocking_writes).
+bool SBX_ABI flow_hold_output(sbx_provider*, sbx_operation* op, bool hold) {
+  OpBase* target = OpBase::of_host_handle(
+      op, "sbx.flow/1 hold_output on an operation handle the host does not hold");
+  return target && target->hold_output(hold);
+}
+
+const sbx_provider_flow kFlowTable{sizeof(sbx_provider_flow), &flow_hold_output};
 const sbx_provider_endpoint kEndpointTable{sizeof(sbx_provider_endpoint), &endpoint_get};
 const sbx_provider_pause kPauseTable{sizeof(sbx_provider_pause), &pause_or_resume<true>,
                                      &pause_or_resume<false>};
@@ -192,6 +201,7 @@ const void* SBX_ABI provider_get_extension(const sbx_provider* p, const char* id
   if (!id) return nullptr;
   const ProviderBox& box = ProviderBox::from(p);
   const std::string_view name(id);
+  if (name == SBX_EXT_FLOW) return &kFlowTable;
   if (name == SBX_EXT_ENDPOINT && box.endpoint) return &kEndpointTable;
   if (name == SBX_EXT_LIST_REAP && box.list_reap) return &kListReapTable;
   if (name == SBX_EXT_PAUSE && box.pause) return &kPauseTable;

@@ -191,6 +191,13 @@ class Call {
   // is done and `out` holds the last of its bytes (get() then gives the outcome). One reader.
   bool read_body(std::string& out, std::chrono::steady_clock::time_point deadline) const;
 
+  // For a streamed body (Request::on_body), from any thread, also from inside on_body: holds
+  // (true) or releases (false) its reception. While held, no more body bytes reach on_body (the
+  // bytes of the read under way may still) and the transfer stops reading its connection, so the
+  // peer's writes wait. Time held does not count as idle (Request::idle_timeout); the request's
+  // deadline (Request::timeout) still runs. Idempotent.
+  void hold_receive(bool hold) const;
+
   // For a pushed body (Request::push_body), from any thread but the client's loop: queues
   // `bytes`, waiting while the call's buffer is full. Returns how many bytes were queued: all of
   // them, or fewer when the call ended first (get() then gives the outcome) or `deadline` passed.

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,6 +81,7 @@ namespace detail {
 class OpBase;
 template <class T>
 class Op;
+class ExecFlow;
 }  // namespace detail
 
 namespace detail {
@@ -129,13 +131,30 @@ class Completion<void> : public detail::CompletionBase {
 // An exec's completion plus the sink for its output.
 class ExecCompletion : public Completion<ExitStatus> {
  public:
-  ExecCompletion(detail::Op<ExitStatus>* op, OutputSink* sink)
-      : Completion<ExitStatus>(op), sink_(sink) {}
+  ExecCompletion(detail::Op<ExitStatus>* op, OutputSink* sink, detail::ExecFlow* flow = nullptr)
+      : Completion<ExitStatus>(op), sink_(sink), flow_(flow) {}
   // Valid until the exec completes.
   OutputSink& output() const noexcept { return *sink_; }
 
+  // Output flow (sbx.flow/1, ABI 1.3; docs/flow-control.md): how this exec honours the host's
+  // hold of its output, so that a slow reader makes the command wait instead of losing output.
+  // Without either call, the exec's output cannot be held (the host then keeps or drops it).
+  //
+  // A provider that reads its backend itself (a stream on an event loop) registers `fn`:
+  // fn(true) stops reading the command's output from the backend, fn(false) reads again. It is
+  // called from any thread, also from inside output().write(), must not block, and runs at once
+  // when the host held the output before the registration. At most SBX_FLOW_SLACK bytes may
+  // still be written after fn(true). Call before completing, once.
+  void on_hold(std::function<void(bool hold)> fn) const;
+  // For a provider whose writes come from a thread of its own that may wait (the blocking
+  // adapter's pool thread, inside a detail::WritesMayWait scope): output().write() on that thread
+  // then waits while the output is held, until it is released or the exec is cancelled; writes
+  // from other threads never wait. BlockingProvider's exec is held this way already.
+  void hold_by_blocking_writes() const;
+
  private:
   OutputSink* sink_;
+  detail::ExecFlow* flow_;
 };
 
 // Optional capability sbx.endpoint/1: derive from it alongside Provider to offer it.

@@ -56,6 +56,11 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   void cancel();
   // Asks the plugin to stop, without arming the cancel grace; false if the operation had ended.
   bool request_cancel();
+  // sbx.flow/1 (ABI 1.3): asks the provider to hold (true) or release (false) the operation's
+  // output. False when it cannot: the provider has no such extension, or this operation's output
+  // cannot be held. A hold asked before the plugin's handle is known is applied when it is.
+  // Nothing after the operation ended (true).
+  bool hold_output(bool hold);
 
   // Ends the operation with `error` on the host's side, unless it has ended already; then runs the
   // abandon hook (which releases what the host lent the plugin, e.g. a download's temporary file).
@@ -131,6 +136,7 @@ class OpBase : public std::enable_shared_from_this<OpBase> {
   std::shared_ptr<Generation> generation_;  // keeps the plugin loaded while the handle lives
   const char* kind_;                        // "exec", "create", ... for messages
   sbx_operation* handle_ = nullptr;
+  std::optional<bool> hold_;  // the last hold_output asked, applied at attach when asked before
   bool cancel_requested_ = false;
   bool cancel_grace_armed_ = false;
   bool create_ = false;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <stop_token>
 
@@ -39,6 +40,13 @@ class OpBase {
   // The provider's start call returned (error == nullptr) or threw.
   void end_start(const std::exception_ptr& error) noexcept;
 
+  // sbx.flow/1 (ABI 1.3): holds or releases this operation's output; false when it cannot be held
+  // (only an exec's output can: ExecFlow).
+  virtual bool hold_output(bool /*hold*/) noexcept { return false; }
+  // The operation behind a handle the host holds, or null (reported as the host's mistake, with
+  // `what`) for a handle it released or never had.
+  static OpBase* of_host_handle(sbx_operation* op, const char* call) noexcept;
+
  protected:
   virtual void deliver_error(const Error& error) noexcept = 0;
 
@@ -53,6 +61,31 @@ class OpBase {
   std::mutex start_mutex_;
   bool starting_ = true;
   bool dropped_ = false;
+};
+
+// Marks, for its scope, the calling thread as one whose writes to an exec's output may wait while
+// the host holds it (the blocking adapter's pool thread running a provider's exec). Writes from
+// any other thread never wait.
+class WritesMayWait {
+ public:
+  WritesMayWait() noexcept;
+  ~WritesMayWait();
+  WritesMayWait(const WritesMayWait&) = delete;
+  WritesMayWait& operator=(const WritesMayWait&) = delete;
+  static bool here() noexcept;
+
+ private:
+  bool outer_;
+};
+
+// How an exec's output is held (ExecCompletion::on_hold, hold_by_blocking_writes).
+class ExecFlow {
+ public:
+  virtual void set_hold_handler(std::function<void(bool hold)> fn) = 0;
+  virtual void set_blocking_hold() = 0;
+
+ protected:
+  ~ExecFlow() = default;
 };
 
 template <class T>
