@@ -34,14 +34,15 @@ class ServeClient {
   // One request and its whole answer. Throws std::runtime_error when the connection fails or a
   // step takes longer than the timeout (the connection is then dropped; the next call makes one).
   Response call(boost::beast::http::verb verb, const std::string& target,
-                const std::string& body = {}) {
+                const std::string& body = {},
+                const std::string& content_type = "application/json") {
     namespace http = boost::beast::http;
     http::request<http::string_body> req{verb, target, 11};
     req.set(http::field::host, "127.0.0.1:" + std::to_string(port_));
     for (const auto& [name, value] : headers_)
       req.set(name, value);
     if (!body.empty()) {
-      req.set(http::field::content_type, "application/json");
+      req.set(http::field::content_type, content_type);
       req.body() = body;
     }
     req.prepare_payload();

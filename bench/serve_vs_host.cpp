@@ -7,9 +7,11 @@
 //   - the server's memory: sbx serve's resident set idle (one sandbox) and while it holds N
 //     concurrently open command streams (`sleep` commands, each read up to its first line)
 //                                                               target: < 100 MiB above idle
+//   - an upload of M MiB (256): POST /files/upload (multipart, from memory) against
+//     Sandbox::upload_bytes, rounds alternating      target: gateway >= 0.8x the host API's rate
 //
 // Usage: serve_vs_host [--quick] [--check] [--image IMAGE] [--streams N] [--clients C]
-//                      [--seconds S] [--samples N]
+//                      [--seconds S] [--samples N] [--upload-mib M]
 //   --check   exit 1 when a target is missed (otherwise the exit code is 0: this is a report)
 // Runs build/bin/sbx (next to this program) as `sbx serve` on 127.0.0.1:0. Needs the daemon and
 // images of scripts/docker-up.sh. Not part of ctest.
@@ -76,12 +78,14 @@ struct Options {
   int streams = 1000;
   std::string plugin = "local_docker";  // a provider id or a plugin file (its config stays {})
   double hold_s = 0;                    // keep the streams open this long after measuring
+  int upload_mib = 256;
+  int upload_rounds = 3;
 };
 
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--quick] [--check] [--image IMAGE] [--streams N] [--clients C] "
-               "[--seconds S] [--samples N] [--plugin ID|FILE] [--hold S]\n",
+               "[--seconds S] [--samples N] [--plugin ID|FILE] [--hold S] [--upload-mib M]\n",
                argv0);
   std::exit(2);
 }
@@ -112,6 +116,8 @@ Options parse_args(int argc, char** argv) {
       o.plugin = value();
     } else if (arg == "--samples") {
       o.samples = std::stoi(value());
+    } else if (arg == "--upload-mib") {
+      o.upload_mib = std::stoi(value());
     } else {
       usage(argv[0]);
     }
@@ -120,6 +126,7 @@ Options parse_args(int argc, char** argv) {
     o.samples = std::min(o.samples, 60);
     o.seconds = std::min(o.seconds, 4.0);
     o.streams = std::min(o.streams, 200);
+    o.upload_mib = std::min(o.upload_mib, 64);
   }
   return o;
 }
@@ -269,6 +276,35 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   clients.clear();
   std::printf("throughput done: direct %.1f/s; gateway %.1f/s\n", direct_rate, gateway_rate);
   std::fflush(stdout);
+
+  // Uploads: the same bytes, rounds alternating between the two paths.
+  std::string payload(static_cast<size_t>(o.upload_mib) << 20, '\0');
+  for (size_t i = 0; i < payload.size(); i += 4096)
+    payload[i] = static_cast<char>(i * 2654435761u >> 24);
+  const std::string boundary = "sbxbenchboundary0123456789";
+  const std::string multipart =
+      "--" + boundary +
+      "\r\nContent-Disposition: form-data; name=\"metadata\"; filename=\"metadata\"\r\n\r\n"
+      R"({"path":"/tmp/up-gateway.bin","mode":644})"
+      "\r\n--" +
+      boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n" +
+      payload + "\r\n--" + boundary + "--\r\n";
+  std::vector<double> direct_mibps, gateway_mibps;
+  for (int round = 0; round < o.upload_rounds; ++round) {
+    auto start = Clock::now();
+    direct.upload_bytes(payload, "/tmp/up-direct.bin");
+    direct_mibps.push_back(o.upload_mib / (ms_since(start) / 1000.0));
+    start = Clock::now();
+    const auto res = client.call(http::verb::post, "/sandboxes/" + id + "/proxy/44772/files/upload",
+                                 multipart, "multipart/form-data; boundary=" + boundary);
+    if (res.result() != http::status::ok)
+      die("an upload through the gateway failed: " + res.body());
+    gateway_mibps.push_back(o.upload_mib / (ms_since(start) / 1000.0));
+  }
+  std::printf("uploads done: direct %.0f MiB/s; gateway %.0f MiB/s (medians of %d)\n",
+              median(direct_mibps), median(gateway_mibps), o.upload_rounds);
+  std::fflush(stdout);
+  payload.clear();
   direct.close();
 
   // Memory: idle (one sandbox, no stream), then N open streams, then after they are gone.
@@ -318,6 +354,8 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
   const double latency_ratio = median(gateway_ms) / median(direct_ms);
   const double memory_mib = (held_kib - idle_kib) / 1024.0;
   const bool latency_ok = latency_ratio <= 1.3;
+  const double upload_ratio = median(gateway_mibps) / median(direct_mibps);
+  const bool upload_ok = upload_ratio >= 0.8;
   const bool memory_ok = memory_mib < 100.0 * o.streams / 1000.0;
   std::printf("\n%-40s %12s %12s %9s %10s %7s\n", "", "host API", "gateway", "ratio", "target",
               "result");
@@ -329,6 +367,11 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
               percentile(gateway_ms, 0.9) / percentile(direct_ms, 0.9), "-", "");
   std::printf("%-40s %12.1f %12.1f %8.2fx %10s %7s\n", "throughput (commands/s)", direct_rate,
               gateway_rate, gateway_rate / direct_rate, "-", "");
+  std::printf("%-40s %12.0f %12.0f %8.2fx %10s %7s\n", "upload MiB/s, median", median(direct_mibps),
+              median(gateway_mibps), upload_ratio, ">=0.80x", upload_ok ? "PASS" : "FAIL");
+  std::printf("%-40s %12.3f %12.3f %9s %10s %7s\n", "server's added latency, median (ms)", 0.0,
+              median(gateway_ms) - median(direct_ms), "", "<=0.30",
+              median(gateway_ms) - median(direct_ms) <= 0.3 ? "PASS" : "FAIL");
   std::printf(
       "\nsbx serve resident memory: idle %.1f MiB, with %d open streams %.1f MiB "
       "(+%.1f MiB, %.1f KiB per stream; target < %.0f MiB: %s), after they closed %.1f "
@@ -348,7 +391,7 @@ int run_benchmark(const Options& o, const fs::path& self_dir) {
     for (const auto& line : last)
       std::printf("  serve.log: %s\n", line.c_str());
   }
-  const bool all = latency_ok && memory_ok && status == 0;
+  const bool all = latency_ok && memory_ok && upload_ok && status == 0;
   std::printf("\n%s\n", all ? "all targets met" : "some targets missed");
   return o.check && !all ? 1 : 0;
 }

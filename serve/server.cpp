@@ -39,6 +39,13 @@
 namespace sbx::serve {
 
 namespace {
+// The most of an upload's body read at once (and handed to the provider in one write).
+constexpr std::size_t kUploadChunk = 256 * 1024;
+// The most of a stream's waiting pieces written at once.
+constexpr std::size_t kBatchBytes = 256 * 1024;
+}  // namespace
+
+namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -635,7 +642,13 @@ class Session : public std::enable_shared_from_this<Session> {
       sink->finish();
       return;
     }
-    if (upload_buffer_.empty()) upload_buffer_.resize(64 * 1024);  // only connections that upload
+    // Only connections that upload: the body's buffer, and room in the connection's buffer, whose
+    // free space is what Beast asks the socket for (at least 512 bytes: an empty buffer made every
+    // read 512 bytes, a syscall and a provider write each; issue 35).
+    if (upload_buffer_.empty()) {
+      upload_buffer_.resize(kUploadChunk);
+      buffer_.reserve(kUploadChunk);
+    }
     p.get().body().data = upload_buffer_.data();
     p.get().body().size = upload_buffer_.size();
     stream_.expires_after(state_->options.read_timeout);  // an idle client, not a slow one
@@ -809,28 +822,63 @@ class Session : public std::enable_shared_from_this<Session> {
                         });
       return;
     }
-    if (cut_after_) --*cut_after_;
+    if (cut_after_) {  // an injected cut counts pieces: one at a time
+      --*cut_after_;
+      write_items(1);
+      return;
+    }
+    write_items(out_.size());
+  }
+
+  // Writes up to `most` waiting pieces in one write: a command's events come in bursts (its
+  // init, its lines, its end), and a write each was a syscall and a strand hop each. A chunked
+  // body gets them as one chunk, followed by the last chunk when the stream's end was asked and
+  // nothing else waits. Their `done`s run once the write is over.
+  void write_items(std::size_t most) {
+    std::size_t n = 0, bytes = 0;
+    while (n < out_.size() && n < most && (n == 0 || bytes + out_[n].first.size() <= kBatchBytes)) {
+      bytes += out_[n].first.size();
+      ++n;
+    }
+    const bool last = chunked_ && n == out_.size() && end_requested_ && !cut_after_;
     writing_ = true;
+    writing_items_ = n;
+    if (last) ended_ = true;
     arm_stall();
-    auto on_written = [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    auto on_written = [self = shared_from_this(), n, last](beast::error_code ec, std::size_t) {
       self->writing_ = false;
+      self->writing_items_ = 0;
       self->stream_.expires_never();
-      auto item = std::move(self->out_.front());
-      self->out_.pop_front();
-      self->release(item.first.size());
-      if (item.second) item.second();
+      for (std::size_t i = 0; i < n; ++i) {
+        auto item = std::move(self->out_.front());
+        self->out_.pop_front();
+        self->release(item.first.size());
+        if (item.second) item.second();
+      }
       if (ec) {
         self->mark_gone();
         return;
       }
+      if (last) {
+        self->finish_stream();
+        return;
+      }
       self->pump();
     };
-    const std::string& data = out_.front().first;
-    if (chunked_) {
-      asio::async_write(stream_, http::make_chunk(asio::buffer(data)), std::move(on_written));
-    } else {
-      asio::async_write(stream_, asio::buffer(data), std::move(on_written));
+    if (!chunked_ && n == 1) {
+      asio::async_write(stream_, asio::buffer(out_.front().first), std::move(on_written));
+      return;
     }
+    batch_.clear();
+    if (chunked_) {
+      char size[24];
+      const int len = std::snprintf(size, sizeof size, "%zx\r\n", bytes);
+      batch_.append(size, static_cast<std::size_t>(len));
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      batch_ += out_[i].first;
+    if (chunked_) batch_ += last ? "\r\n0\r\n\r\n" : "\r\n";
+    asio::async_write(stream_, asio::buffer(batch_), std::move(on_written));
   }
 
   void mark_gone() {
@@ -840,8 +888,8 @@ class Session : public std::enable_shared_from_this<Session> {
       std::lock_guard lock(room_mutex_);
       gone_flag_ = true;
     }
-    // What waits is dropped; an item being written stays until its write completes.
-    while (out_.size() > (writing_ ? 1u : 0u)) {
+    // What waits is dropped; the items being written stay until their write completes.
+    while (out_.size() > (writing_ ? writing_items_ : 0u)) {
       auto item = std::move(out_.back());
       out_.pop_back();
       release(item.first.size());
@@ -879,7 +927,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::request_parser<http::buffer_body>> body_parser_;
   std::shared_ptr<BodySink> upload_;
-  std::vector<char> upload_buffer_;  // 64 KiB once the connection uploads
+  std::vector<char> upload_buffer_;  // kUploadChunk once the connection uploads
   std::string request_id_;
   std::optional<RouteMatch> match_;  // the route of the request being answered
   std::string metrics_route_;        // its label, for RequestMetrics
@@ -899,8 +947,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;
   std::deque<std::pair<std::string, std::function<void()>>> out_;
   std::function<void()> on_gone_;
-  std::optional<int> cut_after_;  // pieces left before an injected cut
-  bool stall_never_ = false;      // never_stall(): no write timeout for this stream
+  std::optional<int> cut_after_;   // pieces left before an injected cut
+  bool stall_never_ = false;       // never_stall(): no write timeout for this stream
+  std::size_t writing_items_ = 0;  // pieces of out_ the write under way carries
+  std::string batch_;              // those pieces as one write
   std::array<char, 1024> watch_buffer_{};
   // The request being answered (strand only): whether its answer started, and what runs if the
   // client goes away before (WatchHangup).

@@ -1813,6 +1813,8 @@ TEST_CASE("at the expiry running commands end at once, saying so; then the agent
   CHECK(r.status == 200);
   const auto got = frames_of(r.body);
   REQUIRE(!got.empty());
+  CAPTURE(got.back().first);
+  CAPTURE(got.back().second);
   CHECK(got.back() == std::pair<char, std::string>{'x', "{\"signal\":9,\"sandbox_expired\":" +
                                                             std::to_string(expires) + "}"});
   const auto rest_events = rest(events);

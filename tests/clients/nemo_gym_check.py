@@ -160,6 +160,16 @@ async def main() -> int:
             f"return code {r.return_code}, {len(out)} bytes, {out.count(chr(10))} newlines",
         )
 
+        # Issue 35: 1.3 MB of lines failed every time (the stream was cut for a slow reader);
+        # the output is held at the provider now and arrives whole.
+        r = await box.exec("seq 1 200000")
+        lines = (r.stdout or "").split("\n")
+        check(
+            "seq 1 200000 arrives whole",
+            r.return_code == 0 and lines[:200000] == [str(i) for i in range(1, 200001)],
+            f"return code {r.return_code}, {len(lines)} lines",
+        )
+
         r = await box.exec(
             "mkdir -p /tmp/svc && cd /tmp/svc && "
             "(sleep 300 </dev/null >/dev/null 2>&1 & echo $! > pid) && echo started",
