@@ -887,8 +887,14 @@ void Server::on_signal() {
   if (!child) return;
   // Signals coalesce: reap until there is nothing left, commands and adopted orphans alike.
   for (;;) {
+    // The entrypoint's exit is seen before it is reaped: what is left of its process group goes
+    // with it, as a container's processes go with its main process, while its id is still its
+    // own (once reaped, the id may be another process's).
+    siginfo_t info{};
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid <= 0) break;
+    if (info.si_pid == entry_pid_) signal_entrypoint(SIGKILL);
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    const pid_t pid = ::waitpid(info.si_pid, &status, WNOHANG);
     if (pid <= 0) break;
     on_exit(pid, status);
   }
@@ -3024,10 +3030,11 @@ int Server::start_entrypoint() {
 }
 
 void Server::signal_entrypoint(int sig) {
-  if (entry_pid_ <= 0) return;
+  // Only while it is unreaped: its pid (and so its group's id) is then nobody else's.
+  if (entry_pid_ <= 0 || !entry_running_) return;
   ::kill(-entry_pid_, sig);
   // An entrypoint that moved to another process group still gets it.
-  if (entry_running_ && ::getpgid(entry_pid_) != entry_pid_) ::kill(entry_pid_, sig);
+  if (::getpgid(entry_pid_) != entry_pid_) ::kill(entry_pid_, sig);
 }
 
 void Server::check_expiry() {
@@ -3312,10 +3319,9 @@ void Server::bash_session_delete(Connection& c, const std::string& id) {
 void Server::shutdown() {
   if (shut_) return;
   shut_ = true;
-  // What is left of the entrypoint's process group goes with the agent, as a container's
-  // processes go with its main process (the entrypoint itself has exited, unless the agent stops
-  // for another reason).
-  if (entry_pid_ > 0) {
+  // The entrypoint's process group goes with the agent (after its exit, the group went with it:
+  // see on_signal).
+  if (entry_running_) {
     signal_entrypoint(SIGKILL);
     int status = 0;
     while (entry_running_ && ::waitpid(entry_pid_, &status, 0) < 0 && errno == EINTR) {

@@ -134,11 +134,26 @@ TEST_CASE("renew while paused: the reaper reads the expiry file, then removes it
 
 TEST_CASE("the reaper still removes a sandbox whose label passed and which was not renewed") {
   auto spec = ldtest::spec();
-  spec.ttl_s = 2;
-  sbx::Sandbox box = provider().create(spec);
+  sbx::Sandbox box;
+  // A short TTL, so that the label passes soon; a busy machine can take longer than that to
+  // create the sandbox, which then ends before it was ready (a create error): twice as long again.
+  int ttl_s = 2;
+  for (;;) {
+    spec.ttl_s = ttl_s;
+    try {
+      box = provider().create(spec);
+      break;
+    } catch (const sbx::CreateError& e) {
+      REQUIRE_MESSAGE(ttl_s < 64, e.what());
+      CHECK_MESSAGE(std::string(e.what()).find("before it was ready") != std::string::npos,
+                    e.what());
+      ttl_s *= 2;
+    }
+  }
+  const auto created = Wall::now();
   const std::string id = box.id();
   box.pause();  // the keep-alive cannot end it: only the reaper can
-  sleep_until(Wall::now() + 3s);
+  sleep_until(created + std::chrono::seconds(ttl_s + 1));
   CHECK(run_reaper_once() == 0);
   CHECK(docker().wait_gone(id, 10s));
 }

@@ -847,9 +847,10 @@ static sbx_status run_exec(op* o) {
     sandbox_track(o->sandbox, pid);
     why = pump(o, pipes);
     kill(-pid, SIGKILL); /* nothing the command started outlives the exec */
+    /* Before the reaping: then the group's id may be another process's. */
+    sandbox_untrack(o->sandbox, pid);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    sandbox_untrack(o->sandbox, pid);
   }
   if (pipes[0] >= 0) close(pipes[0]);
   if (pipes[1] >= 0) close(pipes[1]);

@@ -248,9 +248,9 @@ class HelloProvider : public BlockingProvider {
     int status = 0;
     if (pid > 0) {
       kill(-pid, SIGKILL);  // nothing the command started outlives the exec
+      box.untrack(pid);     // before the reaping: then the group's id may be another's
       while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      box.untrack(pid);
     }
     on_cancel.reset();
     for (int fd : {out_pipe[0], err_pipe[0], wake[0], wake[1]})

@@ -357,10 +357,12 @@ sdk::ExitStatus run_command(ProcessSandbox& sandbox, const sdk::ExecRequest& req
   // Nothing of the command outlives the exec, but a session's background jobs
   // (sdk::ShellSessions marks its runs with SBX_SESSION_ID) outlive a run that ended by itself.
   if (timed_out || cancelled || !req.env.count("SBX_SESSION_ID")) ::kill(-pid, SIGKILL);
+  // Untracked before it is reaped: close kills tracked groups, and a reaped leader's id (its
+  // group's) may be another process's by then.
+  sandbox.untrack(pid);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  sandbox.untrack(pid);
   if (cancelled) throw Error::cancelled("exec cancelled");
   // Closed (through any handle) or expired while it ran: the sandbox is gone, and so is the result.
   if (sandbox.closed() || !fs::exists(sandbox.dir())) {

@@ -131,11 +131,12 @@ LocalTerminal::LocalTerminal(const TerminalStart& start) {
 
 LocalTerminal::~LocalTerminal() {
   output_.close();
-  if (pid_ > 0) ::kill(-pid_, SIGKILL);
   const uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_, &one, sizeof(one));
   if (reader_.joinable()) reader_.join();
+  // Only a process not reaped yet: a reaped one's id (its group's) may be another's by now.
   if (pid_ > 0 && !reaped_) {
+    ::kill(-pid_, SIGKILL);
     while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
     }
   }
@@ -177,6 +178,8 @@ void LocalTerminal::read_loop() {
   // What the process wrote before it ended is read, then its status reported.
   if (out_open) drain(out, sdk::StdStream::out);
   if (err_open) drain(stderr_, sdk::StdStream::err);
+  // What is left of its group goes with it, while its id is still its own (unreaped).
+  ::kill(-pid_, SIGKILL);
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
