@@ -126,6 +126,7 @@ foreach(readme README.md sdk/README.md sdk/base/README.md core/README.md cli/REA
                conformance/README.md serve/README.md agent/README.md plugins/README.md
                plugins/local_docker/README.md plugins/opensandbox/README.md python/README.md
                bench/README.md tests/README.md tests/clients/README.md cmake/README.md
+               fuzz/README.md
                scripts/README.md)
   cmake_path(GET readme PARENT_PATH folder)
   install(FILES ${readme} DESTINATION ${sbx_doc_dir}/${folder} COMPONENT dev)

@@ -22,6 +22,7 @@
 // what runs or waits and frees both.
 
 #include "faults.hpp"
+#include "flow_gate.hpp"
 #include "state.hpp"
 
 #include <sbx/core/errors.hpp>
@@ -278,36 +279,31 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   // The longest output event this stream has queued (at most a kMaxLine line and its framing).
   std::atomic<std::size_t> longest{0};
 
-  // The output's flow (sbx.flow/1; docs/flow-control.md): past `hold_above` bytes waiting for the
+  // The output's flow (sbx.flow/1; docs/flow-control.md): past kHoldAbove bytes waiting for the
   // client the provider holds the command's output (the command then waits on its pipe), and it
-  // flows again once the client has read down to `release_below`. Nothing is dropped and nothing
-  // is killed for a slow reader. Only when the provider cannot hold this command's output is the
-  // stream cut past `bound`, as before flow control.
-  std::size_t hold_above;
-  std::size_t release_below;
-  std::mutex flow_mutex;
-  std::function<bool(bool)> hold_fn;  // the command's Operation::hold_output, once it exists
-  bool held = false;                  // what the provider was last asked
-  bool holding = false;               // a thread is asking it now (it asks again if needed)
-  bool unholdable = false;            // the provider said it cannot hold this output
+  // flows again once the client has read down to a quarter of that. Nothing is dropped and
+  // nothing is killed for a slow reader. Only when the provider cannot hold this command's output
+  // is the stream cut past `bound`, as before flow control.
+  FlowGate flow;
 
   Foreground(asio::io_context& ioc, std::chrono::milliseconds ping_every, std::size_t bound)
       : strand(asio::make_strand(ioc)),
         timer(strand),
         ping_every_ms(ping_every.count()),
         bound(bound),
-        hold_above(std::min<std::size_t>(bound, kHoldAbove)),
-        release_below(std::min<std::size_t>(bound, kHoldAbove) / 4) {}
+        flow(std::min<std::size_t>(bound, kHoldAbove),
+             std::min<std::size_t>(bound, kHoldAbove) / 4) {}
 
   // Sends `e` unless the stream has ended; `final`: `e` is the last event, and the stream ends.
-  // `flow`: once written, the flow is looked at again (an output event may be what it waits for).
-  bool send(std::string e, bool final = false, bool flow = false) {
+  // `output`: once written, the flow is looked at again (an output event may be what it waits
+  // for).
+  bool send(std::string e, bool final = false, bool output = false) {
     std::lock_guard lock(send_mutex);
     if (ended) return false;
     last_event_ms = steady_ms();
-    if (flow) {
+    if (output) {
       sink->send(std::move(e), [weak = weak_from_this()] {
-        if (auto self = weak.lock()) self->update_flow();
+        if (auto self = weak.lock()) self->flow.update(*self->sink);
       });
     } else {
       sink->send(std::move(e));
@@ -320,53 +316,7 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
   }
 
   // The command's Operation, once started: a hold asked before is applied now.
-  void set_flow(std::function<bool(bool)> fn) {
-    {
-      std::lock_guard lock(flow_mutex);
-      hold_fn = std::move(fn);
-    }
-    update_flow();
-  }
-
-  // Holds or releases the output to match what waits for the client. One thread asks the provider
-  // at a time (never under a lock of ours: a provider may write from inside); it asks again while
-  // what is wanted changed meanwhile.
-  void update_flow() {
-    for (;;) {
-      std::function<bool(bool)> fn;
-      bool want = false;
-      {
-        std::lock_guard lock(flow_mutex);
-        if (!hold_fn || unholdable || holding) return;
-        const std::size_t waiting = sink->queued();
-        want = held ? waiting > release_below : waiting > hold_above;
-        if (want == held) return;
-        holding = true;
-        fn = hold_fn;
-      }
-      const bool ok = fn(want);
-      std::lock_guard lock(flow_mutex);
-      holding = false;
-      if (!ok) {
-        unholdable = true;
-        spdlog::debug(
-            "sbx serve: the provider cannot hold a command's output; its stream is "
-            "cut past {} bytes for a slow client",
-            bound);
-        return;
-      }
-      held = want;
-    }
-  }
-
-  bool can_hold() {
-    std::lock_guard lock(flow_mutex);
-    return !unholdable;
-  }
-  bool is_held() {
-    std::lock_guard lock(flow_mutex);
-    return held;
-  }
+  void set_flow(std::function<bool(bool)> fn) { flow.set_hold(std::move(fn), sink.get()); }
 
   // On a plugin thread: never waits for the client. Past hold_above the output is held at the
   // provider; a provider that cannot hold it gets its stream cut past `bound` (the connection
@@ -385,11 +335,11 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
       if (!send(std::move(e), false, true)) return;
     }
     if (lines.empty()) return;
-    update_flow();
+    flow.update(*sink);
     // The bound is counted beyond the longest event the stream has had, so a line longer than the
     // bound (up to kMaxLine) goes out whole to a client that reads, and what follows it may wait
     // while the client is still reading it.
-    if (!can_hold() && sink->queued() > bound + longest) cut();
+    if (!flow.can_hold() && sink->queued() > bound + longest) cut();
   }
 
   void cut() {
@@ -428,7 +378,7 @@ struct Foreground : std::enable_shared_from_this<Foreground> {
       if (ec || self->timer_stopped) return;
       // No ping while the client has not read what waits for it (the output is held): pings
       // would pile up behind it.
-      if (steady_ms() - self->last_event_ms >= self->ping_every_ms && !self->is_held()) {
+      if (steady_ms() - self->last_event_ms >= self->ping_every_ms && !self->flow.is_held()) {
         if (!self->send(text_event("ping", "pong"))) return;  // the final event went out
       }
       self->arm();

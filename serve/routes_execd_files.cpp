@@ -15,6 +15,7 @@
 // last holder lets go: on success, on an error and when the client goes away.
 
 #include "faults.hpp"
+#include "flow_gate.hpp"
 #include "state.hpp"
 
 #include <sbx/base/shell_quote.hpp>
@@ -130,10 +131,6 @@ std::string temp_full(const Server::State& state) {
   return "the server's temporary space for transfers is full (at most " +
          std::to_string(state.temp_space.limit()) +
          " bytes at once, serve.temp_limit); try again later";
-}
-
-bool is_not_found(std::exception_ptr error) {
-  return sbx::to_error(error).status() == SBX_STATUS_NOT_FOUND;
 }
 
 std::string file_not_found(const std::string& op, const std::string& path) {
@@ -548,120 +545,6 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
 // ----------------------------------------------------------------------------------------------
 // Download
 
-// Where a download is staged: a directory of its own in the server's temp dir, holding the file
-// (and, while the provider writes, its partial file), removed with its last holder. The bytes it
-// holds are taken from the server's temp space as they appear (measure()) and given back then.
-struct Staging {
-  std::shared_ptr<Server::State> state;
-  fs::path dir;
-  fs::path path;  // dir/file
-  int fd = -1;    // once staged: the file, read by the Pump
-  std::mutex mutex;
-  uint64_t taken = 0;  // guarded by mutex
-
-  explicit Staging(std::shared_ptr<Server::State> s) : state(std::move(s)) {
-    dir = state->temp_dir / ("download-" + new_request_id());
-    if (::mkdir(dir.c_str(), 0700) != 0)
-      throw std::runtime_error("cannot create " + dir.string() + ": " + std::strerror(errno));
-    path = dir / "file";
-  }
-  ~Staging() {
-    if (fd >= 0) ::close(fd);
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
-    state->temp_space.give(taken);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  // Takes what the directory's files grew by since the last call from the temp space; false
-  // when that would pass the limit. Any thread.
-  bool measure() {
-    uint64_t size = 0;
-    std::error_code ec;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      struct stat st {};
-      if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
-        size += static_cast<uint64_t>(st.st_size);
-    }
-    std::lock_guard lock(mutex);
-    if (size <= taken) return true;
-    if (!state->temp_space.take(size - taken)) return false;
-    taken = size;
-    return true;
-  }
-};
-
-// Sends [offset, offset + length) of the staged file through the sink, a piece at a time: the
-// next piece is read once the last is written, so at most one piece is in memory.
-struct Pump : std::enable_shared_from_this<Pump> {
-  std::shared_ptr<Staging> file;
-  std::shared_ptr<ChunkSink> sink;
-  uint64_t offset = 0;
-  uint64_t left = 0;
-
-  void step() {
-    if (left == 0 || sink->gone()) {
-      sink->end();
-      file.reset();
-      return;
-    }
-    std::string piece(std::min<uint64_t>(left, kPiece), '\0');
-    ssize_t n = -1;
-    do {
-      n = ::pread(file->fd, piece.data(), piece.size(), static_cast<off_t>(offset));
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) {  // the temp file is shorter than it was: cut the answer (the client sees it)
-      spdlog::warn("sbx serve: a download's temp file ended early");
-      sink->end();
-      file.reset();
-      return;
-    }
-    piece.resize(static_cast<std::size_t>(n));
-    offset += static_cast<uint64_t>(n);
-    left -= static_cast<uint64_t>(n);
-    sink->send(std::move(piece), [self = shared_from_this()] { self->step(); });
-  }
-};
-
-// While the provider stages a download: every kStagingCheck, the staged bytes are measured against
-// the temp space; over it, the download is cancelled. Runs on a strand of its own until stop().
-struct StagingWatch : std::enable_shared_from_this<StagingWatch> {
-  std::shared_ptr<Staging> staging;
-  sbx::Operation<void> op;
-  asio::strand<asio::io_context::executor_type> strand;
-  asio::steady_timer timer;
-  bool stopped = false;              // on `strand`
-  std::atomic<bool> over{false};     // the temp space ran out: the download was cancelled
-  std::atomic<bool> hung_up{false};  // the client went away: the download was cancelled
-
-  StagingWatch(asio::io_context& ioc, std::shared_ptr<Staging> s)
-      : staging(std::move(s)), strand(asio::make_strand(ioc)), timer(strand) {}
-
-  void start() {
-    asio::post(strand, [self = shared_from_this()] { self->arm(); });
-  }
-  void arm() {
-    if (stopped) return;
-    timer.expires_after(kStagingCheck);
-    timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (ec || self->stopped) return;
-      if (!self->staging->measure()) {
-        self->over = true;
-        self->op.cancel();
-        return;
-      }
-      self->arm();
-    });
-  }
-  void stop() {
-    asio::post(strand, [self = shared_from_this()] {
-      self->stopped = true;
-      self->timer.cancel();
-    });
-  }
-};
-
 // Line mode of a download (newer execd): `offset` (1-based, default 1) and `limit` (default: to
 // the end) select whole lines; each keeps its newline, a last line without one comes as it is.
 struct LineSlice {
@@ -697,40 +580,38 @@ std::optional<LineSlice> parse_line_slice(const Request& request, std::string& w
   return slice;
 }
 
-// The bytes [first, first + length) of the lines `slice` selects in the open file `fd` of `size`
-// bytes (read in 64 KiB pieces); false if the file cannot be read.
-bool find_lines(int fd, uint64_t size, const LineSlice& slice, uint64_t& first, uint64_t& length) {
-  // Where the first line wanted starts, and where the first line after them starts.
-  std::optional<uint64_t> start = slice.offset == 1 ? std::optional<uint64_t>(0) : std::nullopt;
-  std::optional<uint64_t> end;
-  // The first line not wanted; 0: none (no limit, or the sum passes uint64: no file has that
-  // many lines).
-  const uint64_t stop_line =
-      slice.limit && *slice.limit <= std::numeric_limits<uint64_t>::max() - slice.offset
-          ? slice.offset + *slice.limit
-          : 0;
-  uint64_t line = 1;  // the line being read
-  std::vector<char> buffer(64 * 1024);
-  for (uint64_t at = 0; at < size && !end;) {
-    const ssize_t n = ::pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    const char* p = buffer.data();
-    const char* const stop = p + n;
-    while (!end && (p = static_cast<const char*>(std::memchr(p, '\n', stop - p)))) {
-      ++p;
-      ++line;
-      const uint64_t next = at + static_cast<uint64_t>(p - buffer.data());
-      if (line == slice.offset) start = next;
-      if (stop_line != 0 && line == stop_line) end = next;
+// The lines a LineSlice selects, cut from a file's bytes as they pass: each call gives the part of
+// `bytes` inside them; done() once the last one wanted has passed.
+class LineCutter {
+ public:
+  explicit LineCutter(const LineSlice& slice)
+      : offset_(slice.offset),
+        // The first line not wanted; 0: none (no limit, or past uint64: no file has that many).
+        stop_(slice.limit && *slice.limit <= std::numeric_limits<uint64_t>::max() - slice.offset
+                  ? slice.offset + *slice.limit
+                  : 0) {}
+
+  std::string_view cut(std::string_view bytes) {
+    std::size_t from = line_ >= offset_ ? 0 : bytes.size();
+    std::size_t to = bytes.size();
+    for (std::size_t at = 0; !done() && at < bytes.size();) {
+      const auto nl = bytes.find('\n', at);
+      if (nl == std::string_view::npos) break;
+      at = nl + 1;
+      ++line_;
+      if (line_ == offset_) from = at;
+      if (stop_ != 0 && line_ == stop_) to = at;
     }
-    at += static_cast<uint64_t>(n);
+    if (from >= to) return {};
+    return bytes.substr(from, to - from);
   }
-  first = start.value_or(size);
-  const uint64_t last = end.value_or(size);
-  length = last > first ? last - first : 0;
-  return true;
-}
+  bool done() const { return stop_ != 0 && line_ >= stop_; }
+
+ private:
+  uint64_t offset_;
+  uint64_t stop_;
+  uint64_t line_ = 1;  // the line the next byte belongs to
+};
 
 // "bytes=a-b" / "bytes=a-" / "bytes=-n" of a file of `size` bytes: [first, last], or nullopt when
 // unsatisfiable; `ignored` when the header is not one range we understand (the whole file then).
@@ -787,6 +668,316 @@ std::string base_name(const std::string& path) {
   return out;
 }
 
+// One GET /files/download, streamed from the provider to the client (Sandbox::download_to_async):
+// nothing is staged on the host. The head goes out once the provider says the file's size (a
+// Content-Length; a range answered 206), or with its first bytes when it cannot say (chunked,
+// the whole file: a Range is then ignored, as HTTP lets a server do). Line mode (offset/limit) is
+// chunked and stops the download past its last line. A client that reads slowly holds the
+// download at the provider (sbx.flow/1, FlowGate); one whose provider cannot hold it is cut past
+// Options::stream_buffer bytes waiting. An error before the head is execd's error answer; after
+// it, the body is cut short (the client sees it end before its length or last chunk).
+// THREADING: on_size and on_data come on a plugin thread, one at a time; the sink's callbacks on
+// the connection's strand; the mutex orders them.
+class Download : public std::enable_shared_from_this<Download> {
+ public:
+  Download(std::shared_ptr<Server::State> state, std::shared_ptr<Entry> entry, std::string path,
+           std::string range, std::optional<LineSlice> lines, unsigned version, Reply reply,
+           OpenStream open_stream)
+      : state_(std::move(state)),
+        entry_(std::move(entry)),
+        path_(std::move(path)),
+        range_(std::move(range)),
+        lines_(std::move(lines)),
+        version_(version),
+        reply_(std::move(reply)),
+        open_stream_(std::move(open_stream)),
+        flow_(std::min<std::size_t>(state_->options.stream_buffer, kHoldAbove),
+              std::min<std::size_t>(state_->options.stream_buffer, kHoldAbove) / 4) {
+    if (lines_) cutter_.emplace(*lines_);
+  }
+
+  void start(const WatchHangup& watch_hangup) {
+    std::weak_ptr<Download> weak = weak_from_this();
+    sbx::DownloadSink sink;
+    sink.on_size = [weak](uint64_t size) {
+      if (auto self = weak.lock()) self->on_size(size);
+    };
+    sink.on_data = [weak](std::string_view bytes) {
+      auto self = weak.lock();
+      return self && self->on_data(bytes);
+    };
+    sbx::Operation<void> op;
+    try {
+      op = entry_->box()->download_to_async(path_, std::move(sink));
+    } catch (...) {
+      failed(std::current_exception());
+      return;
+    }
+    bool gone = false;
+    {
+      std::lock_guard lock(mutex_);
+      op_ = op;
+      gone = hung_up_;  // the client went away before the operation was known here
+    }
+    if (gone) op.cancel();
+    flow_.set_hold([op](bool hold) { return op.hold_output(hold); }, nullptr);
+    // Before the head: a client that hangs up cancels it (after: the sink's on_gone does).
+    watch_hangup([weak] {
+      if (auto self = weak.lock()) self->hung_up();
+    });
+    op.then([self = shared_from_this()](sbx::Operation<void>& done) { self->ended(done); });
+  }
+
+ private:
+  static constexpr std::size_t kHoldAbove = 1024 * 1024;
+
+  Request shape() const {
+    Request r;
+    r.version(version_);
+    return r;
+  }
+
+  // On the plugin's thread, before any byte: the head with the file's length (or the range's).
+  void on_size(uint64_t size) {
+    std::lock_guard lock(mutex_);
+    if (answered_) return;
+    size_ = size;
+    Response head{http::status::ok, version_};
+    if (lines_) {
+      open_locked(chunked_head(), true);
+      return;
+    }
+    if (!range_.empty()) {
+      bool ignored = false;
+      const auto r = parse_range(range_, size, ignored);
+      if (!r && !ignored) {
+        Response refused = execd_error(shape(), http::status::range_not_satisfiable, "INVALID_FILE",
+                                       "requested range not satisfiable: " + range_);
+        refused.set(http::field::content_range, "bytes */" + std::to_string(size));
+        answered_ = true;
+        stop_ = true;
+        reply_(std::move(refused));
+        return;
+      }
+      if (r) {
+        head.result(http::status::partial_content);
+        first_ = r->first;
+        end_ = r->last + 1;
+        head.set(http::field::content_range, "bytes " + std::to_string(r->first) + "-" +
+                                                 std::to_string(r->last) + "/" +
+                                                 std::to_string(size));
+      }
+    }
+    if (!end_) end_ = size;
+    if (head.result() == http::status::ok) head.set(http::field::accept_ranges, "bytes");
+    file_headers(head);
+    head.content_length(*end_ - first_);
+    open_locked(std::move(head), false);
+  }
+
+  // On the plugin's thread: the bytes in the range (or lines) go to the client. False stops the
+  // download: the client went away, the range or the lines are done, or a client whose
+  // provider cannot hold the download let too much wait.
+  bool on_data(std::string_view bytes) {
+    std::unique_lock lock(mutex_);
+    if (stop_) return false;
+    if (!sink_) {  // no size was said: the whole file, chunked
+      if (answered_) return false;
+      if (lines_) {
+        open_locked(chunked_head(), true);
+      } else {
+        Response head{http::status::ok, version_};
+        file_headers(head);
+        open_locked(std::move(head), true);
+      }
+    }
+    const uint64_t at = seen_;
+    seen_ += bytes.size();
+    std::string_view part = bytes;
+    if (cutter_) {
+      part = cutter_->cut(bytes);
+      if (cutter_->done()) stop_ = true;
+    } else {
+      const uint64_t from = first_ > at ? first_ - at : 0;
+      const uint64_t to =
+          end_ ? std::min<uint64_t>(bytes.size(), *end_ > at ? *end_ - at : 0) : bytes.size();
+      part = from < to ? bytes.substr(from, to - from) : std::string_view();
+      // A range that ends before the file does: the rest is not read.
+      if (end_ && size_ && *end_ < *size_ && seen_ >= *end_) stop_ = true;
+    }
+    if (!part.empty()) {
+      sink_->send(std::string(part), [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->flow_.update(*self->sink_);
+      });
+    }
+    const bool stop = stop_;
+    auto sink = sink_;
+    lock.unlock();
+    flow_.update(*sink);
+    if (!flow_.can_hold() && sink->queued() > state_->options.stream_buffer) {
+      spdlog::warn(
+          "sbx serve: cutting the download of {} from sandbox {}: its client let more "
+          "than {} bytes wait, and the provider cannot hold it",
+          path_, entry_->id, state_->options.stream_buffer);
+      cut();
+      return false;
+    }
+    return !stop;
+  }
+
+  // On the completing thread: the body ends, or is cut short when the download failed after its
+  // head went out.
+  void ended(sbx::Operation<void>& done) {
+    std::exception_ptr error;
+    try {
+      done.get();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::unique_lock lock(mutex_);
+    if (cut_) return;
+    if (hung_up_) {  // nobody to answer; a request not answered yet still is (to no one)
+      const bool answered = answered_;
+      lock.unlock();
+      if (!answered) failed(error);
+      return;
+    }
+    // Stopped by on_data (the range or the lines are done): the download's own end.
+    if (error && !(stop_ && sink_)) {
+      if (!sink_) {
+        const bool answered = answered_;
+        lock.unlock();
+        if (!answered) failed(error);
+        return;
+      }
+      const sbx::Error e = sbx::to_error(error);
+      spdlog::info("sbx serve: the download of {} from sandbox {} failed after its head: {}", path_,
+                   entry_->id, e.what());
+      sandbox_gone(e, *entry_);  // remembered: the next call answers 409 at once
+      auto sink = sink_;
+      lock.unlock();
+      sink->abort();  // the client sees the body end short
+      return;
+    }
+    if (answered_ && !sink_) return;  // a 416
+    if (!sink_) empty_answer_locked();
+    auto sink = sink_;
+    lock.unlock();
+    sink->end();
+  }
+
+  // The file had no byte and no size was said: an empty answer.
+  void empty_answer_locked() {
+    Response head{http::status::ok, version_};
+    if (lines_) {
+      open_locked(chunked_head(), true);
+      return;
+    }
+    file_headers(head);
+    head.set(http::field::accept_ranges, "bytes");
+    head.content_length(0);
+    open_locked(std::move(head), false);
+  }
+
+  Response chunked_head() const {
+    Response head{http::status::ok, version_};
+    head.set(http::field::content_type, "text/plain; charset=utf-8");
+    return head;
+  }
+  void file_headers(Response& head) const {
+    head.set(http::field::content_disposition, "attachment; filename=\"" + base_name(path_) + "\"");
+    head.set(http::field::content_type, "application/octet-stream");
+  }
+
+  // With the mutex held: the answer's head goes out; the client going away stops the download.
+  void open_locked(Response head, bool chunked) {
+    answered_ = true;
+    sink_ = open_stream_(std::move(head), chunked);
+    sink_->never_stall();          // held at the provider, not cut, while the client reads slowly
+    if (state_->options.faults) {  // the fault plan's cut_after_events: N pieces (faults.hpp)
+      if (const auto n = state_->options.faults->stream_cut("GET /files/download", entry_->id))
+        sink_->cut_after(*n);
+    }
+    sink_->on_gone([weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->hung_up();
+    });
+  }
+
+  void hung_up() {
+    sbx::Operation<void> op;
+    {
+      std::lock_guard lock(mutex_);
+      if (hung_up_) return;
+      stop_ = true;
+      hung_up_ = true;
+      op = op_;
+    }
+    spdlog::info("sbx serve: download of {} from sandbox {} cancelled: its client went away", path_,
+                 entry_->id);
+    if (op.valid()) op.cancel();  // else start() cancels it once known
+  }
+
+  void cut() {
+    std::shared_ptr<ChunkSink> sink;
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      cut_ = true;
+      sink = sink_;
+    }
+    if (sink) sink->abort();
+  }
+
+  // Before the head: the error as execd answers it.
+  void failed(std::exception_ptr error) {
+    bool hung_up = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (answered_) return;
+      answered_ = true;
+      hung_up = hung_up_;
+    }
+    const Request r = shape();
+    if (hung_up) {
+      reply_(execd_error(r, http::status::bad_request, "RUNTIME_ERROR",
+                         "the client went away"));  // written to no one
+      return;
+    }
+    const sbx::Error e = sbx::to_error(error);
+    if (sandbox_gone(e, *entry_)) {
+      reply_(sandbox_gone_response(r, e, entry_->id));
+    } else if (e.status() == SBX_STATUS_NOT_FOUND) {
+      reply_(
+          execd_error(r, http::status::not_found, "FILE_NOT_FOUND", file_not_found("open", path_)));
+    } else {
+      reply_(execd_error(r, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
+    }
+  }
+
+  const std::shared_ptr<Server::State> state_;
+  const std::shared_ptr<Entry> entry_;
+  const std::string path_;
+  const std::string range_;  // the Range header, or empty
+  const std::optional<LineSlice> lines_;
+  const unsigned version_;
+  const Reply reply_;
+  const OpenStream open_stream_;
+  FlowGate flow_;
+
+  std::mutex mutex_;
+  sbx::Operation<void> op_;  // once started
+  bool answered_ = false;    // the head (or an error answer) went out
+  std::shared_ptr<ChunkSink> sink_;
+  std::optional<uint64_t> size_;
+  uint64_t first_ = 0;           // the range's first byte
+  std::optional<uint64_t> end_;  // one past its last
+  uint64_t seen_ = 0;            // bytes of the file that came so far
+  std::optional<LineCutter> cutter_;
+  bool stop_ = false;     // nothing more is wanted (done, cut, or the client gone)
+  bool cut_ = false;      // cut for a slow client
+  bool hung_up_ = false;  // the client went away
+};
+
 void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr<Entry>& entry,
               const Request& request, const Reply& reply, const OpenStream& open_stream,
               const WatchHangup& watch_hangup) {
@@ -796,133 +987,23 @@ void download(const std::shared_ptr<Server::State>& state, const std::shared_ptr
                       "missing query parameter 'path'"));
     return;
   }
-  const std::string path = paths.front();
   std::string why;
-  const std::optional<LineSlice> lines = parse_line_slice(request, why);
+  std::optional<LineSlice> lines = parse_line_slice(request, why);
   if (!why.empty()) {
     reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY", why));
     return;
   }
-  if (lines && request.find(http::field::range) != request.end()) {
+  const auto range_header = request.find(http::field::range);
+  if (lines && range_header != request.end()) {
     reply(execd_error(request, http::status::bad_request, "INVALID_REQUEST_BODY",
                       "offset/limit and the Range header cannot be used together"));
     return;
   }
-  std::shared_ptr<Staging> file;
-  try {
-    file = std::make_shared<Staging>(state);
-  } catch (const std::exception& e) {
-    reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
-    return;
-  }
-  const auto range_header = request.find(http::field::range);
-  const std::string range =
+  std::string range =
       range_header == request.end() ? std::string() : std::string(range_header->value());
-  const auto version = request.version();
-  sbx::Operation<void> op;
-  try {
-    op = entry->box()->download_async(path, file->path);
-  } catch (...) {
-    const sbx::Error e = sbx::to_error(std::current_exception());
-    reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
-    return;
-  }
-  // The staged bytes count against the temp space; a client that hangs up cancels the download.
-  auto watch = std::make_shared<StagingWatch>(state->ioc, file);
-  watch->op = op;
-  watch->start();
-  watch_hangup([watch] {
-    watch->hung_up = true;
-    watch->op.cancel();
-  });
-  op.then([state, entry, id = entry->id, file, watch, path, range, lines, version, reply,
-           open_stream](sbx::Operation<void>& done) {
-    watch->stop();
-    Request shape;
-    shape.version(version);
-    try {
-      done.get();
-    } catch (...) {
-      const auto error = std::current_exception();
-      if (watch->hung_up) {
-        spdlog::info("sbx serve: download of {} from sandbox {} cancelled: its client went away",
-                     path, id);
-        reply(execd_error(shape, http::status::bad_request, "RUNTIME_ERROR",
-                          "the client went away"));  // written to no one
-      } else if (watch->over) {
-        reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
-                          temp_full(*state)));
-      } else if (const sbx::Error e = sbx::to_error(error); sandbox_gone(e, *entry)) {
-        reply(sandbox_gone_response(shape, e, id));
-      } else if (is_not_found(error)) {
-        reply(execd_error(shape, http::status::not_found, "FILE_NOT_FOUND",
-                          file_not_found("open", path)));
-      } else {
-        reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
-                          sbx::to_error(error).what()));
-      }
-      return;
-    }
-    if (!file->measure()) {  // it grew past the limit after the last check
-      reply(execd_error(shape, http::status::insufficient_storage, "INSUFFICIENT_STORAGE",
-                        temp_full(*state)));
-      return;
-    }
-    file->fd = ::open(file->path.c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st {};
-    if (file->fd < 0 || ::fstat(file->fd, &st) != 0) {
-      reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
-                        "cannot read the downloaded file"));
-      return;
-    }
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    Response head{http::status::ok, version};
-    uint64_t first = 0, length = size;
-    if (!range.empty()) {
-      bool ignored = false;
-      const auto r = parse_range(range, size, ignored);
-      if (!r && !ignored) {
-        Response refused = execd_error(shape, http::status::range_not_satisfiable, "INVALID_FILE",
-                                       "requested range not satisfiable: " + range);
-        refused.set(http::field::content_range, "bytes */" + std::to_string(size));
-        reply(std::move(refused));
-        return;
-      }
-      if (r) {
-        head.result(http::status::partial_content);
-        first = r->first;
-        length = r->last - r->first + 1;
-        head.set(http::field::content_range, "bytes " + std::to_string(r->first) + "-" +
-                                                 std::to_string(r->last) + "/" +
-                                                 std::to_string(size));
-      }
-    }
-    if (lines) {
-      if (!find_lines(file->fd, size, *lines, first, length)) {
-        reply(execd_error(shape, http::status::internal_server_error, "RUNTIME_ERROR",
-                          "cannot read the downloaded file"));
-        return;
-      }
-      head.set(http::field::content_type, "text/plain; charset=utf-8");
-    } else {
-      if (head.result() == http::status::ok) head.set(http::field::accept_ranges, "bytes");
-      head.set(http::field::content_disposition,
-               "attachment; filename=\"" + base_name(path) + "\"");
-      head.set(http::field::content_type, "application/octet-stream");
-    }
-    head.content_length(length);
-    auto pump = std::make_shared<Pump>();
-    pump->file = file;
-    pump->offset = first;
-    pump->left = length;
-    pump->sink = open_stream(std::move(head), false);
-    if (state->options.faults) {  // the fault plan's cut_after_events: N pieces (faults.hpp)
-      if (const auto n = state->options.faults->stream_cut("GET /files/download", id)) {
-        pump->sink->cut_after(*n);
-      }
-    }
-    pump->step();
-  });
+  auto d = std::make_shared<Download>(state, entry, paths.front(), std::move(range),
+                                      std::move(lines), request.version(), reply, open_stream);
+  d->start(watch_hangup);
 }
 
 // ----------------------------------------------------------------------------------------------

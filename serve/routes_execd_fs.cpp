@@ -779,9 +779,10 @@ void get_files_search(const Call& call) {
 // patterns, work in lines and stop at NUL bytes), so the bytes are replaced here, exactly:
 //   1. one script checks every path first (a regular file, or a link to one; its size): missing
 //      404, anything else 500, larger than kMaxReplaceBytes 500, nothing changed yet;
-//   2. then, file by file, Sandbox::download_async into a directory of the server's temp dir
-//      (its size taken from the temp space, 507 when full), the replacement streamed from it
-//      into a second temp file (a 64 KiB piece and the tail a match may straddle in memory);
+//   2. then, file by file, Sandbox::download_to_async into a directory of the server's temp dir
+//      (its bytes taken from the temp space as they come, 507 when full; stopped past
+//      kMaxReplaceBytes, 500), the replacement streamed from it into a second temp file (a
+//      64 KiB piece and the tail a match may straddle in memory);
 //   3. a file with matches is uploaded next to the original under a hidden unique name, and
 //      `cat TEMP > PATH; rm TEMP` writes it back: the file keeps its inode, mode and owner, and a
 //      link is written through, as execd's os.WriteFile does. A file without a match is not
@@ -841,6 +842,24 @@ int64_t replace_stream(const fs::path& in_path, const fs::path& out_path, const 
   return count;
 }
 
+// A file being downloaded into the replacement's temp file (plugin thread, then the
+// continuation): its size so far and why it stopped.
+struct Incoming {
+  explicit Incoming(int f) : fd(f) {}
+  ~Incoming() { close(); }
+  Incoming(const Incoming&) = delete;
+  Incoming& operator=(const Incoming&) = delete;
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  int fd;
+  uint64_t size = 0;
+  bool too_large = false;
+  bool full = false;
+  int write_error = 0;
+};
+
 // One POST /files/replace: its files replaced in turn (step 2 and 3 above).
 class Replace : public std::enable_shared_from_this<Replace> {
  public:
@@ -897,18 +916,53 @@ class Replace : public std::enable_shared_from_this<Replace> {
     fs::remove(dir_ / "out", ignored);
     ctx_.state->temp_space.give(taken_);
     taken_ = 0;
-    if (!take(items_[i].size)) {
-      temp_full();
+    // Streamed into the temp file, each byte taken from the temp space as it comes: a file that
+    // grew since step 1 (or a sandbox that lies about it) stops at the size cap, or at the temp
+    // space's limit, not after.
+    const int fd = ::open((dir_ / "in").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      ctx_.runtime_error("cannot create the replacement's temp file: " +
+                         std::string(std::strerror(errno)));
       return;
     }
+    auto in = std::make_shared<Incoming>(fd);
+    sbx::DownloadSink sink;
+    sink.on_data = [self = shared_from_this(), in](std::string_view bytes) {
+      in->size += bytes.size();
+      if (in->size > kMaxReplaceBytes) {
+        in->too_large = true;
+        return false;
+      }
+      if (!self->take(bytes.size())) {
+        in->full = true;
+        return false;
+      }
+      for (std::size_t done = 0; done < bytes.size();) {
+        const ssize_t n = ::write(in->fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          in->write_error = errno ? errno : EIO;
+          return false;
+        }
+        done += static_cast<std::size_t>(n);
+      }
+      return true;
+    };
     sbx::Operation<void> op;
     try {
-      op = ctx_.entry->box()->download_async(items_[i].path, dir_ / "in");
+      op = ctx_.entry->box()->download_to_async(items_[i].path, std::move(sink));
     } catch (...) {
       transfer_failed(std::current_exception(), i);
       return;
     }
-    op.then([self = shared_from_this(), i](sbx::Operation<void>& done) {
+    op.then([self = shared_from_this(), i, in](sbx::Operation<void>& done) {
+      in->close();
+      if (in->too_large) return self->ctx_.runtime_error(too_large(self->items_[i].path, in->size));
+      if (in->full) return self->temp_full();
+      if (in->write_error) {
+        return self->ctx_.runtime_error("cannot write the replacement's temp file: " +
+                                        std::string(std::strerror(in->write_error)));
+      }
       try {
         done.get();
       } catch (...) {
@@ -927,10 +981,6 @@ class Replace : public std::enable_shared_from_this<Replace> {
     if (ec || size > kMaxReplaceBytes) {
       ctx_.runtime_error(ec ? "cannot read the downloaded " + item.path
                             : too_large(item.path, size));
-      return;
-    }
-    if (size > item.size && !take(size - item.size)) {  // it grew since step 1
-      temp_full();
       return;
     }
     try {

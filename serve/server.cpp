@@ -17,8 +17,10 @@
 #include <boost/asio/local/stream_protocol.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -49,6 +51,46 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// A server's temp dir holds `.lock`, flock'ed for as long as the server lives (the kernel lets
+// go of it when the process dies, kill -9 included). It is made under another name and renamed
+// once locked, so that a sweep never sees it unlocked. The descriptor, kept open.
+int lock_temp_dir(const std::filesystem::path& dir) {
+  const std::string making = (dir / ".lock.new").string();
+  const int fd = ::open(making.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+      ::rename(making.c_str(), (dir / ".lock").c_str()) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot lock the temp dir " + dir.string() + ": " +
+                             std::strerror(err));
+  }
+  return fd;
+}
+
+// Removes the temp dirs under `root` that a server made (sbx-serve-XXXXXX, this user's, a real
+// directory holding a `.lock` made as above) and that no living server holds: their server died
+// without removing them. Anything else is left alone.
+void sweep_temp_dirs(const std::filesystem::path& root) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() != 16 || name.rfind("sbx-serve-", 0) != 0) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    const int fd = ::open((it->path() / ".lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;  // not one of ours (or of a server too old to lock it)
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its server is gone
+      std::error_code ignored;
+      const auto removed = std::filesystem::remove_all(it->path(), ignored);
+      spdlog::info("sbx serve: removed {} ({} entries) left by a server that did not stop",
+                   it->path().string(), removed);
+    }
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 namespace asio = boost::asio;
@@ -1111,16 +1153,19 @@ Server::Server(sbx::Provider provider, Options options)
                                : reinterpret_cast<const ::sockaddr_in*>(&bound)->sin_port);
     }
   }
-  // The private temp dir: command logs, uploads and downloads on their way.
-  std::string pattern = ((o.temp_root.empty() ? std::filesystem::temp_directory_path()
-                                              : std::filesystem::path(o.temp_root)) /
-                         "sbx-serve-XXXXXX")
-                            .string();
+  // The private temp dir: command logs and uploads on their way. Those of servers that died
+  // without removing theirs (kill -9) go first.
+  const std::filesystem::path temp_root = o.temp_root.empty()
+                                              ? std::filesystem::temp_directory_path()
+                                              : std::filesystem::path(o.temp_root);
+  sweep_temp_dirs(temp_root);
+  std::string pattern = (temp_root / "sbx-serve-XXXXXX").string();
   if (!::mkdtemp(pattern.data())) {
     throw std::runtime_error("cannot make a temp dir like " + pattern + ": " +
                              std::strerror(errno));
   }
   state_->temp_dir = pattern;
+  state_->temp_dir_lock = lock_temp_dir(state_->temp_dir);
   // Only once the address is bound: a server that cannot start must not touch the sandboxes.
   if (o.state_dir) store_load(*state_);
   // With Options::admin the host hands out the provider (its current generation) at each use:
@@ -1158,6 +1203,8 @@ Server::~Server() {
   state_->socket_file.reset();  // the unix socket file it made, if still its own
   std::error_code ignored;
   std::filesystem::remove_all(state_->temp_dir, ignored);
+  if (state_->temp_dir_lock >= 0) ::close(state_->temp_dir_lock);  // after: nobody sweeps it
+  state_->temp_dir_lock = -1;
   // The handlers still queued hold the state: destroy them (a continuation a plugin completes
   // later may still hold it; the state then goes with that continuation).
   state_->ioc.shutdown();

@@ -271,6 +271,7 @@ struct Server::State {
   };
   std::optional<SocketFile> socket_file;
   int state_dir_lock = -1;  // flock'ed file descriptor of Options::state_dir/.lock, or -1
+  int temp_dir_lock = -1;   // flock'ed file descriptor of temp_dir/.lock: this server lives
   // A private directory for command logs and file transfers, made by the constructor and removed
   // with everything in it by the destructor.
   std::filesystem::path temp_dir;

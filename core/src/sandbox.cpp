@@ -232,6 +232,9 @@ struct DownloadCtx : CallCtx, SandboxRef {
   fs::path final_path;  // what the temporary file is renamed to: `target`, or a link's target
   std::vector<fs::path> made_dirs;      // parents this download created, outermost first
   std::shared_ptr<std::string> memory;  // download_bytes: append here instead
+  DownloadSink to;                      // download_to_async: hand the bytes on instead
+  std::optional<uint64_t> expected;     // the size the plugin announced (ABI 1.3)
+  uint64_t written = 0;
   std::optional<Error> local_error;
   bool settled = false;  // committed or discarded: nothing more is written
   sbx_output_stream stream{};
@@ -241,12 +244,57 @@ struct DownloadCtx : CallCtx, SandboxRef {
     if (wake >= 0) ::close(wake);
   }
 
+  // ABI 1.3: the plugin knows the size. Asked only by download_to_async, whose sink may use it.
+  static int32_t SBX_ABI expect(void* c, int64_t size) {
+    auto* ctx = static_cast<DownloadCtx*>(c);
+    std::lock_guard lock(ctx->mutex);
+    if (ctx->settled || ctx->local_error) return -1;
+    if (size < 0 || ctx->expected || ctx->written > 0) {
+      ctx->local_error.emplace(InternalError(
+          describe(*ctx->sandbox->generation) +
+          " announced a download's size after its first bytes, twice, or as a negative number"));
+      return -1;
+    }
+    ctx->expected = static_cast<uint64_t>(size);
+    if (ctx->to.on_size) {
+      try {
+        ctx->to.on_size(*ctx->expected);
+      } catch (...) {
+        ctx->local_error.emplace(to_error(std::current_exception()));
+        return -1;
+      }
+    }
+    return 0;
+  }
+
   static int32_t SBX_ABI write(void* c, sbx_bytes data) {
     auto* ctx = static_cast<DownloadCtx*>(c);
     std::lock_guard lock(ctx->mutex);
     if (ctx->settled || ctx->local_error) return -1;
     if (!data.data && data.len > 0) return -1;
     ctx->state->touch();
+    ctx->written += data.len;
+    if (ctx->expected && ctx->written > *ctx->expected) {
+      ctx->local_error.emplace(InternalError(
+          describe(*ctx->sandbox->generation) + " wrote more of a download than the " +
+          std::to_string(*ctx->expected) + " bytes it announced"));
+      return -1;
+    }
+    if (ctx->to.on_data) {
+      bool more = false;
+      try {
+        more =
+            ctx->to.on_data(std::string_view(reinterpret_cast<const char*>(data.data), data.len));
+      } catch (...) {
+        ctx->local_error.emplace(to_error(std::current_exception()));
+        return -1;
+      }
+      if (!more) {
+        ctx->local_error.emplace(CancelledError("the download's consumer stopped it"));
+        return -1;
+      }
+      return 0;
+    }
     if (ctx->memory) {
       try {
         ctx->memory->append(reinterpret_cast<const char*>(data.data), data.len);
@@ -289,6 +337,10 @@ struct DownloadCtx : CallCtx, SandboxRef {
         failure = local_error;
       } else if (error) {
         failure = plugin_error(*sandbox->generation, error, "download");
+      } else if (expected && written != *expected) {
+        failure = InternalError(describe(*sandbox->generation) + " ended a download after " +
+                                std::to_string(written) + " of the " + std::to_string(*expected) +
+                                " bytes it announced");
       } else {
         failure = commit();
       }
@@ -729,7 +781,8 @@ Operation<void> start_download(const std::shared_ptr<detail::SandboxState>& s,
                                const std::string& remote) {
   const auto& g = s->generation;
   ctx->sandbox = s;
-  ctx->stream = {sizeof(sbx_output_stream), ctx.get(), &detail::DownloadCtx::write};
+  ctx->stream = {sizeof(sbx_output_stream), ctx.get(), &detail::DownloadCtx::write,
+                 ctx->to.on_data ? &detail::DownloadCtx::expect : nullptr};
   const sbx_download_request request{sizeof(sbx_download_request), detail::view_of(remote),
                                      &ctx->stream};
   return start_operation<detail::Unit>(
@@ -786,6 +839,15 @@ std::string Sandbox::download_bytes(std::string_view remote_path) {
   ctx->memory = contents;
   start_download(state_, std::move(ctx), std::string(remote_path)).get();
   return std::move(*contents);
+}
+
+Operation<void> Sandbox::download_to_async(std::string remote_path, DownloadSink sink) {
+  require_open(state_);
+  detail::require_utf8(remote_path, "the sandbox path");
+  if (!sink.on_data) throw InvalidArgumentError("download_to_async needs a sink with on_data");
+  auto ctx = std::make_shared<detail::DownloadCtx>();
+  ctx->to = std::move(sink);
+  return start_download(state_, std::move(ctx), remote_path);
 }
 
 Operation<SandboxStatus> Sandbox::status_async() {

@@ -451,6 +451,7 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
                         : "more than the " + std::to_string(length) + " bytes it declared"));
       }
       try {
+        if (delivered == 0) sink.expect_size(static_cast<uint64_t>(length));
         sink.write(chunk);
       } catch (...) {
         call.cancel();  // the host refused the bytes: nobody reads the rest
@@ -476,6 +477,7 @@ void AgentClient::download(const std::string& socket, const std::string& sandbox
     throw sdk::Error::internal(what + ": " + std::to_string(delivered) + " of " +
                                std::to_string(length) + " bytes arrived");
   }
+  if (length == 0) sink.expect_size(0);  // an empty file: said, with no write to come before
 }
 
 bool AgentClient::runs_as_root(const std::string& socket, const sdk::CancelToken& cancel) {

@@ -278,6 +278,7 @@ class SingleFileExtractor final : public tar::Reader::Handler {
     if (entry.path != name_) {
       refuse("the archive entry '" + entry.path + "' is not the requested file '" + name_ + "'");
     }
+    sink_.expect_size(entry.size);  // the host may stream it on (a Content-Length)
   }
   void on_data(std::string_view bytes) override { sink_.write(bytes); }
   void on_entry_end() override { complete_ = true; }

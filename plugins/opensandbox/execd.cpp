@@ -987,6 +987,7 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
       if (status == 200 || status == 206) {
         if (!total && status == 200 && head->length.load() >= 0) {
           total = static_cast<uint64_t>(head->length.load());
+          if (delivered == 0) sink.expect_size(*total);  // the host may stream it on
         }
         sink.write(chunk);
         delivered += chunk.size();
@@ -1030,6 +1031,7 @@ void ExecdClient::download(const ExecdEndpoint& endpoint, const std::string& san
                                         std::to_string(*total) + " bytes arrived",
                                     false);
     }
+    if (delivered == 0 && response.status == 200) sink.expect_size(0);  // an empty file
     return;
   }
 }

@@ -83,8 +83,12 @@ class BlockingAdapter final : public Provider,
 
   void download(Sandbox& sandbox, std::string remote_path, ByteSink& sink,
                 Completion<void> done) override {
+    // As exec's output: the writes from this download's own pool thread wait while the host
+    // holds it (sbx.flow/1).
+    sink.hold_by_blocking_writes();
     run(std::move(done),
         [this, &sandbox, &sink, path = std::move(remote_path)](const CancelToken& cancel) {
+          const detail::WritesMayWait here;
           impl_->download(sandbox, path, sink, cancel);
         });
   }

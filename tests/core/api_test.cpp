@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -355,6 +356,60 @@ TEST_CASE(
   CHECK(box.exec("echo alive").stdout_text == "alive\n");
   CHECK(box.download_bytes("/big").size() == 1024 * 1024);
   CHECK(type_of(fifo) == S_IFIFO);
+}
+
+TEST_CASE("download_to_async streams a file: its size first, its bytes in order, nothing kept") {
+  Fixture f;
+  sbx::Sandbox box = f.provider().create({});
+  std::string contents(8 * 1024 * 1024 + 3, '\0');
+  for (size_t i = 0; i < contents.size(); ++i)
+    contents[i] = static_cast<char>('a' + i % 26);
+  box.upload_bytes(contents, "/big");
+
+  SUBCASE("size, then every byte") {
+    std::optional<uint64_t> size;
+    std::string got;
+    bool size_first = true;
+    box.download_to_async("/big", {.on_size = [&](uint64_t n) { size = n; },
+                                   .on_data =
+                                       [&](std::string_view bytes) {
+                                         size_first = size_first && size.has_value();
+                                         got += bytes;
+                                         return true;
+                                       }})
+        .get();
+    CHECK(size == contents.size());
+    CHECK(size_first);
+    CHECK(got == contents);
+  }
+  SUBCASE("held, it stops within the slack; released, it ends") {
+    std::mutex mutex;
+    uint64_t got = 0;
+    auto op = box.download_to_async("/big", {.on_data = [&](std::string_view bytes) {
+                                      std::lock_guard lock(mutex);
+                                      got += bytes.size();
+                                      return true;
+                                    }});
+    REQUIRE(op.hold_output(true));
+    // Whatever was read before the hold may still come (at most SBX_FLOW_SLACK): then nothing.
+    std::this_thread::sleep_for(300ms);
+    {
+      std::lock_guard lock(mutex);
+      CHECK(got <= 1024 * 1024 + 65536);
+    }
+    CHECK_FALSE(op.ready());
+    REQUIRE(op.hold_output(false));
+    op.get();
+    CHECK(got == contents.size());
+  }
+  SUBCASE("a sink that says stop cancels it") {
+    auto op = box.download_to_async("/big", {.on_data = [](std::string_view) { return false; }});
+    CHECK_THROWS_AS(op.get(), sbx::CancelledError);
+  }
+  CHECK_THROWS_AS(box.download_to_async("/big", {}), sbx::InvalidArgumentError);
+  CHECK_THROWS_AS(
+      box.download_to_async("/missing", {.on_data = [](std::string_view) { return true; }}).get(),
+      sbx::NotFoundError);
 }
 
 TEST_CASE("a download to a character device is written into it; its failure is reported") {

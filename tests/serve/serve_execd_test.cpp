@@ -701,6 +701,8 @@ size_t temp_files(const fs::path& dir) {
     for (fs::recursive_directory_iterator f(it->path(), inner), f_end; !inner && f != f_end;
          f.increment(inner)) {
       std::error_code type;
+      // The lock a living server holds is not a transfer's.
+      if (f->path().filename() == ".lock") continue;
       n += f->is_regular_file(type) ? 1 : 0;
     }
   }

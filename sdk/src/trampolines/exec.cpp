@@ -3,7 +3,6 @@
 
 #include "ordered_op.hpp"
 
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -14,17 +13,16 @@ namespace {
 
 // Output streamed in order through OrderedOp (ordered_op.hpp), or accumulated for the result when
 // the host did not ask for streaming. Its output can be held (sbx.flow/1) the way the provider
-// said (ExecFlow): by its handler, or by writes that wait while held.
+// said (OutputFlow): by its handler, or by writes that wait while held.
 class ExecOp final : public OrderedOp<ExitStatus, std::pair<StdStream, std::string>>,
-                     public OutputSink,
-                     public ExecFlow {
+                     public OutputSink {
  public:
   explicit ExecOp(const sbx_exec_callbacks* cb) : cb_(*cb) {}
 
   void write(StdStream stream, std::string_view bytes) override {
     if (bytes.empty()) return;
     if (cb_.on_output) {
-      wait_while_held();
+      flow.wait_while_held(*this);
       return emit({stream, std::string(bytes)});
     }
     std::lock_guard lock(collected_mutex_);
@@ -32,54 +30,16 @@ class ExecOp final : public OrderedOp<ExitStatus, std::pair<StdStream, std::stri
     (stream == StdStream::err ? stderr_ : stdout_).append(bytes);
   }
 
-  bool hold_output(bool hold) noexcept override {
-    std::function<void(bool)> handler;
-    {
-      std::lock_guard lock(flow_mutex_);
-      held_ = hold;
-      if (claimed()) return true;
-      if (!handler_ && !blocking_) return false;
-      handler = handler_;
-    }
-    flow_cv_.notify_all();
-    if (!handler) return true;
-    try {
-      handler(hold);
-      return true;
-    } catch (...) {
-      return false;
-    }
-  }
+  bool hold_output(bool hold) noexcept override { return flow.hold(*this, hold); }
 
-  void set_hold_handler(std::function<void(bool)> fn) override {
-    bool held = false;
-    {
-      std::lock_guard lock(flow_mutex_);
-      handler_ = fn;
-      held = held_;
-    }
-    if (held && fn) fn(true);  // the host held it before the provider could say how
-  }
-  void set_blocking_hold() override {
-    std::lock_guard lock(flow_mutex_);
-    blocking_ = true;
-  }
+  OutputFlow flow;
 
  private:
-  // A provider that writes from a thread of its own: the write waits while the host holds the
-  // output, until released, cancelled or completed.
-  void wait_while_held() {
-    if (!WritesMayWait::here()) return;  // never on a thread that serves others (an event loop)
-    std::unique_lock lock(flow_mutex_);
-    if (!blocking_ || !held_) return;
-    flow_cv_.wait(lock, token(), [&] { return !held_ || claimed(); });
-  }
-
   void emit_chunk(const std::pair<StdStream, std::string>& chunk) noexcept override {
     cb_.on_output(cb_.user_data, static_cast<int32_t>(chunk.first), to_bytes(chunk.second));
   }
   void complete_value(const ExitStatus& status) noexcept override {
-    release_writers();
+    flow.release_writers();
     std::lock_guard lock(collected_mutex_);  // a late write() may still be appending
     const sbx_exec_result result{
         sizeof(sbx_exec_result), status.return_code,
@@ -88,27 +48,18 @@ class ExecOp final : public OrderedOp<ExitStatus, std::pair<StdStream, std::stri
     cb_.on_complete(cb_.user_data, &result, nullptr);
   }
   void complete_error(const Error& error) noexcept override {
-    release_writers();
+    flow.release_writers();
     with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, nullptr, e); });
-  }
-  void release_writers() noexcept {
-    { std::lock_guard lock(flow_mutex_); }
-    flow_cv_.notify_all();
   }
 
   sbx_exec_callbacks cb_;
   std::mutex collected_mutex_;
   std::string stdout_;  // accumulated when the host did not ask for streaming
   std::string stderr_;
-  std::mutex flow_mutex_;
-  std::condition_variable_any flow_cv_;
-  bool held_ = false;
-  bool blocking_ = false;
-  std::function<void(bool)> handler_;
 };
 
 ExecCompletion make_completion(ExecOp* op) {
-  return ExecCompletion(op, op, op);
+  return ExecCompletion(op, op, &op->flow);
 }
 
 }  // namespace

@@ -188,6 +188,52 @@ WritesMayWait::~WritesMayWait() {
 bool WritesMayWait::here() noexcept {
   return t_writes_may_wait;
 }
+
+bool OutputFlow::hold(const OpBase& op, bool hold) noexcept {
+  std::function<void(bool)> handler;
+  {
+    std::lock_guard lock(mutex_);
+    held_ = hold;
+    if (op.completed()) return true;
+    if (!handler_ && !blocking_) return false;
+    handler = handler_;
+  }
+  cv_.notify_all();
+  if (!handler) return true;
+  try {
+    handler(hold);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void OutputFlow::set_hold_handler(std::function<void(bool)> fn) {
+  bool held = false;
+  {
+    std::lock_guard lock(mutex_);
+    handler_ = fn;
+    held = held_;
+  }
+  if (held && fn) fn(true);  // the host held it before the provider could say how
+}
+
+void OutputFlow::set_blocking_hold() {
+  std::lock_guard lock(mutex_);
+  blocking_ = true;
+}
+
+void OutputFlow::wait_while_held(const OpBase& op) {
+  if (!WritesMayWait::here()) return;  // never on a thread that serves others (an event loop)
+  std::unique_lock lock(mutex_);
+  if (!blocking_ || !held_) return;
+  cv_.wait(lock, op.token(), [&] { return !held_ || op.completed(); });
+}
+
+void OutputFlow::release_writers() noexcept {
+  { std::lock_guard lock(mutex_); }
+  cv_.notify_all();
+}
 }  // namespace detail
 
 void ExecCompletion::on_hold(std::function<void(bool hold)> fn) const {

@@ -3,14 +3,25 @@
 
 #include "internal.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 namespace sbx::sdk::detail {
 namespace {
 
-// An upload or download: the operation owns the C++ view of the host's stream.
-template <class Stream, class CStream>
-class TransferOp final : public Op<void> {
+// The host's sink as this SDK's struct: the fields a smaller (older) host's struct lacks are
+// null, and its struct_size says so.
+sbx_output_stream copy_of(const sbx_output_stream& sink) {
+  sbx_output_stream copy{};
+  std::memcpy(&copy, &sink, std::min<std::size_t>(sink.struct_size, sizeof copy));
+  return copy;
+}
+
+// An upload: the operation owns the C++ view of the host's stream.
+class UploadOp final : public Op<void> {
  public:
-  TransferOp(const sbx_done_callbacks* cb, const CStream& stream) : cb_(*cb), stream(stream) {}
+  UploadOp(const sbx_done_callbacks* cb, const sbx_input_stream& stream)
+      : cb_(*cb), stream(stream) {}
   void deliver_value() noexcept override { cb_.on_complete(cb_.user_data, nullptr); }
   void deliver_error(const Error& error) noexcept override {
     with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, e); });
@@ -20,11 +31,32 @@ class TransferOp final : public Op<void> {
   sbx_done_callbacks cb_;
 
  public:
-  Stream stream;
+  ByteSource stream;
 };
 
-using UploadOp = TransferOp<ByteSource, sbx_input_stream>;
-using DownloadOp = TransferOp<ByteSink, sbx_output_stream>;
+// A download: the operation owns the C++ view of the host's sink, whose writes can be held
+// (sbx.flow/1) the way the provider said (OutputFlow).
+class DownloadOp final : public Op<void> {
+ public:
+  DownloadOp(const sbx_done_callbacks* cb, const sbx_output_stream& sink)
+      : cb_(*cb), stream(copy_of(sink), this, &flow_) {}
+  void deliver_value() noexcept override {
+    flow_.release_writers();
+    cb_.on_complete(cb_.user_data, nullptr);
+  }
+  void deliver_error(const Error& error) noexcept override {
+    flow_.release_writers();
+    with_c_error(error, [&](const sbx_error* e) { cb_.on_complete(cb_.user_data, e); });
+  }
+  bool hold_output(bool hold) noexcept override { return flow_.hold(*this, hold); }
+
+ private:
+  sbx_done_callbacks cb_;
+  OutputFlow flow_;
+
+ public:
+  ByteSink stream;
+};
 
 // The host's stream, if the request carries a usable one (checked before the op exists, because
 // the op keeps a copy); otherwise a stand-in, and the op fails inside its start.
@@ -86,11 +118,30 @@ size_t ByteSource::read(char* buffer, size_t capacity) {
   return static_cast<size_t>(n);
 }
 
+void ByteSink::expect_size(uint64_t size) {
+  if (expected_ || !SBX_HAS_FIELD(&stream_, sbx_output_stream, expect) || !stream_.expect) return;
+  expected_ = true;
+  if (size > static_cast<uint64_t>(INT64_MAX) ||
+      stream_.expect(stream_.ctx, static_cast<int64_t>(size)) != 0) {
+    throw Error::cancelled("the download's destination refused the data");
+  }
+}
+
 void ByteSink::write(std::string_view bytes) {
   if (bytes.empty()) return;
+  expected_ = true;  // too late to announce a size
+  if (flow_ && op_) flow_->wait_while_held(*op_);
   if (stream_.write(stream_.ctx, to_bytes(bytes)) != 0) {
     throw Error::cancelled("the download's destination refused the data");
   }
+}
+
+void ByteSink::on_hold(std::function<void(bool hold)> fn) {
+  if (flow_) flow_->set_hold_handler(std::move(fn));
+}
+
+void ByteSink::hold_by_blocking_writes() {
+  if (flow_) flow_->set_blocking_hold();
 }
 
 }  // namespace sbx::sdk

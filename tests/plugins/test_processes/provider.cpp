@@ -470,9 +470,11 @@ class TestProcessesProvider final : public sdk::Provider,
     maybe_throw("download");
     auto& sandbox = static_cast<ProcessSandbox&>(s);
     sandbox.require_running();
+    sink.hold_by_blocking_writes();  // sbx.flow/1: the pool thread's writes wait while held
     pool_.submit(
         [&sandbox, &sink, path = std::move(remote_path), done = std::move(done)]() mutable {
           try {
+            const sdk::detail::WritesMayWait here;
             read_file(sandbox.host_path(path), path, sink, done.cancel_token());
             done.succeed();
           } catch (...) {
@@ -828,14 +830,18 @@ class TestProcessesProvider final : public sdk::Provider,
     }
     Fd fd(::open(source.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (fd.fd < 0) throw Error::internal("open " + shown + ": " + errno_text());
+    // Its size at the start, announced (ABI 1.3): that many bytes are sent, no more.
+    uint64_t left = static_cast<uint64_t>(st.st_size);
+    sink.expect_size(left);
     char buffer[65536];
-    for (;;) {
+    while (left > 0) {
       sdk::throw_if_cancelled(cancel);
-      const ssize_t n = ::read(fd.fd, buffer, sizeof(buffer));
+      const ssize_t n = ::read(fd.fd, buffer, std::min<uint64_t>(sizeof(buffer), left));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw Error::internal("read " + shown + ": " + errno_text());
-      if (n == 0) break;
+      if (n == 0) throw Error::internal(shown + " became shorter while it was read");
       sink.write(std::string_view(buffer, static_cast<size_t>(n)));
+      left -= static_cast<uint64_t>(n);
     }
   }
 

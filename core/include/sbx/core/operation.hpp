@@ -47,11 +47,12 @@ class Operation {
   // first. Idempotent.
   void cancel() const { state_->cancel(); }
 
-  // For an exec (sbx.flow/1, ABI 1.3; docs/flow-control.md): holds (true) or releases (false) the
-  // command's output. While held, the provider stops reading it, so the command waits on its
-  // output as on a terminal nobody reads; at most 1 MiB already read still reaches on_output.
-  // Returns false when the provider cannot hold it (its output keeps coming). Any thread, also
-  // from inside on_output; nothing once the operation ended.
+  // For an exec or a streamed download (sbx.flow/1, ABI 1.3; docs/flow-control.md): holds (true)
+  // or releases (false) its output. While held, the provider stops reading it, so the command
+  // waits on its output as on a terminal nobody reads (the download waits); at most 1 MiB already
+  // read still reaches on_output (on_data). Returns false when the provider cannot hold it (its
+  // output keeps coming). Any thread, also from inside on_output; nothing once the operation
+  // ended.
   bool hold_output(bool hold) const { return state_->hold_output(hold); }
 
   // Runs `fn` once the operation is complete: immediately on this thread if it already is,

@@ -78,6 +78,11 @@ class Sandbox {
   void download(std::string_view remote_path, const std::filesystem::path& local_path);
   Operation<void> download_async(std::string remote_path, std::filesystem::path local_path);
   std::string download_bytes(std::string_view remote_path);
+  // Streams the file to `sink` as it arrives: nothing is kept on the host. The operation succeeds
+  // once all of it was given to on_data; a failure after some bytes were given is an error, and
+  // what was given is not the file. Its output can be held (Operation::hold_output) when the
+  // provider offers sbx.flow/1 for downloads. InvalidArgumentError without on_data.
+  Operation<void> download_to_async(std::string remote_path, DownloadSink sink);
 
   // STOPPED once closed (without asking the provider).
   SandboxStatus status();

@@ -72,6 +72,17 @@ struct ExecOptions {
   void validate() const;  // "exec timeout_s must be > 0, got X"
 };
 
+// Where a download's bytes go when they are streamed (Sandbox::download_to_async) rather than
+// written to a file. Both run on a plugin thread, one call at a time, in order, and must not block
+// for long; a slow consumer holds the download instead (Operation::hold_output).
+struct DownloadSink {
+  // Optional. At most once, before the first bytes, when the provider knows the file's size
+  // (ABI 1.3): the download then writes exactly that many bytes, or fails.
+  std::function<void(uint64_t size)> on_size;
+  // The file's bytes, in order. Returning false aborts the download (CancelledError).
+  std::function<bool(std::string_view bytes)> on_data;
+};
+
 // NeMo Gym's SandboxExecResult. A non-zero exit is a result, not an exception: a command that ran
 // has its exit status; one stopped by its timeout has return_code 125 and error_type "timeout";
 // one the sandbox could not start has 125 and "sandbox".

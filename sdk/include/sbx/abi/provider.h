@@ -164,6 +164,14 @@ typedef struct sbx_output_stream {
    * Consumes all of `data`. Returns 0, or -1 to abort the download (the plugin then completes with
    * SBX_STATUS_CANCELLED). */
   int32_t(SBX_ABI* write)(void* ctx, sbx_bytes data);
+  /* --- ABI 1.3 --- */
+  /* [optional: NULL when the host does not ask; at most once, before the first write; same
+   * thread rules as write] The number of bytes the download will write, for a plugin that knows
+   * it before the first byte (the file's size, a Content-Length): a host can then announce it (an
+   * HTTP server's Content-Length) instead of keeping the whole file first. A download that then
+   * writes another number of bytes is failed by the host. Returns 0, or -1 to abort the download
+   * as write does. Call it only after SBX_HAS_FIELD(stream, sbx_output_stream, expect). */
+  int32_t(SBX_ABI* expect)(void* ctx, int64_t size);
 } sbx_output_stream;
 
 /* Relative paths, parents, modes, no partial file: docs/sandbox-semantics.md, "Paths". */

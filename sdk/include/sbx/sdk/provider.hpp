@@ -66,23 +66,46 @@ class ByteSource {
   sbx_input_stream stream_;
 };
 
-// Where a download's bytes go (sbx_output_stream). Valid until the download completes.
-class ByteSink {
- public:
-  explicit ByteSink(const sbx_output_stream& stream) : stream_(stream) {}
-  // Throws Error::cancelled when the host's sink refuses the bytes.
-  void write(std::string_view bytes);
-
- private:
-  sbx_output_stream stream_;
-};
-
 namespace detail {
 class OpBase;
 template <class T>
 class Op;
-class ExecFlow;
+class OutputFlow;
 }  // namespace detail
+
+// Where a download's bytes go (sbx_output_stream). Valid until the download completes.
+class ByteSink {
+ public:
+  explicit ByteSink(const sbx_output_stream& stream, detail::OpBase* op = nullptr,
+                    detail::OutputFlow* flow = nullptr)
+      : stream_(stream), op_(op), flow_(flow) {}
+  // Announces the number of bytes the download will write, before the first write, when the
+  // provider knows it (the file's size, a Content-Length): a host may then stream the file on
+  // instead of keeping it whole first (ABI 1.3; older hosts are not asked). Writing another
+  // number of bytes fails the download. Throws Error::cancelled when the host refuses.
+  void expect_size(uint64_t size);
+  // Throws Error::cancelled when the host's sink refuses the bytes. With hold_by_blocking_writes,
+  // waits while the host holds the download (sbx.flow/1).
+  void write(std::string_view bytes);
+
+  // Flow (sbx.flow/1, ABI 1.3; docs/flow-control.md), as ExecCompletion's: a download whose host
+  // passes its bytes on slowly is held, the provider then stops reading from its backend. Without
+  // either call the download cannot be held. Call before the first write, once.
+  //
+  // fn(true) stops reading the file from the backend, fn(false) reads again; called from any
+  // thread, also from inside write(); must not block. At most SBX_FLOW_SLACK bytes may still be
+  // written after fn(true).
+  void on_hold(std::function<void(bool hold)> fn);
+  // For writes from a thread of the provider's own that may wait (BlockingProvider's downloads
+  // are held this way already): write() waits while the download is held.
+  void hold_by_blocking_writes();
+
+ private:
+  sbx_output_stream stream_;
+  detail::OpBase* op_;
+  detail::OutputFlow* flow_;
+  bool expected_ = false;
+};
 
 namespace detail {
 // What every Completion shares: one reference to the operation, failing it, and its cancellation.
@@ -131,7 +154,7 @@ class Completion<void> : public detail::CompletionBase {
 // An exec's completion plus the sink for its output.
 class ExecCompletion : public Completion<ExitStatus> {
  public:
-  ExecCompletion(detail::Op<ExitStatus>* op, OutputSink* sink, detail::ExecFlow* flow = nullptr)
+  ExecCompletion(detail::Op<ExitStatus>* op, OutputSink* sink, detail::OutputFlow* flow = nullptr)
       : Completion<ExitStatus>(op), sink_(sink), flow_(flow) {}
   // Valid until the exec completes.
   OutputSink& output() const noexcept { return *sink_; }
@@ -154,7 +177,7 @@ class ExecCompletion : public Completion<ExitStatus> {
 
  private:
   OutputSink* sink_;
-  detail::ExecFlow* flow_;
+  detail::OutputFlow* flow_;
 };
 
 // Optional capability sbx.endpoint/1: derive from it alongside Provider to offer it.

@@ -6,6 +6,7 @@
 #include <sbx/sdk/error.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -41,7 +42,7 @@ class OpBase {
   void end_start(const std::exception_ptr& error) noexcept;
 
   // sbx.flow/1 (ABI 1.3): holds or releases this operation's output; false when it cannot be held
-  // (only an exec's output can: ExecFlow).
+  // (only an exec's or a download's can: OutputFlow).
   virtual bool hold_output(bool /*hold*/) noexcept { return false; }
   // The operation behind a handle the host holds, or null (reported as the host's mistake, with
   // `what`) for a handle it released or never had.
@@ -78,14 +79,27 @@ class WritesMayWait {
   bool outer_;
 };
 
-// How an exec's output is held (ExecCompletion::on_hold, hold_by_blocking_writes).
-class ExecFlow {
+// How an operation's output (an exec's, a download's) is held, the way its provider said: by the
+// provider's handler (ExecCompletion::on_hold, ByteSink::on_hold), or by its writes, which wait
+// while held (hold_by_blocking_writes). Thread-safe.
+class OutputFlow {
  public:
-  virtual void set_hold_handler(std::function<void(bool hold)> fn) = 0;
-  virtual void set_blocking_hold() = 0;
+  // The host's hold_output for `op`: true when held (released), false when it cannot be.
+  bool hold(const OpBase& op, bool hold) noexcept;
+  void set_hold_handler(std::function<void(bool hold)> fn);
+  void set_blocking_hold();
+  // A write of a blocking hold, on a WritesMayWait thread: waits while the output is held, until
+  // it is released, the operation is cancelled or it completed. Elsewhere returns at once.
+  void wait_while_held(const OpBase& op);
+  // The operation completed: writes waiting go on (and find it completed).
+  void release_writers() noexcept;
 
- protected:
-  ~ExecFlow() = default;
+ private:
+  std::mutex mutex_;
+  std::condition_variable_any cv_;
+  bool held_ = false;
+  bool blocking_ = false;
+  std::function<void(bool)> handler_;
 };
 
 template <class T>
