@@ -86,7 +86,8 @@ std::shared_ptr<Terminal> find_terminal(const Call& call, const std::string& id)
 }
 
 Response terminal_not_found(const Request& request, const std::string& id) {
-  return execd_error(request, http::status::not_found, "NOT_FOUND", "pty session not found: " + id);
+  return execd_error(request, http::status::not_found, "CONTEXT_NOT_FOUND",
+                     "pty session not found: " + id);
 }
 
 void note_output(Terminal& t, uint64_t offset, std::size_t n) {

@@ -253,12 +253,8 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
       }
     }
   }
-  std::optional<json::object> limits;
-  if (const auto* r = body.if_contains("resourceLimits"); !r) {
-    invalid.add("missing", loc({"resourceLimits"}), "Field required", value);
-  } else {
-    limits = string_map(body, "resourceLimits", invalid);
-  }
+  // Optional as a field (absent or null is no field error); required by the model's check below.
+  const std::optional<json::object> limits = string_map(body, "resourceLimits", invalid);
   if (const auto* timeout = body.if_contains("timeout"); timeout && !timeout->is_null()) {
     std::optional<int64_t> seconds;
     if (timeout->is_int64()) seconds = timeout->as_int64();
@@ -291,11 +287,22 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
                 json::object{{"error", json::object{}}});
     return unprocessable(invalid);
   };
-  if (has_image == has_snapshot) {
+  // A pool's sandbox takes its image, entrypoint and limits from the pool: none is asked for (the
+  // provider then answers for poolRef itself; local_docker refuses it).
+  const auto* extensions = body.if_contains("extensions");
+  const auto* pool = extensions && extensions->is_object()
+                         ? extensions->as_object().if_contains("poolRef")
+                         : nullptr;
+  const bool has_pool_ref =
+      pool && pool->is_string() && pool->as_string().find_first_not_of(" \t") != std::string::npos;
+  if (has_pool_ref) {
+    // nothing the model checks
+  } else if (has_image == has_snapshot) {
     return model_error("Exactly one of image or snapshotId must be provided.");
-  }
-  if (has_image && out.entrypoint.empty()) {
-    return model_error("entrypoint is required when image is provided.");
+  } else if (has_image && out.entrypoint.empty()) {
+    return model_error("Entrypoint is required when image is provided.");
+  } else if (!limits) {
+    return model_error("resourceLimits is required when poolRef is not provided.");
   }
 
   // Known fields this slice does not serve yet: a clear refusal, never a silent drop.
@@ -363,6 +370,10 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   spec.image = out.image;
   spec.entrypoint = out.entrypoint;
   if (out.timeout_s) spec.ttl_s = static_cast<double>(*out.timeout_s);
+  // The real server's bootstrap names execd's env file (the Python SDK's commands.set_env appends
+  // to it; every command loads it: with_env_file in routes_execd_command.cpp). A client's own
+  // EXECD_ENVS wins.
+  spec.env[std::string(kExecdEnvsVar)] = std::string(kExecdEnvsFile);
   if (env) {
     for (const auto& [k, v] : *env)
       spec.env[k] = std::string(v.as_string());

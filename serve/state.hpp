@@ -458,6 +458,10 @@ void stop_admin(Server::State& state);
 void start_watch(const std::shared_ptr<Server::State>& state);
 
 // A command as POST /command's body gives it (routes_execd_command.cpp).
+// execd's env file: the variable that names it in every sandbox this server creates, and where.
+inline constexpr std::string_view kExecdEnvsVar = "EXECD_ENVS";
+inline constexpr std::string_view kExecdEnvsFile = "/opt/opensandbox/.env";
+
 struct CommandRequest {
   std::string command;
   std::optional<std::string> cwd;

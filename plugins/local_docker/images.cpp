@@ -157,8 +157,11 @@ std::string ensure_image(DockerApi& api, const ImageRef& image, PullPolicy polic
   if (policy != PullPolicy::always) {
     if (auto user = image_user(api, image, cancel)) return std::move(*user);
     if (policy == PullPolicy::never) {
-      throw sdk::Error::not_found("image " + image.name +
-                                  " is not present and image_pull_policy is Never");
+      // The image cannot be had: the reason a failed pull gives (the real server answers
+      // SANDBOX_IMAGE_PULL_FAILED here too).
+      throw sdk::Error(SBX_STATUS_NOT_FOUND,
+                       "image " + image.name + " is not present and image_pull_policy is Never",
+                       sdk::ErrorDetails{.reason = SBX_REASON_IMAGE_PULL_FAILED});
     }
   }
   pull(api, image, registry_auth, pull_timeout, log, cancel);

@@ -9,7 +9,7 @@ validated against the OpenAPI specs afterwards.
 
 Cases, in order, on one sandbox (busybox image sbx-busybox:latest, the SDK's default entrypoint
 and resources): create (the SDK then resolves the execd and egress endpoints and polls
-execd's /ping), a command's stdout and exit code, a failing command, a timeout, a background
+execd's /ping), a command's stdout and exit code, set_env, 300k lines, a failing command, a timeout, a background
 command with status and logs, write and read a file (and a byte range of it), the 1 GiB round
 trip, renew, pause/resume, kill.
 """
@@ -106,6 +106,24 @@ async def command_stdout_and_exit_code(state: State):
     check(execution.error is None, f"unexpected error {execution.error}")
     check(execution.complete is not None, "no execution_complete")
     check(execution.id, "no command id from init")
+
+
+@case
+async def set_env(state: State):
+    # Issue 35: EXECD_ENVS was unset in the sandboxes sbx serve made, so set_env always failed. It
+    # names execd's env file there as on the real server; every later command loads the file, and a
+    # command's own envs win over it.
+    box = state.box()
+    await box.commands.set_env("SBX_QUOTED", 'it\'s "quoted"')  # the double-quoted form
+    await box.commands.set_env("SBX_LITERAL", "a $b  c")  # the single-quoted, literal form
+    await box.commands.set_env("SBX_PLAIN", "first")
+    await box.commands.set_env("SBX_PLAIN", "last wins")
+    execution = await box.commands.run('printf "%s|%s|%s" "$SBX_QUOTED" "$SBX_LITERAL" "$SBX_PLAIN"')
+    check_eq([m.text for m in execution.logs.stdout], ['it\'s "quoted"|a $b  c|last wins'],
+             "the file's values")
+    execution = await box.commands.run('printf "%s" "$SBX_PLAIN"',
+                                       opts=RunCommandOpts(envs={"SBX_PLAIN": "the request's"}))
+    check_eq([m.text for m in execution.logs.stdout], ["the request's"], "a command's envs win")
 
 
 @case

@@ -451,6 +451,7 @@ TEST_CASE("pull policy Never: a missing image is a clear NOT_FOUND error") {
     FAIL("create must fail");
   } catch (const sbx::CreateError& e) {  // as every failure of create; the reason is NOT_FOUND
     CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    CHECK(e.reason() == SBX_REASON_IMAGE_PULL_FAILED);  // the image cannot be had, as a pull
     CHECK(contains(e.what(), "is not present and image_pull_policy is Never"));
     CHECK(contains(e.what(), *t.spec.image));
   }

@@ -107,6 +107,17 @@ TEST_CASE(
     CHECK(std::string(r.json().at("message").as_string()).find("pulling image " + image) !=
           std::string::npos);
   }
+  // Issue 35: a missing image with the policy Never was DOCKER::SANDBOX_START_FAILED; the real
+  // server answers as for a failed pull.
+  const auto never =
+      request(server.port(), "POST", "/v1/sandboxes",
+              R"({"image":{"uri":"127.0.0.1:5000/sbx/never-pushed-)" + server.run_id() +
+                  R"(:latest"},"entrypoint":["sleep","600"],"resourceLimits":{},)"
+                  R"("extensions":{"imagePullPolicy":"Never"}})");
+  CHECK(never.status == 500);
+  CHECK(never.json().at("code") == "DOCKER::SANDBOX_IMAGE_PULL_FAILED");
+  CHECK(std::string(never.json().at("message").as_string()).find("image_pull_policy is Never") !=
+        std::string::npos);
   CHECK(labelled_ids(config, "docker", "sbx.run=" + server.run_id()).empty());
   CHECK(server.stop() == 0);
 }

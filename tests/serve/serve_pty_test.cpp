@@ -245,7 +245,10 @@ TEST_CASE("a server stopped with a terminal attached and one only watched exits 
 
 TEST_CASE("refusals: an unknown terminal, no upgrade, a bad since, a bad body") {
   Fixture f;
-  CHECK(request(f.port(), "GET", f.execd("/pty/nope")).status == 404);
+  const auto unknown = request(f.port(), "GET", f.execd("/pty/nope"));
+  CHECK(unknown.status == 404);
+  CHECK(unknown.json().at("code") == "CONTEXT_NOT_FOUND");  // execd's code (NeMo Gym checks it)
+  CHECK(request(f.port(), "DELETE", f.execd("/pty/nope")).json().at("code") == "CONTEXT_NOT_FOUND");
   CHECK_THROWS_WITH_AS(f.attach("nope"), doctest::Contains("404"), sbx::sdk::Error);
   const std::string id = f.new_terminal();
   const auto plain = request(f.port(), "GET", f.execd("/pty/" + id + "/ws"));
