@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -175,6 +176,74 @@ void apply_settings(const sbx::serve::Settings& s, sbx::serve::Options& options)
   }
 }
 
+// The flags that name a setting of the config's serve section onto `options`, over the file's.
+// Their values were range-checked when read (serve_command): the conversions cannot fail.
+void apply_flags(const ServeFields& f, sbx::serve::Options& options) {
+  if (f.grace_s) options.grace = sbx::base::seconds_to_ms(*f.grace_s);
+  if (f.threads) options.threads = static_cast<int>(*f.threads);
+  if (f.read_timeout_s) options.read_timeout = sbx::base::seconds_to_ms(*f.read_timeout_s);
+  if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
+  if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
+  if (f.max_commands) options.max_commands = static_cast<std::size_t>(*f.max_commands);
+  if (f.max_queued_commands) {
+    options.max_queued_commands = static_cast<std::size_t>(*f.max_queued_commands);
+  }
+  if (f.kept_commands) options.kept_commands = static_cast<std::size_t>(*f.kept_commands);
+  if (f.command_log_limit) {
+    options.command_log_limit = static_cast<std::uint64_t>(*f.command_log_limit);
+  }
+  if (f.stream_buffer) options.stream_buffer = static_cast<std::size_t>(*f.stream_buffer);
+  if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
+}
+
+// A reload's serve section (docs/serve.md, "Reload"). `next` is the section the reloaded config
+// brings (none: every setting at its default), `in_force` the one the server runs with. The
+// section is read as a start reads it; a setting only a start applies (the listener, the
+// threads, the request bounds, the temp space, the faults plan) that would change refuses the
+// reload as a whole; a flag given to sbx serve keeps winning over the file. Returns the limits a
+// running server takes (Options::Limits). Throws sbx::ReloadError.
+sbx::serve::Options::Limits check_serve_reload(const std::optional<boost::json::object>& next,
+                                               const std::string& source,
+                                               const sbx::serve::Settings& in_force,
+                                               sbx::serve::Settings& next_settings,
+                                               const ServeFields& f) {
+  const std::string refused = "reload refused, nothing changed: ";
+  sbx::serve::Options before, after;
+  try {
+    next_settings = next ? sbx::serve::read_settings(*next, source) : sbx::serve::Settings{};
+    apply_settings(in_force, before);
+    apply_settings(next_settings, after);  // parses the faults plan: its errors refuse too
+  } catch (const sbx::ConfigError& e) {
+    throw sbx::ReloadError(refused + e.what());
+  }
+  apply_flags(f, before);
+  apply_flags(f, after);
+  auto changed = [&](const char* key, auto was, auto is) {
+    if (was == is) return;
+    std::ostringstream why;
+    why << refused << source << ": $.serve." << key << " changed (" << was << " to " << is
+        << "), and sbx serve applies it only when it starts; restart it to apply";
+    throw sbx::ReloadError(why.str());
+  };
+  if (!f.listen) {
+    changed("listen", in_force.listen.value_or("(none)"), next_settings.listen.value_or("(none)"));
+  }
+  changed("threads", before.threads, after.threads);
+  changed("header_limit", before.header_limit, after.header_limit);
+  changed("body_limit", before.body_limit, after.body_limit);
+  changed("read_timeout_s", before.read_timeout.count() / 1000.0,
+          after.read_timeout.count() / 1000.0);
+  changed("grace_s", before.grace.count() / 1000.0, after.grace.count() / 1000.0);
+  changed("keepalive_ping_s", before.keepalive_ping.count() / 1000.0,
+          after.keepalive_ping.count() / 1000.0);
+  changed("temp_limit", before.temp_limit, after.temp_limit);
+  const auto plan = [](const sbx::serve::Settings& s) {
+    return s.faults ? boost::json::serialize(*s.faults) : std::string("(none)");
+  };
+  changed("faults", plan(in_force), plan(next_settings));
+  return after.limits();
+}
+
 int serve(ServeFields& f, const Global& g) {
   sbx::Host::Options host_options;
   std::optional<std::string> config = g.config;
@@ -216,25 +285,10 @@ int serve(ServeFields& f, const Global& g) {
     throw UsageError("refusing to listen on " + options.host +
                      " without an API key (give --api-key-env VAR, or listen on 127.0.0.1)");
   }
-  // The flags' values were range-checked when read (serve_command): the conversions cannot fail.
-  if (f.grace_s) options.grace = sbx::base::seconds_to_ms(*f.grace_s);
-  if (f.threads) options.threads = static_cast<int>(*f.threads);
-  if (f.read_timeout_s) options.read_timeout = sbx::base::seconds_to_ms(*f.read_timeout_s);
+  apply_flags(f, options);
   options.handle_signals = true;
-  if (f.max_sandboxes) options.max_sandboxes = static_cast<std::size_t>(*f.max_sandboxes);
-  if (f.max_streams) options.max_streams = static_cast<std::size_t>(*f.max_streams);
   if (f.state_dir) options.state_dir = *f.state_dir;
   options.keep_on_stop = f.keep_on_stop;
-  if (f.max_commands) options.max_commands = static_cast<std::size_t>(*f.max_commands);
-  if (f.max_queued_commands) {
-    options.max_queued_commands = static_cast<std::size_t>(*f.max_queued_commands);
-  }
-  if (f.kept_commands) options.kept_commands = static_cast<std::size_t>(*f.kept_commands);
-  if (f.command_log_limit) {
-    options.command_log_limit = static_cast<std::uint64_t>(*f.command_log_limit);
-  }
-  if (f.stream_buffer) options.stream_buffer = static_cast<std::size_t>(*f.stream_buffer);
-  if (f.temp_limit) options.temp_limit = static_cast<std::uint64_t>(*f.temp_limit);
 
   host_options.plugin_dirs = g.plugin_dirs;
   host_options.labels["sbx.serve"] =
@@ -246,16 +300,25 @@ int serve(ServeFields& f, const Global& g) {
   // served block; a reload re-reads the config file (or, without one, the config in force) and
   // checks replaced plugin files.
   const std::string served = provider.name();
+  std::optional<sbx::serve::Server> made;
+  // The serve section in force (its limits may change at a reload; on the admin thread only).
+  sbx::serve::Settings serve_in_force = settings.value_or(sbx::serve::Settings{});
   options.admin = sbx::serve::Options::Admin{
       .provider = [&host, served] { return host.provider(served); },
       .reload =
-          [&host, config, served] {
+          [&host, &made, &serve_in_force, &f, config, served] {
             sbx::Config next = config ? sbx::Config::load(*config) : host.config();
             if (host.config().providers.count(served) && !next.providers.count(served)) {
               throw sbx::ReloadError("reload refused, nothing changed: provider '" + served +
                                      "' is the one this server serves; it cannot be removed");
             }
-            return host.reload(std::move(next));
+            sbx::serve::Settings next_serve;
+            const auto limits =
+                check_serve_reload(next.serve, next.source, serve_in_force, next_serve, f);
+            sbx::ReloadReport report = host.reload(std::move(next));
+            if (made) made->set_limits(limits);
+            serve_in_force = std::move(next_serve);
+            return report;
           },
       .stop_reloads = [&host] { host.stop_reloads(); },
       .generations = [&host] { return host.generations(); },
@@ -265,7 +328,6 @@ int serve(ServeFields& f, const Global& g) {
                          : nullptr,
   };
 
-  std::optional<sbx::serve::Server> made;
   try {
     // The server keeps no Provider of its own once started (with Options::admin it asks the host
     // for the current generation), so that a replaced generation can drain and unload.

@@ -603,7 +603,7 @@ void finish_command(const std::shared_ptr<Server::State>& state,
     }
     if (!execd->closed) {
       execd->finished.push_back(command->id);
-      while (execd->finished.size() > state->options.kept_commands) {
+      while (execd->finished.size() > state->limits.kept_commands) {
         const auto it = execd->commands.find(execd->finished.front());
         if (it != execd->commands.end()) {
           if (!it->second->log_path.empty()) dropped_logs.push_back(it->second->log_path);
@@ -611,7 +611,7 @@ void finish_command(const std::shared_ptr<Server::State>& state,
         }
         execd->finished.pop_front();
       }
-      if (!execd->waiting.empty() && execd->started < state->options.max_commands) {
+      if (!execd->waiting.empty() && execd->started < state->limits.max_commands) {
         auto first = std::move(execd->waiting.front());
         execd->waiting.pop_front();
         first->started = true;
@@ -732,7 +732,7 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
                                           const Request& request, const Reply& reply,
                                           const OpenStream& open_stream, CommandRequest cmd,
                                           const std::string& init_text) {
-  switch (state->gate.try_open_stream(state->options.max_streams)) {
+  switch (state->gate.try_open_stream(state->limits.max_streams.load())) {
     case StopGate::StreamAdmit::ok:
       break;
     case StopGate::StreamAdmit::stopping:
@@ -742,7 +742,8 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
     case StopGate::StreamAdmit::full:
       reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
                         "too many open command streams (at most " +
-                            std::to_string(state->options.max_streams) + "); try again later"));
+                            std::to_string(state->limits.max_streams.load()) +
+                            "); try again later"));
       return std::nullopt;
   }
   const auto& o = state->options;
@@ -751,7 +752,7 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
   command->content = cut_utf8(cmd.command, kMaxRecordedContent);
   command->background = cmd.background;
   command->started_at = std::chrono::system_clock::now();
-  command->log_limit = o.command_log_limit;
+  command->log_limit = state->limits.command_log_limit;
 
   auto launch = std::make_shared<Launch>();
   launch->state = state;
@@ -772,7 +773,8 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
       append_log(*command, data);
     };
   } else {
-    launch->fg = std::make_shared<Foreground>(state->ioc, o.keepalive_ping, o.stream_buffer);
+    launch->fg =
+        std::make_shared<Foreground>(state->ioc, o.keepalive_ping, state->limits.stream_buffer);
     options.on_output = [fg = launch->fg](OutputStream stream, std::string_view data) {
       fg->output(stream, data);
     };
@@ -787,9 +789,9 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
   {
     std::lock_guard lock(execd->mutex);
     if (!execd->closed) {
-      if (execd->started < o.max_commands) {
+      if (execd->started < state->limits.max_commands) {
         admit = Admit::start;
-      } else if (execd->waiting.size() < o.max_queued_commands) {
+      } else if (execd->waiting.size() < state->limits.max_queued_commands) {
         admit = Admit::wait;
       } else {
         admit = Admit::full;
@@ -834,8 +836,9 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
       case Admit::full:
         reply(execd_error(request, http::status::too_many_requests, "TOO_MANY_COMMANDS",
                           "sandbox " + entry->id + " has its maximum of " +
-                              std::to_string(o.max_commands) + " commands running and " +
-                              std::to_string(o.max_queued_commands) +
+                              std::to_string(state->limits.max_commands) +
+                              " commands running and " +
+                              std::to_string(state->limits.max_queued_commands) +
                               " waiting; wait for one to end"));
         break;
       case Admit::no_log:

@@ -691,8 +691,8 @@ class Download : public std::enable_shared_from_this<Download> {
         version_(version),
         reply_(std::move(reply)),
         open_stream_(std::move(open_stream)),
-        flow_(std::min<std::size_t>(state_->options.stream_buffer, kHoldAbove),
-              std::min<std::size_t>(state_->options.stream_buffer, kHoldAbove) / 4) {
+        flow_(std::min<std::size_t>(state_->limits.stream_buffer.load(), kHoldAbove),
+              std::min<std::size_t>(state_->limits.stream_buffer.load(), kHoldAbove) / 4) {
     if (lines_) cutter_.emplace(*lines_);
   }
 
@@ -814,11 +814,11 @@ class Download : public std::enable_shared_from_this<Download> {
     auto sink = sink_;
     lock.unlock();
     flow_.update(*sink);
-    if (!flow_.can_hold() && sink->queued() > state_->options.stream_buffer) {
+    if (!flow_.can_hold() && sink->queued() > state_->limits.stream_buffer.load()) {
       spdlog::warn(
           "sbx serve: cutting the download of {} from sandbox {}: its client let more "
           "than {} bytes wait, and the provider cannot hold it",
-          path_, entry_->id, state_->options.stream_buffer);
+          path_, entry_->id, state_->limits.stream_buffer.load());
       cut();
       return false;
     }

@@ -499,7 +499,7 @@ void create(const std::shared_ptr<Server::State>& state, const Request& request,
   if (!read) return;
   // Counted in the gate (a stop waits for it), then in the registry (the cap), before it starts
   // (state.hpp).
-  const std::size_t cap = state->options.max_sandboxes;
+  const std::size_t cap = state->limits.max_sandboxes;
   std::optional<uint64_t> begun;
   bool full = false;
   if (state->gate.begin_create()) {

@@ -1214,6 +1214,14 @@ uint16_t Server::port() const {
   return state_->port;
 }
 
+Options::Limits Server::limits() const {
+  return state_->limits.get();
+}
+
+void Server::set_limits(const Options::Limits& limits) {
+  state_->limits.set(limits);
+}
+
 bool Server::run() {
   auto state = state_;
   std::optional<asio::signal_set> signals;

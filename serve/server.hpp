@@ -83,6 +83,18 @@ struct Options {
   // it, the transfer is refused with 507 INSUFFICIENT_STORAGE. 0: no cap.
   std::uint64_t temp_limit = 4ull << 30;
 
+  // The limits a reload may change while the server runs (Server::set_limits): the fields of the
+  // same names above are where they start.
+  struct Limits {
+    std::size_t max_sandboxes, max_streams, max_commands, max_queued_commands, kept_commands;
+    std::uint64_t command_log_limit;
+    std::size_t stream_buffer;
+  };
+  Limits limits() const {
+    return {max_sandboxes, max_streams,       max_commands, max_queued_commands,
+            kept_commands, command_log_limit, stream_buffer};
+  }
+
   // Hot swap (docs/hot-swap.md), set by `sbx serve` from its host. Unset: the /admin routes
   // answer 404, SIGHUP is ignored, and every sandbox comes from the provider given.
   struct Admin {
@@ -128,6 +140,11 @@ class Server {
 
   // The port bound (the real one when Options::port was 0); 0 on a unix socket.
   uint16_t port() const;
+  // [any thread] The limits in force, and new ones (a reload of the config's serve section): a
+  // request admitted after the call sees them; what was admitted keeps what it was given (a
+  // stream its buffer, a sandbox's finished records shrink at its next command's end).
+  Options::Limits limits() const;
+  void set_limits(const Options::Limits& limits);
 
   // Serves until a stop completes. Returns true when every sandbox the server created was closed
   // within the grace period, false when some were still closing (they keep their labels: sbx reap).

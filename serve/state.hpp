@@ -277,6 +277,26 @@ struct Server::State {
   std::filesystem::path temp_dir;
   // Bytes of transfers staged in temp_dir (Options::temp_limit).
   TempSpace temp_space{options.temp_limit};
+  // Options::Limits in force (Server::set_limits): read them here, not in `options`.
+  struct LiveLimits {
+    std::atomic<std::size_t> max_sandboxes, max_streams, max_commands, max_queued_commands,
+        kept_commands, stream_buffer;
+    std::atomic<std::uint64_t> command_log_limit;
+    explicit LiveLimits(const Options::Limits& l) { set(l); }
+    void set(const Options::Limits& l) {
+      max_sandboxes = l.max_sandboxes;
+      max_streams = l.max_streams;
+      max_commands = l.max_commands;
+      max_queued_commands = l.max_queued_commands;
+      kept_commands = l.kept_commands;
+      stream_buffer = l.stream_buffer;
+      command_log_limit = l.command_log_limit;
+    }
+    Options::Limits get() const {
+      return {max_sandboxes, max_streams,       max_commands, max_queued_commands,
+              kept_commands, command_log_limit, stream_buffer};
+    }
+  } limits{options.limits()};
 
   // The sandboxes held, kept by a stop, and being created (thread-safe, registry.hpp).
   Registry registry;

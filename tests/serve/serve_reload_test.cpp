@@ -474,3 +474,51 @@ TEST_CASE(
   }
   CHECK(f.log_text().find("the host is stopping") != std::string::npos);
 }
+
+TEST_CASE(
+    "a reload reads the serve section: a bad one or a start-only change refuses it, the "
+    "limits apply to the next request") {
+  Fixture f;  // --max-streams 0 given as a flag
+  const json::object block{{"plugin", f.plugin.string() + "#test_processes"},
+                           {"config", json::object{{"root", f.root.string()}}}};
+  const auto refusal = [&](const json::object& serve) {
+    f.write_config(block, json::object{{"serve", serve}});
+    const auto r = f.reload();
+    CHECK(r.status == 409);
+    CHECK(r.json().at("code") == "ADMIN::RELOAD_REFUSED");
+    return std::string(r.json().at("message").as_string());
+  };
+  // Issue 35: these were accepted (a start refuses the first; the second was silently ignored).
+  CHECK(refusal(json::object{{"bogus", 1}}).find("$.serve.bogus") != std::string::npos);
+  CHECK(refusal(json::object{{"max_commands", 0}}).find("$.serve.max_commands") !=
+        std::string::npos);
+  const std::string threads = refusal(json::object{{"threads", 7}});
+  CHECK(threads.find("$.serve.threads changed (2 to 7)") != std::string::npos);
+  CHECK(threads.find("restart") != std::string::npos);
+  CHECK(refusal(json::object{{"faults", json::array{}}}).find("$.serve.faults changed") !=
+        std::string::npos);
+
+  // Live: one command per sandbox and none waiting.
+  f.write_config(
+      block,
+      json::object{{"serve", json::object{{"max_commands", 1}, {"max_queued_commands", 0}}}});
+  REQUIRE(f.reload().status == 200);
+  const auto created = f.request_json(
+      "POST", "/v1/sandboxes",
+      R"({"image":{"uri":"x"},"entrypoint":["sh"],"resourceLimits":{},"timeout":600})");
+  REQUIRE(created.status == 202);
+  const std::string id(created.json().at("id").as_string());
+  const std::string command = "/v1/sandboxes/" + id + "/proxy/44772/command";
+  CHECK(f.request_json("POST", command, R"({"command":"sleep 60","background":true})").status ==
+        200);
+  const auto refused =
+      f.request_json("POST", command, R"({"command":"sleep 60","background":true})");
+  CHECK(refused.status == 429);
+  CHECK(refused.body.find("1 commands running and 0 waiting") != std::string::npos);
+  // Back to the defaults (no serve section): the cap is 8 again.
+  f.write_config(block);
+  REQUIRE(f.reload().status == 200);
+  CHECK(f.request_json("POST", command, R"({"command":"sleep 60","background":true})").status ==
+        200);
+  CHECK(f.request_json("DELETE", "/v1/sandboxes/" + id).status == 204);
+}
