@@ -1270,37 +1270,61 @@ void get_execd_metrics(const Call& call) {
 // GET /metrics/watch: execd's metrics stream, one JSON object and a newline per read (execd
 // writes no `data:` framing under its text/event-stream type), a read after the other, so a line
 // comes each second; a read that fails gives {"error": "..."} and the next read a second later,
-// as execd. The stream ends when the client goes away (the read in flight is cancelled), when the
-// sandbox leaves the server (deleted, expired) or when the server stops; a client that lets more
-// than kWatchBacklog bytes wait is cut. Not counted as a command stream (--max-streams): a watch
-// holds no slot in the sandbox, one read at a time.
+// as execd. One sampler per sandbox, shared by its watches: however many clients watch, one read
+// runs in the sandbox at a time, and every watch gets the same lines from its first. A watch
+// counts as an open stream (--max-streams, not a command: a stop does not wait for it), at most
+// kMaxWatches per sandbox (429 TOO_MANY_WATCHES beyond). The stream ends when the client goes
+// away, when the sandbox leaves the server (deleted, expired) or when the server stops; a client
+// that lets more than kWatchBacklog bytes wait is cut. The sampler's read in flight is
+// cancelled when its last watch goes.
 
 namespace {
 
 constexpr std::size_t kWatchBacklog = 64 * 1024;
+constexpr std::size_t kMaxWatches = 64;
 
-class MetricsWatch : public std::enable_shared_from_this<MetricsWatch> {
+}  // namespace
+
+class MetricsSampler : public std::enable_shared_from_this<MetricsSampler> {
  public:
-  MetricsWatch(const Call& call, std::shared_ptr<ChunkSink> sink)
-      : state_(call.state),
-        entry_(call.entry),
-        sink_(std::move(sink)),
+  MetricsSampler(std::shared_ptr<Server::State> state, std::shared_ptr<Entry> entry)
+      : state_(std::move(state)),
+        entry_(std::move(entry)),
         timer_(asio::make_strand(state_->ioc)) {}
 
-  void start() {
-    // Weakly: the sink holds this callback and the watch holds the sink. The watch is kept alive
-    // by what it waits for: the read in flight or the timer.
-    sink_->on_gone([weak = weak_from_this()] {
-      if (const auto self = weak.lock()) self->end();
+  // A watch: its stream, and what it holds until it leaves (its count in --max-streams).
+  struct Watch {
+    std::shared_ptr<ChunkSink> sink;
+    std::shared_ptr<void> held;
+  };
+  enum class Join { ok, full, ended };
+  // Opens a watch's stream (`open` sends the head) and adds it, unless this sampler has
+  // kMaxWatches already (full) or stopped when its last watch went (ended: make another; `open`
+  // was not called). Any thread.
+  Join join(const std::function<std::shared_ptr<ChunkSink>()>& open, std::shared_ptr<void> held) {
+    std::shared_ptr<ChunkSink> sink;
+    bool first = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (ended_) return Join::ended;
+      if (watches_.size() >= kMaxWatches) return Join::full;
+      first = watches_.empty();
+      sink = open();
+      watches_.push_back(Watch{sink, std::move(held)});
+    }
+    // Weakly: the sink holds this callback and the sampler holds the sink.
+    sink->on_gone([weak = weak_from_this(), raw = sink.get()] {
+      if (const auto self = weak.lock()) self->leave(raw);
     });
-    read();
+    if (first) read();
+    return Join::ok;
   }
 
  private:
   // Any thread.
   void read() {
-    if (sink_->gone() || state_->gate.stopping() || state_->registry.find(entry_->id) != entry_) {
-      end();
+    if (state_->gate.stopping() || state_->registry.find(entry_->id) != entry_) {
+      end_all();
       return;
     }
     const auto started = std::chrono::steady_clock::now();
@@ -1320,20 +1344,26 @@ class MetricsWatch : public std::enable_shared_from_this<MetricsWatch> {
     op.cancel();
   }
 
-  // A read's line: sent, then the next read, at least a second after this one started.
+  // A read's line to every watch, then the next read, a second after this one started.
   void sent(std::string line, std::chrono::steady_clock::time_point started) {
+    std::vector<std::shared_ptr<ChunkSink>> to;
     {
       std::lock_guard lock(mutex_);
+      reading_ = {};
       if (ended_) return;
+      for (const auto& w : watches_)
+        to.push_back(w.sink);
     }
-    if (sink_->queued() > kWatchBacklog) {
-      spdlog::warn("sbx serve: cutting a metrics watch: its client let more than {} bytes wait",
-                   kWatchBacklog);
-      sink_->abort();
-      end();
-      return;
+    line += "\n";
+    for (const auto& sink : to) {
+      if (sink->queued() > kWatchBacklog) {
+        spdlog::warn("sbx serve: cutting a metrics watch: its client let more than {} bytes wait",
+                     kWatchBacklog);
+        sink->abort();  // then on_gone: leave()
+      } else {
+        sink->send(line);
+      }
     }
-    sink_->send(std::move(line) + "\n");
     asio::post(timer_.get_executor(), [self = shared_from_this(), started] {
       self->timer_.expires_at(started + std::chrono::seconds(1));
       self->timer_.async_wait([self](boost::system::error_code ec) {
@@ -1342,37 +1372,97 @@ class MetricsWatch : public std::enable_shared_from_this<MetricsWatch> {
     });
   }
 
-  // Once: the read in flight cancelled, the timer stopped, the stream ended. Any thread.
-  void end() {
+  // A watch's client went away: the last one stops the sampler.
+  void leave(ChunkSink* gone) {
+    Watch left;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = std::find_if(watches_.begin(), watches_.end(),
+                                   [gone](const Watch& w) { return w.sink.get() == gone; });
+      if (it == watches_.end()) return;
+      left = std::move(*it);
+      watches_.erase(it);
+      if (!watches_.empty() || ended_) return;
+    }
+    end_all();
+  }
+
+  // Once: the read in flight cancelled, the timer stopped, every watch's stream ended. Any thread.
+  void end_all() {
     sbx::Operation<sbx::ExecResult> op;
+    std::vector<Watch> watches;
     {
       std::lock_guard lock(mutex_);
       if (ended_) return;
       ended_ = true;
       op = std::move(reading_);
+      watches.swap(watches_);
     }
     if (op.valid()) op.cancel();
     asio::post(timer_.get_executor(), [self = shared_from_this()] { self->timer_.cancel(); });
-    sink_->end();
+    for (const auto& w : watches)
+      w.sink->end();
   }
 
   const std::shared_ptr<Server::State> state_;
   const std::shared_ptr<Entry> entry_;
-  const std::shared_ptr<ChunkSink> sink_;
   asio::steady_timer timer_;  // on its own strand
   std::mutex mutex_;          // guards what follows
   bool ended_ = false;
+  std::vector<Watch> watches_;
   sbx::Operation<sbx::ExecResult> reading_;
 };
 
-}  // namespace
-
 void get_execd_metrics_watch(const Call& call) {
-  Response head{http::status::ok, call.request.version()};
-  head.set(http::field::content_type, "text/event-stream");
-  head.set(http::field::cache_control, "no-cache");
-  head.set("X-Accel-Buffering", "no");
-  std::make_shared<MetricsWatch>(call, call.open_stream(std::move(head), true))->start();
+  const auto& state = call.state;
+  switch (state->gate.try_open_stream(state->limits.max_streams, /*command=*/false)) {
+    case StopGate::StreamAdmit::ok:
+      break;
+    case StopGate::StreamAdmit::stopping:
+      call.reply(execd_error(call.request, http::status::service_unavailable, "RUNTIME_ERROR",
+                             "the server is stopping"));
+      return;
+    case StopGate::StreamAdmit::full:
+      call.reply(execd_error(call.request, http::status::service_unavailable, "RUNTIME_ERROR",
+                             "too many open streams (at most " +
+                                 std::to_string(state->limits.max_streams) + "); try again later"));
+      return;
+  }
+  // The stream's count, given back when the watch leaves its sampler (or is refused).
+  const std::shared_ptr<void> counted(nullptr, [state](void*) { state->gate.close_stream(); });
+  const auto open = [&call] {
+    Response head{http::status::ok, call.request.version()};
+    head.set(http::field::content_type, "text/event-stream");
+    head.set(http::field::cache_control, "no-cache");
+    head.set("X-Accel-Buffering", "no");
+    return call.open_stream(std::move(head), true);
+  };
+  Entry& entry = *call.entry;
+  for (;;) {
+    std::shared_ptr<MetricsSampler> sampler;
+    {
+      std::lock_guard lock(entry.metrics_mutex);
+      sampler = entry.metrics_sampler.lock();
+      if (!sampler) {
+        sampler = std::make_shared<MetricsSampler>(state, call.entry);
+        entry.metrics_sampler = sampler;
+      }
+    }
+    switch (sampler->join(open, counted)) {
+      case MetricsSampler::Join::ok:
+        return;
+      case MetricsSampler::Join::full:
+        call.reply(execd_error(call.request, http::status::too_many_requests, "TOO_MANY_WATCHES",
+                               "this sandbox has " + std::to_string(kMaxWatches) +
+                                   " metrics watches open, the most it may; try again later"));
+        return;
+      case MetricsSampler::Join::ended: {  // its last watch just went: replace it
+        std::lock_guard lock(entry.metrics_mutex);
+        if (entry.metrics_sampler.lock() == sampler) entry.metrics_sampler.reset();
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace sbx::serve

@@ -70,7 +70,7 @@ Response prometheus(const std::shared_ptr<Server::State>& state, const Request& 
   text += fmt::format(
       "# HELP sbx_serve_sandboxes Sandboxes the server holds.\n"
       "# TYPE sbx_serve_sandboxes gauge\nsbx_serve_sandboxes {}\n"
-      "# HELP sbx_serve_open_streams Command event streams open.\n"
+      "# HELP sbx_serve_open_streams Event streams open (commands' and metrics watches).\n"
       "# TYPE sbx_serve_open_streams gauge\nsbx_serve_open_streams {}\n",
       sandboxes, streams);
   if (state->options.admin) {

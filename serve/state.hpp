@@ -122,6 +122,9 @@ using TakeConnection = std::function<void(std::function<void(Connection)> fn)>;
 struct PtyTable;
 std::shared_ptr<PtyTable> new_pty_table();
 
+// One sandbox's metrics reads, shared by its GET /metrics/watch streams (routes_execd_fs.cpp).
+class MetricsSampler;
+
 // The server's temporary space for transfers (Options::temp_limit): bytes taken while a file is
 // staged in the temp dir, given back when it goes. Thread-safe.
 class TempSpace {
@@ -219,6 +222,9 @@ struct Entry {
   std::shared_ptr<SessionTable> sessions = new_session_table();
   // Its terminals (execd API, over sbx.pty/1).
   std::shared_ptr<PtyTable> ptys = new_pty_table();
+  // The sampler its GET /metrics/watch streams share (routes_execd_fs.cpp), while one watches.
+  std::mutex metrics_mutex;
+  std::weak_ptr<MetricsSampler> metrics_sampler;  // guarded by metrics_mutex
   // Known to no longer run: the provider said so (a status of stopped, an error with the reason
   // sandbox_gone). From then on every execd route answers 409 DOCKER::SANDBOX_NOT_RUNNING at once,
   // before any stream (docs/serve.md, "A sandbox that no longer runs"). Any thread.

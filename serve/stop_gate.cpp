@@ -55,14 +55,14 @@ void StopGate::end_create(bool then_closing) {
   finish_if_due_locked(lock);
 }
 
-StopGate::StreamAdmit StopGate::try_open_stream(std::size_t max_streams) {
+StopGate::StreamAdmit StopGate::try_open_stream(std::size_t max_streams, bool command) {
   std::lock_guard lock(mutex_);
   if (stopping_) return StreamAdmit::stopping;
   if (max_streams > 0 && static_cast<std::size_t>(open_streams_) >= max_streams) {
     return StreamAdmit::full;
   }
   ++open_streams_;
-  ++running_commands_;
+  if (command) ++running_commands_;
   return StreamAdmit::ok;
 }
 

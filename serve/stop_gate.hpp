@@ -43,9 +43,10 @@ class StopGate {
 
   // --- commands and their event streams --------------------------------------------------
   enum class StreamAdmit { ok, stopping, full };
-  // Counts an open stream and a running command, unless the server stops or `max_streams`
-  // streams are open already (0: no limit).
-  StreamAdmit try_open_stream(std::size_t max_streams);
+  // Counts an open stream and (`command`) a running command, unless the server stops or
+  // `max_streams` streams are open already (0: no limit). A stream that is no command (a metrics
+  // watch) is not waited for by a stop.
+  StreamAdmit try_open_stream(std::size_t max_streams, bool command = true);
   void close_stream();
   void command_ended();  // may finish
   int running_commands() const;

@@ -26,6 +26,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -1363,6 +1364,66 @@ TEST_CASE(
   CHECK(std::chrono::steady_clock::now() - stopping < std::chrono::seconds(10));
   while (last.next_line()) {
   }
+}
+
+TEST_CASE(
+    "GET /metrics/watch: one sampler per sandbox shared by its watches, counted in --max-streams, "
+    "at most 64 per sandbox") {
+  // Issue 35: each watch forked its own reads (1,000 watches exhausted a sandbox's pids.max), was
+  // not counted by --max-streams and had no cap.
+  Fixture f({"--max-streams", "70"});
+  const std::string a = f.create();
+  const fs::path box = f.root / a;
+  std::vector<std::unique_ptr<StreamClient>> watches;
+  for (int i = 0; i < 20; ++i) {
+    watches.push_back(std::make_unique<StreamClient>(f.port(), "GET", f.direct("/metrics/watch")));
+    REQUIRE(watches.back()->status() == 200);
+  }
+  std::set<std::string> lines;
+  int most_processes = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (auto& w : watches) {
+      const auto line = w->next_line();
+      REQUIRE(line);
+      lines.insert(*line);
+    }
+    most_processes = std::max(most_processes, processes_in(box));
+  }
+  // One read at a time in the sandbox (its shell, head or sleep), and the watches got the same
+  // lines: three rounds are three or four reads (a watch that joined late starts a read later),
+  // not sixty.
+  CHECK(most_processes <= 3);
+  CHECK(lines.size() <= 4);
+
+  // 64 watches of one sandbox at most; the streams count in --max-streams (70) across sandboxes.
+  for (int i = 20; i < 64; ++i) {
+    watches.push_back(std::make_unique<StreamClient>(f.port(), "GET", f.direct("/metrics/watch")));
+    REQUIRE(watches.back()->status() == 200);
+  }
+  StreamClient over(f.port(), "GET", f.direct("/metrics/watch"));
+  CHECK(over.status() == 429);
+  CHECK(json::parse(over.body()).at("code") == "TOO_MANY_WATCHES");
+  f.create();  // another sandbox: 6 more streams, then the server's cap
+  for (int i = 0; i < 6; ++i) {
+    watches.push_back(std::make_unique<StreamClient>(f.port(), "GET", f.direct("/metrics/watch")));
+    REQUIRE(watches.back()->status() == 200);
+  }
+  StreamClient full(f.port(), "GET", f.direct("/metrics/watch"));
+  CHECK(full.status() == 503);
+  CHECK(json::parse(full.body()).at("message").as_string().find("too many open streams") !=
+        json::string::npos);
+  // Watches that go give their streams back (and the last of a sandbox stops its reads).
+  for (auto& w : watches)
+    w->disconnect();
+  watches.clear();
+  CHECK(sbx::testing::eventually([&] { return processes_in(box) == 0; }));
+  CHECK(sbx::testing::eventually([&] {
+    return request(f.port(), "GET", "/metrics").body.find("sbx_serve_open_streams 0\n") !=
+           std::string::npos;
+  }));
+  StreamClient again(f.port(), "GET", f.direct("/metrics/watch"));
+  CHECK(again.status() == 200);
+  CHECK(again.next_line());
 }
 
 namespace {
