@@ -411,9 +411,10 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
                         transport_retries_, "/", client_.operations_.command_retries, ")");
       return after(resubmit_delay(transport_retries_), [](Run& run) { run.submit(); });
     }
-    if (error && check_ && reached_no_answer(*error)) {
-      // Could not connect, or lost the connection: a sandbox deleted under the handle (its port
-      // is closed) or paused says so only through the lifecycle API.
+    if (error && check_) {
+      // Could not connect, lost the connection (before the answer or in its stream): a sandbox
+      // deleted under the handle (its port is closed) or paused says so only through the
+      // lifecycle API.
       return ask([original = *error](Run& run, std::optional<sdk::Error> verdict) {
         if (verdict) return run.finish(nullptr, *verdict);
         run.report_transport_error(original);
@@ -421,13 +422,22 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
     }
     if (error) return report_transport_error(*error);
     if (status_ == 200) {
-      return finish(nullptr, sdk::Error::unavailable(
-                                 what_of("command run", sandbox_id_) +
-                                     ": the event stream ended without execution_complete or "
-                                     "error",
-                                 false));
+      // Cut short: a sandbox deleted under the command (its execd gone with it) ends the stream
+      // this way too, and says so only through the lifecycle API.
+      return explain(sdk::Error::unavailable(what_of("command run", sandbox_id_) +
+                                                 ": the event stream ended without "
+                                                 "execution_complete or error",
+                                             false));
     }
-    if (status_ == 502) return after_502();
+    if (status_ == 502) {
+      if (!check_ || std::exchange(asked_after_502_, true)) return after_502();
+      // The proxy reached no execd: a sandbox deleted or paused meanwhile is told at the first
+      // 502, not after every resubmission.
+      return ask([](Run& run, std::optional<sdk::Error> verdict) {
+        if (verdict) return run.finish(nullptr, *verdict);
+        run.after_502();
+      });
+    }
     sdk::http::Response response;
     response.status = status_;
     response.body = error_body_;
@@ -439,6 +449,15 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
       return finish(&outcome, {});
     }
     finish(nullptr, to_error(api_error, what_of("command run", sandbox_id_), false));
+  }
+
+  // Ends with `error`, unless the sandbox's status explains it better (gone: NOT_FOUND; paused:
+  // FAILED_PRECONDITION).
+  void explain(sdk::Error error) {
+    if (!check_) return finish(nullptr, error);
+    ask([error = std::move(error)](Run& run, std::optional<sdk::Error> verdict) {
+      run.finish(nullptr, verdict ? *verdict : error);
+    });
   }
 
   void report_transport_error(const sdk::Error& error) {
@@ -712,8 +731,9 @@ class ExecdClient::Run final : public std::enable_shared_from_this<Run> {
   const std::string body_;
   const int submissions_;
   const OutputFn output_;
-  const SandboxCheckFn check_;  // empty: no silence watch
-  CommandDoneFn done_;          // moved out by finish()
+  const SandboxCheckFn check_;    // empty: no silence watch
+  bool asked_after_502_ = false;  // the first 502 asked check_ (loop thread)
+  CommandDoneFn done_;            // moved out by finish()
 
   std::mutex mutex_;  // guards the members below it up to the blank line
   int attempt_ = 0;

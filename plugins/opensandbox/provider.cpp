@@ -686,6 +686,7 @@ std::optional<std::string> with_env(const sdk::PtyRequest& request) {
 std::string OpenSandboxProvider::open_pty(sdk::Sandbox& sandbox, const sdk::PtyRequest& request,
                                           const sdk::CancelToken& cancel) {
   OpenSandbox& box = as_box(sandbox);
+  check_not_paused(box);  // its frozen execd would take the open, then time out
   if (request.user) {
     throw sdk::Error::unimplemented(
         "execd's terminals run as the sandbox's user: a terminal's user cannot be chosen");
@@ -731,20 +732,22 @@ std::shared_ptr<sdk::ExecdTerminal> OpenSandboxProvider::terminal(OpenSandbox& b
 
 void OpenSandboxProvider::attach_pty(sdk::Sandbox& sandbox, const std::string& id, uint64_t since,
                                      bool takeover, sdk::PtyAttachCompletion done) {
-  terminal(as_box(sandbox), id, takeover)->output().attach(since, takeover, std::move(done));
+  OpenSandbox& box = as_box(sandbox);
+  check_not_paused(box);
+  terminal(box, id, takeover)->output().attach(since, takeover, std::move(done));
 }
 
 void OpenSandboxProvider::write_pty(sdk::Sandbox& sandbox, const std::string& id,
                                     std::string_view input) {
   OpenSandbox& box = as_box(sandbox);
-  if (box.paused()) throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
+  check_not_paused(box);
   terminal(box, id, true)->write(input);
 }
 
 void OpenSandboxProvider::resize_pty(sdk::Sandbox& sandbox, const std::string& id, uint16_t rows,
                                      uint16_t cols) {
   OpenSandbox& box = as_box(sandbox);
-  if (box.paused()) throw sdk::Error::failed_precondition("sandbox " + box.id() + " is paused");
+  check_not_paused(box);
   terminal(box, id, true)->resize(rows, cols);
 }
 

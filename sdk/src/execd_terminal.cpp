@@ -20,6 +20,22 @@ constexpr size_t kInputFrame = 64 * 1024;
 // execd's close code for an attachment another client took over (agent/README.md).
 constexpr uint16_t kTakenOver = 4001;
 
+// At most 1 KiB of what a server said (its words reach a user's error message).
+std::string cut(std::string_view text) {
+  constexpr size_t kMax = 1024;
+  return text.size() <= kMax ? std::string(text) : std::string(text.substr(0, kMax)) + "...";
+}
+
+// An error frame's words: its "error" or "message" string, else the frame.
+std::string said_of(const json::object& frame) {
+  for (const char* key : {"error", "message", "data"}) {
+    if (const auto* v = frame.if_contains(key); v && v->is_string() && !v->as_string().empty()) {
+      return cut(v->as_string());
+    }
+  }
+  return cut(json::serialize(frame));
+}
+
 }  // namespace
 
 ExecdTerminal::ExecdTerminal(const ExecdPlace& place, std::string id, bool tty, Logger log)
@@ -105,6 +121,7 @@ void ExecdTerminal::resize(uint16_t rows, uint16_t cols) {
 
 void ExecdTerminal::read_loop() {
   std::string why = "terminal " + id_ + ": the server closed its connection";
+  std::string said;  // the server's reason for ending it: an error frame's, else the close's
   bool taken_over = false;
   while (auto message = socket_.receive()) {
     if (message->kind == WebSocket::Message::Kind::binary) {
@@ -131,6 +148,7 @@ void ExecdTerminal::read_loop() {
           why = "terminal " + id_ + " has exited";
         } else if (type->as_string() == "error") {
           log_.warn("terminal ", id_, ": the server says: ", json::serialize(frame));
+          said = said_of(frame);
         }
       } catch (const std::exception& e) {
         log_.warn("terminal ", id_, ": a frame the server sent is not understood: ", e.what());
@@ -139,6 +157,8 @@ void ExecdTerminal::read_loop() {
       if (message->close_code == kTakenOver) {
         why = "terminal " + id_ + " was taken over by another client";
         taken_over = true;
+      } else if (said.empty() && !message->payload.empty()) {
+        said = cut(message->payload);
       }
       break;
     }
@@ -152,6 +172,8 @@ void ExecdTerminal::read_loop() {
     ErrorDetails details;
     details.reason = SBX_REASON_TAKEN_OVER;
     output_.close(Error(SBX_STATUS_FAILED_PRECONDITION, why, std::move(details)));
+  } else if (!said.empty()) {  // the server's reason (say, a shell that could not start)
+    output_.close(Error::not_found("terminal " + id_ + " was closed by the server: " + said));
   } else {
     output_.close();  // NOT_FOUND
   }

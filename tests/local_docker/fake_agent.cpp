@@ -15,6 +15,8 @@
 //   overlong-body a 200 with Content-Length 10, then 'C's forever
 //   bad-end       frames: "hi" on stdout, then an end {"exit_code": 1e300}
 //   big-error     500 with a body of 'E's forever
+//   pty-error     a WebSocket upgrade (a terminal's attach), then an error frame and a close
+//                 frame with a reason, as execd ends a terminal whose shell could not start
 //   echo          200, a frames stream saying "fake" on stdout and exit 0: a well-formed answer
 // Each connection is served by a child process of its own, so a stalled or endless one never
 // blocks the next. Exits when the listening socket fails.
@@ -120,6 +122,17 @@ void serve(int fd, const std::string& mode) {
   } else if (mode == "bad-end") {
     write_all(fd, frames_head + chunk(frame('o', "hi\n")) +
                       chunk(frame('x', "{\"exit_code\": 1e300}")) + "0\r\n\r\n");
+  } else if (mode == "pty-error") {
+    // Server frames are unmasked: FIN + opcode, a 7-bit length, the payload.
+    const auto ws_frame = [](unsigned char opcode, const std::string& payload) {
+      return std::string(1, static_cast<char>(0x80 | opcode)) +
+             std::string(1, static_cast<char>(payload.size())) + payload;
+    };
+    write_all(fd,
+              "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              "Sec-WebSocket-Accept: x\r\n\r\n" +
+                  ws_frame(0x1, R"({"type":"error","error":"exec: bash: not found"})") +
+                  ws_frame(0x8, std::string("\x03\xf3", 2) + "the shell could not start"));
   } else if (mode == "big-error") {
     write_all(fd, "HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n");
     forever(fd, chunk(std::string(64 * 1024, 'E')));

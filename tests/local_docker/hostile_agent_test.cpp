@@ -200,6 +200,15 @@ TEST_CASE("a fake agent's crafted, huge, endless and stalled answers stay within
     mode("overlong-body");
     CHECK(fresh.box.download_bytes("/etc/hostname") == std::string(10, 'C'));
   }
+  SUBCASE("a terminal the agent ends with a reason: the attachment says it (issue 35)") {
+    mode("pty-error");
+    sbx::PtyAttachOptions options;
+    options.on_output = [](sbx::OutputStream, uint64_t, std::string_view) {};
+    auto attached = fresh.box.pty("t1").attach_async(std::move(options));
+    const std::string what = ldtest::what_of([&] { attached.get(); });
+    CHECK(contains(what, "exec: bash: not found"));
+    CHECK_THROWS_AS(attached.get(), sbx::NotFoundError);
+  }
   SUBCASE("a stalled answer ends after the idle timeout, while another sandbox works") {
     mode("stall");
     auto stalled = std::async(std::launch::async, [&] {

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -288,12 +289,13 @@ TEST_CASE("command submissions answered 502 are resubmitted; past the retries, u
   CAPTURE(message);
   CHECK(status == SBX_STATUS_UNAVAILABLE);
   CHECK(message.find("Sandbox backend unreachable through 4 submissions") != std::string::npos);
-  // Before giving up, the sandbox's status was read in case it died of memory (it did not: the
-  // 502 stands). It stays Running, so the reads go on for the diagnosis's 5 s, 0.5 s apart.
+  // At each exec's first 502 the sandbox's status was read (deleted or paused meanwhile?), and
+  // before giving up again in case it died of memory (it did not: the 502 stands). It stays
+  // Running, so those reads go on for the diagnosis's 5 s, 0.5 s apart.
   const auto reads = f.request_times("GET /v1/sandboxes/" + box.id());
   CAPTURE(reads.size());
-  CHECK(reads.size() >= 3);
-  CHECK(reads.size() <= 12);
+  CHECK(reads.size() >= 5);
+  CHECK(reads.size() <= 14);
   CHECK(f.count("POST /sandboxes/" + box.id() + "/proxy/44772/command") == 7);
   // The sequence is used up: the sandbox works again.
   CHECK(box.exec("echo back").stdout_text == "back\n");
@@ -587,6 +589,24 @@ TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
   } catch (const sbx::Error& e) {
     CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
   }
+  // So is a terminal (issue 35: `sbx shell` waited out the 30 s request budget on the frozen
+  // execd), and attaching to one.
+  for (const auto& use :
+       {std::function<void()>([&] { paused.open_pty(); }), std::function<void()>([&] {
+          sbx::PtyAttachOptions options;
+          options.on_output = [](sbx::OutputStream, uint64_t, std::string_view) {};
+          paused.pty("t1").attach_async(std::move(options)).get();
+        })}) {
+    const auto started = Clock::now();
+    try {
+      use();
+      FAIL("a terminal on a paused handle must fail");
+    } catch (const sbx::Error& e) {
+      CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
+      CHECK(std::string(e.what()).find("paused") != std::string::npos);
+    }
+    CHECK(Clock::now() - started < std::chrono::seconds(2));
+  }
   // A handle that did not see the pause runs into the server's refusal, and is told why.
   const auto r = box.exec("echo x");
   CHECK(r.return_code == 125);
@@ -636,6 +656,27 @@ TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so withi
   }
   box.detach();
   CHECK(f.sandboxes_on_server() == 0);
+}
+
+// The real server's proxy answers 502 once a deleted sandbox's execd is gone. Issue 35: the plugin
+// resubmitted through every 502 and then said "backend unreachable"; it asks the lifecycle API at
+// the first and says the sandbox is gone.
+TEST_CASE("a sandbox deleted behind the handle, its proxy answering 502: NOT_FOUND at once") {
+  Fixture f(R"([{"route": "POST /command",
+                 "actions": [{"pass": true}, {"status": 502}, {"status": 502}, {"status": 502},
+                             {"status": 502}, {"status": 502}, {"status": 502}]}])");
+  auto box = f.create();
+  CHECK(box.exec("echo hi").stdout_text == "hi\n");
+  REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id()).status == 204);
+  try {
+    box.exec("echo gone");
+    FAIL("exec on a deleted sandbox must fail");
+  } catch (const sbx::Error& e) {
+    CAPTURE(e.what());
+    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
+  }
+  box.detach();
 }
 
 // A paused sandbox's execd takes the connection and never answers (the server holds each transfer

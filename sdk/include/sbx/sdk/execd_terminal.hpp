@@ -100,6 +100,9 @@ class ExecdTerminals {
   template <class DeleteRemote>
   void close(const std::string& id, DeleteRemote delete_remote) {
     const std::shared_ptr<ExecdTerminal> mine = remove(id);  // null: another process's
+    // Its attachment ends NOT_FOUND now, as sbx.pty/1 says, not with the exit frame the server
+    // sends for the process the delete kills (execd: -1).
+    if (mine) mine->output().close();
     try {
       delete_remote();
     } catch (const Error& e) {
