@@ -621,6 +621,18 @@ TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
   CHECK(f.sandboxes_on_server() == 0);
 }
 
+// An exec on a sandbox deleted behind the handle: NOT_FOUND, saying it is gone.
+void exec_finds_it_gone(sbx::Sandbox& box) {
+  try {
+    box.exec("echo gone");
+    FAIL("exec on a deleted sandbox must fail");
+  } catch (const sbx::Error& e) {
+    CAPTURE(e.what());
+    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
+    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
+  }
+}
+
 // The real server's execd says nothing of a pause or a delete: `docker pause` freezes it (it takes
 // the connection and never answers) and a deleted sandbox's published port is closed. Emulated
 // here by a command held 5 s (frozen) and a connection reset (closed); the plugin asks the
@@ -646,14 +658,7 @@ TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so withi
   REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/resume").status == 202);
   CHECK(box.exec("echo back").stdout_text == "back\n");
   REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id()).status == 204);
-  try {
-    box.exec("echo gone");
-    FAIL("exec on a deleted sandbox must fail");
-  } catch (const sbx::Error& e) {
-    CAPTURE(e.what());
-    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
-    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
-  }
+  exec_finds_it_gone(box);
   box.detach();
   CHECK(f.sandboxes_on_server() == 0);
 }
@@ -668,14 +673,7 @@ TEST_CASE("a sandbox deleted behind the handle, its proxy answering 502: NOT_FOU
   auto box = f.create();
   CHECK(box.exec("echo hi").stdout_text == "hi\n");
   REQUIRE(request(f.port(), "DELETE", "/v1/sandboxes/" + box.id()).status == 204);
-  try {
-    box.exec("echo gone");
-    FAIL("exec on a deleted sandbox must fail");
-  } catch (const sbx::Error& e) {
-    CAPTURE(e.what());
-    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
-    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
-  }
+  exec_finds_it_gone(box);
   box.detach();
 }
 
