@@ -90,6 +90,10 @@ class Streamed:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._outcome: asyncio.Future[Any] = self._loop.create_future()
+        # The outcome is there for whoever asks (outcome()); the items' end already told the
+        # reader. An error nobody asked for (a detach's, a closed terminal's) is no failure, and
+        # asyncio would log it as "Future exception was never retrieved": mark it seen.
+        self._outcome.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._ended: asyncio.Future[None] = self._loop.create_future()
 
         def on_item(*native: Any) -> None:  # a host thread, with the GIL

@@ -6,6 +6,7 @@ pipe mode's streams and exit code, takeover and replay, close while reading."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -114,3 +115,30 @@ def test_takeover_and_replay_on_local_docker(docker: sbx.Provider) -> None:
             await docker.close(box)
 
     run(main())
+
+
+def test_an_ended_attachment_whose_outcome_nobody_asks_logs_nothing(
+        processes: sbx.Provider, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 35: a detached or closed attachment's error, never awaited, was logged by asyncio as
+    # "Future exception was never retrieved" (three lines per NeMo Gym run): it is part of the
+    # stream's end, there for whoever asks, and no failure of anyone's.
+    async def main() -> None:
+        box = await processes.create()
+        try:
+            terminal = await processes.open_pty(box, "cat")
+            detached = terminal.attach(since=0)
+            detached.detach()
+            while await detached.next() is not None:
+                pass
+            closed = terminal.attach(since=0)
+            await terminal.close()
+            while await closed.next() is not None:
+                pass
+            del detached, closed
+        finally:
+            await processes.close(box)
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        run(main())
+        gc.collect()
+    assert "never retrieved" not in caplog.text, caplog.text
