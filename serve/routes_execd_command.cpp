@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <deque>
@@ -428,27 +427,6 @@ Outcome outcome_of(sbx::Operation<sbx::ExecResult>& done, int64_t execution_ms, 
   }
 }
 
-// `command` as execd runs it: first the variables of the sandbox's env file ($EXECD_ENVS, where
-// commands.set_env appends KEY='value' lines), exported over the sandbox's environment, then the
-// request's own envs again (they win over the file, as execd merges them), all on the command's
-// first line so that the shell's line numbers in its messages stay the user's. The file is the
-// sandbox's own (sourced by the sandbox's shell, inside it); without one nothing changes.
-std::string with_env_file(const std::string& command, const sbx::StringMap& envs) {
-  const auto is_name = [](const std::string& k) {
-    const auto word = [](char c) {
-      return c == '_' || std::isalnum(static_cast<unsigned char>(c));
-    };
-    return !k.empty() && !std::isdigit(static_cast<unsigned char>(k[0])) &&
-           std::all_of(k.begin(), k.end(), word);
-  };
-  std::string out = "if [ -f \"${EXECD_ENVS:-}\" ]; then set -a; . \"$EXECD_ENVS\"; set +a;";
-  for (const auto& [k, v] : envs) {
-    if (is_name(k)) out += " export " + k + "=" + shell_quote(v) + ";";
-  }
-  out += " fi; ";
-  return out + command;
-}
-
 // POST /command's body, read and checked (execd's 400 INVALID_REQUEST_BODY otherwise).
 std::optional<CommandRequest> read_command(const Request& request, std::string& why) {
   boost::system::error_code ec;
@@ -759,7 +737,7 @@ std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& 
   launch->entry = entry;
   launch->execd = entry->execd;
   launch->command = command;
-  launch->text = with_env_file(cmd.command, cmd.envs);
+  launch->text = std::move(cmd.command);
   launch->session = std::move(cmd.session);
   sbx::ExecOptions& options = launch->options;
   options.cwd = cmd.cwd;

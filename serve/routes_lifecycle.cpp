@@ -370,8 +370,8 @@ std::optional<CreateRequest> read_create(const Request& request, const Reply& re
   spec.image = out.image;
   spec.entrypoint = out.entrypoint;
   if (out.timeout_s) spec.ttl_s = static_cast<double>(*out.timeout_s);
-  // The real server's bootstrap names execd's env file (the Python SDK's commands.set_env appends
-  // to it; every command loads it: with_env_file in routes_execd_command.cpp). A client's own
+  // The real server's bootstrap names execd's env file: the SDKs' commands.set_env appends to it,
+  // and the sandbox's execd (local_docker's agent) loads it for every command. A client's own
   // EXECD_ENVS wins.
   spec.env[std::string(kExecdEnvsVar)] = std::string(kExecdEnvsFile);
   if (env) {

@@ -1789,13 +1789,36 @@ std::string expand_env(std::string_view value, const std::vector<std::string>& e
   return out;
 }
 
+// A value of the EXECD_ENVS file, as a dotenv parser reads it (what the SDKs' set_env writes):
+// 'single-quoted' is literal; "double-quoted" takes the escapes \\ \" \$ \n \r \t and expands
+// $NAME; a bare value expands $NAME. A quote that is not closed at the line's end is kept.
+std::string env_file_value(std::string_view value, const std::vector<std::string>& env) {
+  if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') {
+    return std::string(value.substr(1, value.size() - 2));
+  }
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
+    return expand_env(value, env);
+  }
+  value = value.substr(1, value.size() - 2);
+  std::string out;
+  std::size_t plain = 0;  // where the text not yet expanded starts
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != '\\' || i + 1 == value.size()) continue;
+    out += expand_env(value.substr(plain, i - plain), env);
+    const char c = value[i + 1];
+    out += c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c;  // \\ \" \$: the character
+    plain = ++i + 1;
+  }
+  return out + expand_env(value.substr(plain), env);
+}
+
 }  // namespace
 
 // execd's EXECD_ENVS: when the agent's environment names a file there, its KEY=VALUE lines are
 // each command's environment over the agent's and under the request's. Read for every command
 // (a command may have written it for the next), at most 1 MiB; blank lines, `#` comments and
-// lines without `=` or with an empty key are skipped; a value in matching quotes loses them;
-// $NAME and ${NAME} expand from the agent's environment.
+// lines without `=` or with an empty key are skipped; values as env_file_value reads them, $NAME
+// and ${NAME} expanding from the agent's environment.
 void Server::add_env_file(
     const std::function<void(const std::string&, const std::string&)>& set) const {
   const auto path = env_value(base_env_, "EXECD_ENVS");
@@ -1817,13 +1840,8 @@ void Server::add_env_file(
     std::string_view key = line.substr(0, eq);
     while (!key.empty() && (key.back() == ' ' || key.back() == '\t'))
       key.remove_suffix(1);
-    std::string_view value = line.substr(eq + 1);
-    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
-        value.back() == value.front()) {
-      value = value.substr(1, value.size() - 2);
-    }
     if (key.empty()) continue;
-    set(std::string(key), expand_env(value, base_env_));
+    set(std::string(key), env_file_value(line.substr(eq + 1), base_env_));
   }
 }
 

@@ -533,7 +533,9 @@ TEST_CASE("EXECD_ENVS: the file's lines under the request's envs, read for every
   {
     std::ofstream out(file);
     out << "# a comment\nFROM_FILE=file\nEXPANDED=$BASE_DIR/bin:${BASE_DIR}\nMALFORMED\n"
-           "EMPTY=\nQUOTED=\"a b\"\nOVERRIDE=file\n=nokey\nODD=a$/b$1x${}y${z\n";
+           "EMPTY=\nQUOTED=\"a b\"\nOVERRIDE=file\n=nokey\nODD=a$/b$1x${}y${z\n"
+           // What the SDKs' set_env writes: single quotes literal, double quotes with escapes.
+           "LITERAL='a $BASE_DIR  \\n'\nESCAPED=\"it's \\\"q\\\" \\$BASE_DIR $BASE_DIR\\tx\"\n";
   }
   Agent agent(
       dir, {},
@@ -544,6 +546,9 @@ TEST_CASE("EXECD_ENVS: the file's lines under the request's envs, read for every
                              ",\"envs\":{\"OVERRIDE\":\"request\"}"));
   CHECK(texts(rest(client), "stdout") ==
         std::vector<std::string>{"file|/opt/base/bin:/opt/base||a b|request|unset|a$/bxyz"});
+  start(client, command_body("printf '%s|%s' \"$LITERAL\" \"$ESCAPED\""));
+  CHECK(texts(rest(client), "stdout") ==
+        std::vector<std::string>{"a $BASE_DIR  \\n|it's \"q\" $BASE_DIR /opt/base\tx"});
   // A command writes the file; the next one sees it.
   start(client, command_body("echo 'FROM_FILE=again' > \"$EXECD_ENVS\""));
   rest(client);
