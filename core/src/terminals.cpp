@@ -10,6 +10,7 @@
 #include <sbx/core/terminal.hpp>
 
 #include <algorithm>
+#include <utility>
 
 namespace sbx {
 namespace detail {
@@ -61,6 +62,24 @@ struct AttachCtx : CallCtx, SandboxRef {
   AttachCtx() : CallCtx(kKind) {}
   std::shared_ptr<OpState<int32_t>> state;
   std::function<void(OutputStream, uint64_t, std::string_view)> on_output;
+  std::function<void()> on_attached;
+
+  // A callback that throws ends the attachment with that error.
+  void call(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (...) {
+      const std::exception_ptr error = std::current_exception();
+      state->cancel();
+      state->fail(error);
+    }
+  }
+  static void SBX_ABI attached(void* token) {
+    CallbackScope scope;
+    const std::shared_ptr<AttachCtx> ctx = calls::find<AttachCtx>(token, "on_attached");
+    if (!ctx || ctx->state->ready() || ctx->state->abandoned() || !ctx->on_attached) return;
+    ctx->call(std::exchange(ctx->on_attached, nullptr));  // once, whatever the plugin does
+  }
 
   // As exec's: a callback that throws ends the attachment with that error.
   static void SBX_ABI output(void* token, int32_t stream, uint64_t offset, sbx_bytes data) {
@@ -68,14 +87,10 @@ struct AttachCtx : CallCtx, SandboxRef {
     const std::shared_ptr<AttachCtx> ctx = calls::find<AttachCtx>(token, "on_output");
     if (!ctx || ctx->state->ready() || ctx->state->abandoned()) return;
     if (!data.data && data.len > 0) return;
-    try {
+    ctx->call([&] {
       ctx->on_output(stream == SBX_STREAM_STDERR ? OutputStream::err : OutputStream::out, offset,
                      std::string_view(reinterpret_cast<const char*>(data.data), data.len));
-    } catch (...) {
-      const std::exception_ptr error = std::current_exception();
-      ctx->state->cancel();
-      ctx->state->fail(error);
-    }
+    });
   }
   static void SBX_ABI on_complete(void* token, int32_t exit_code, const sbx_error* error) {
     CallbackScope scope;
@@ -245,16 +260,25 @@ Operation<int32_t> Pty::attach_async(PtyAttachOptions options) {
   auto ctx = std::make_shared<detail::AttachCtx>();
   ctx->sandbox = sandbox_;
   ctx->on_output = std::move(options.on_output);
+  // A plugin built before ABI 1.3 never says the attachment is in place: it is taken to be once
+  // the attach has started.
+  const sbx_version abi = g->library->plugin().abi_version;
+  const bool says_attached = abi.major > 1 || abi.minor >= 3;
+  std::function<void()> started;
+  (says_attached ? ctx->on_attached : started) = std::move(options.on_attached);
+  const bool wants_attached = static_cast<bool>(ctx->on_attached);
   const uint64_t since = options.since.value_or(SBX_PTY_LIVE);
   const detail::OpDeadline deadline{std::nullopt, detail::OpDeadline::From::start,
                                     "an attachment lasts until it is cancelled"};
-  return detail::start_operation<int32_t>(g, std::move(ctx), deadline, [&](void* token) {
-    const sbx_pty_attach_callbacks callbacks{sizeof(sbx_pty_attach_callbacks), token,
-                                             &detail::AttachCtx::output,
-                                             &detail::AttachCtx::on_complete};
+  auto op = detail::start_operation<int32_t>(g, std::move(ctx), deadline, [&](void* token) {
+    const sbx_pty_attach_callbacks callbacks{
+        sizeof(sbx_pty_attach_callbacks), token, &detail::AttachCtx::output,
+        &detail::AttachCtx::on_complete, wants_attached ? &detail::AttachCtx::attached : nullptr};
     return ext.attach(g->provider, sandbox_->handle, detail::view_of(id_), since, options.takeover,
                       &callbacks);
   });
+  if (started && !op.ready()) started();
+  return op;
 }
 
 Operation<void> Pty::write_async(std::string input) {

@@ -9,6 +9,7 @@ TTY, or in pipe mode; its output is read through an :class:`Attachment`, at most
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -53,13 +54,38 @@ class Attachment:
     process goes on). Unread output is kept in memory."""
 
     def __init__(self, native: Any, since: int | None, takeover: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self._in_place: asyncio.Future[None] = loop.create_future()
+
+        def in_place() -> None:  # a host thread, with the GIL
+            try:
+                loop.call_soon_threadsafe(
+                    lambda: self._in_place.done() or self._in_place.set_result(None))
+            except RuntimeError:  # the loop is closed
+                pass
+
         self._call = Streamed(
             native.attach,
             since,
             takeover,
+            in_place,
             make_item=lambda stream, offset, data: (
                 "stderr" if stream == 2 else "stdout", offset, data),
         )
+
+    async def attached(self) -> None:
+        """Returns once the attachment is in place (the terminal exists and this attachment holds
+        it); raises what ended it instead when it failed at once: NotFoundError for an unknown
+        terminal, FailedPreconditionError for one held elsewhere without takeover."""
+        outcome = asyncio.ensure_future(self._call.outcome(cancel_with_task=False))
+        try:
+            done, _ = await asyncio.wait({self._in_place, outcome},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if self._in_place in done:
+                return
+            await outcome  # ended first: its error, or an exit before being told (a 1.2 plugin)
+        finally:
+            outcome.cancel()
 
     def __aiter__(self) -> AsyncIterator[tuple[str, int, bytes]]:
         return self._call.items()

@@ -179,6 +179,10 @@ class SbxProvider:
         p, ours = self._p(), self._ours(handle)
         terminal = p.pty(ours, session_id)
         attachment = terminal.attach(since=since, takeover=takeover)
+        try:
+            await attachment.attached()  # as NeMo Gym's own providers: an unknown id raises here
+        except (NotFoundError, FailedPreconditionError, SandboxError) as e:
+            raise base.SandboxPtyError(f"PTY session {session_id}: {e}") from e
         return PtySession(p, ours, terminal, attachment, owned=False, mode=None)
 
 

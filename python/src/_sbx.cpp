@@ -455,8 +455,8 @@ NB_MODULE(_sbx, m) {
       .def_prop_ro("id", [](const PtyHolder& h) { return h.pty.id(); })
       .def(
           "attach",
-          [](PtyHolder& h, std::optional<uint64_t> since, bool takeover, nb::callable on_output,
-             nb::callable done) {
+          [](PtyHolder& h, std::optional<uint64_t> since, bool takeover,
+             std::optional<nb::callable> on_attached, nb::callable on_output, nb::callable done) {
             auto callback = std::make_shared<PyCallback>(std::move(on_output), false);
             sbx::PtyAttachOptions options{
                 .since = since,
@@ -468,10 +468,15 @@ NB_MODULE(_sbx, m) {
                                            nb::bytes(bytes.data(), bytes.size()));
                   });
                 }};
+            if (on_attached) {
+              auto in_place = std::make_shared<PyCallback>(std::move(*on_attached), true);
+              options.on_attached = [in_place] { in_place->call([] { return std::tuple<>(); }); };
+            }
             return start_op([&] { return h.pty.attach_async(std::move(options)); }, std::move(done),
                             [](int32_t code) { return code; });
           },
-          nb::arg("since").none(), nb::arg("takeover"), nb::arg("on_output"), nb::arg("done"))
+          nb::arg("since").none(), nb::arg("takeover"), nb::arg("on_attached").none(),
+          nb::arg("on_output"), nb::arg("done"))
       .def("write",
            [](PtyHolder& h, nb::bytes data, nb::callable done) {
              std::string input(data.c_str(), data.size());

@@ -119,6 +119,11 @@ async def main() -> None:
     check("pty: the exit code", await other.wait_exit(timeout_s=30) == 0)
     await other.close()
     await term.close()
+    try:  # issue 35: an attachment to nothing was handed out, failing only when read
+        await box.pty.attach("no-such-terminal", since=0)
+        check("pty: attaching to an unknown id raises", False, "an attachment came back")
+    except base.SandboxPtyError:
+        check("pty: attaching to an unknown id raises", True)
     pipe = await box.pty.create("echo out-$X; echo err >&2; exit 5", env={"X": "y"}, pty=False)
     out, err = b"", b""
     while chunk := await pipe.read(timeout_s=30):

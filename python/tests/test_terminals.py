@@ -142,3 +142,26 @@ def test_an_ended_attachment_whose_outcome_nobody_asks_logs_nothing(
         run(main())
         gc.collect()
     assert "never retrieved" not in caplog.text, caplog.text
+
+
+def test_attached_says_when_the_attachment_is_in_place_or_why_not(processes: sbx.Provider) -> None:
+    # Issue 35: attaching to an unknown id gave an attachment that failed only when read; NeMo
+    # Gym's own providers raise at attach (ABI 1.3's on_attached lets the package tell).
+    async def main() -> None:
+        box = await processes.create()
+        try:
+            unknown = processes.pty(box, "no-such-terminal").attach(since=0)
+            with pytest.raises(sbx.NotFoundError):
+                await unknown.attached()
+            terminal = await processes.open_pty(box, "echo ready; cat")
+            first = terminal.attach(since=0)
+            await first.attached()
+            assert b"ready" in await read_until(first, b"ready")
+            refused = terminal.attach(since=0, takeover=False)
+            with pytest.raises(sbx.FailedPreconditionError):
+                await refused.attached()
+            await terminal.close()
+        finally:
+            await processes.close(box)
+
+    run(main())

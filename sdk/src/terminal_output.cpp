@@ -35,7 +35,8 @@ struct Attachment {
 struct TerminalOutput::State : std::enable_shared_from_this<TerminalOutput::State> {
   struct Event {
     std::shared_ptr<Attachment> to;
-    std::variant<Chunk, int32_t, Error> what;  // output, the exit code, or why it ended
+    // In place (once, first), output, the exit code, or why it ended.
+    std::variant<std::monostate, Chunk, int32_t, Error> what;
   };
 
   mutable std::mutex mutex;
@@ -50,7 +51,7 @@ struct TerminalOutput::State : std::enable_shared_from_this<TerminalOutput::Stat
   bool draining = false;
 
   // With the lock held: ends the live attachment (if any) with `why`.
-  void end_live_locked(std::variant<Chunk, int32_t, Error> why) {
+  void end_live_locked(std::variant<std::monostate, Chunk, int32_t, Error> why) {
     if (!live) return;
     queue.push_back({std::exchange(live, nullptr), std::move(why)});
   }
@@ -73,7 +74,9 @@ struct TerminalOutput::State : std::enable_shared_from_this<TerminalOutput::Stat
   static void deliver(Event& event) {
     PtyAttachCompletion& done = event.to->done;
     if (!done) return;
-    if (auto* chunk = std::get_if<Chunk>(&event.what)) {
+    if (std::holds_alternative<std::monostate>(event.what)) {
+      done.output().attached();
+    } else if (auto* chunk = std::get_if<Chunk>(&event.what)) {
       try {
         done.output().write(chunk->stream, chunk->offset, chunk->bytes);
       } catch (...) {
@@ -167,6 +170,7 @@ void TerminalOutput::attach(uint64_t since, bool takeover, PtyAttachCompletion d
   taken.reason = SBX_REASON_TAKEN_OVER;
   s.end_live_locked(Error(SBX_STATUS_FAILED_PRECONDITION, "another attach took the terminal over",
                           std::move(taken)));
+  s.queue.push_back({attachment, std::monostate{}});  // in place: before its replay
   if (since != SBX_PTY_LIVE) {
     for (const Chunk& chunk : s.kept) {
       const uint64_t chunk_end = chunk.offset + chunk.bytes.size();

@@ -4,17 +4,33 @@
 #include "operations.hpp"
 #include "ordered_op.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <tuple>
 
 namespace sbx::sdk::detail {
 namespace {
 
-// An attachment: output with offsets, in order, then the exit code or why it ended.
+// The host's callbacks as this SDK's struct: what a smaller (older) host's struct lacks
+// (on_attached before ABI 1.3) is null.
+sbx_pty_attach_callbacks copy_of(const sbx_pty_attach_callbacks& cb) {
+  sbx_pty_attach_callbacks copy{};
+  std::memcpy(&copy, &cb, std::min<std::size_t>(cb.struct_size, sizeof copy));
+  return copy;
+}
+
+// The chunk that stands for on_attached in the ordered queue (no output has this stream).
+constexpr auto kAttachedMark = static_cast<StdStream>(0);
+
+// An attachment: on_attached, output with offsets, in order, then the exit code or why it ended.
 class AttachOp final : public OrderedOp<int32_t, std::tuple<StdStream, uint64_t, std::string>>,
                        public PtyOutputSink {
  public:
-  explicit AttachOp(const sbx_pty_attach_callbacks* cb) : cb_(*cb) {}
+  explicit AttachOp(const sbx_pty_attach_callbacks* cb) : cb_(copy_of(*cb)) {}
+  void attached() override {
+    if (cb_.on_attached) emit({kAttachedMark, 0, std::string()});
+  }
   void write(StdStream stream, uint64_t offset, std::string_view bytes) override {
     if (bytes.empty() || !cb_.on_output) return;
     emit({stream, offset, std::string(bytes)});
@@ -22,6 +38,7 @@ class AttachOp final : public OrderedOp<int32_t, std::tuple<StdStream, uint64_t,
 
  private:
   void emit_chunk(const std::tuple<StdStream, uint64_t, std::string>& chunk) noexcept override {
+    if (std::get<0>(chunk) == kAttachedMark) return cb_.on_attached(cb_.user_data);
     cb_.on_output(cb_.user_data, static_cast<int32_t>(std::get<0>(chunk)), std::get<1>(chunk),
                   to_bytes(std::get<2>(chunk)));
   }

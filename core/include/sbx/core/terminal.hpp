@@ -77,6 +77,12 @@ struct PtyAttachOptions {
   bool takeover = true;
   // Output with its offset (the first call's says where the replay really starts). Required.
   std::function<void(OutputStream, uint64_t offset, std::string_view)> on_output;
+  // Optional: the attachment is in place (the terminal exists and this attachment holds it), once,
+  // before any output, on a plugin thread; never for an attach that fails at once (an unknown id:
+  // NotFoundError). From a plugin built before ABI 1.3, which cannot say, it is called on the
+  // calling thread as soon as the attach has started (output may have come first). Like
+  // on_output, it must not block for long.
+  std::function<void()> on_attached;
 };
 
 class Pty {

@@ -14,8 +14,9 @@
  * extensions sbx.session/1 and sbx.pty/1 (ext/session.h, ext/pty.h).
  * 1.2.1: a thread tag on every function (comments only).
  * 1.3 added: the well-known reason SBX_REASON_SANDBOX_GONE (types.h),
- * sbx_exec_request.argv and sbx_output_stream.expect (provider.h) and the extension sbx.flow/1
- * (ext/flow.h), which holds an exec's output or a download.
+ * sbx_exec_request.argv and sbx_output_stream.expect (provider.h), sbx_pty_attach_callbacks's
+ * on_attached (ext/pty.h) and the extension sbx.flow/1 (ext/flow.h), which holds an exec's output
+ * or a download.
  *
  * The headers' hash is recorded per version in tests/abi/abi_hashes.txt: a header changed without
  * a version bump fails the test abi_headers_hash (tests/abi/check_abi_hash.sh).

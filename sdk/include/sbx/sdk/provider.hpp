@@ -248,6 +248,9 @@ class RenewExtension {
 // terminal's output. Call write() from one thread at a time, in order, before completing.
 class PtyOutputSink {
  public:
+  // The attachment is in place (the terminal exists and this attachment holds it): once, before
+  // any write (ABI 1.3's on_attached). sdk::TerminalOutput calls it.
+  virtual void attached() = 0;
   virtual void write(StdStream stream, uint64_t offset, std::string_view bytes) = 0;
 
  protected:

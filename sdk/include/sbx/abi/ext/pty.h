@@ -59,6 +59,13 @@ typedef struct sbx_pty_attach_callbacks {
    * (SBX_STATUS_NOT_FOUND), the host cancelled it (SBX_STATUS_CANCELLED: a detach; the process
    * goes on). */
   void(SBX_ABI* on_complete)(void* user_data, int32_t exit_code, const sbx_error* error);
+  /* [ABI 1.3; plugin thread or inline, must not block for long; at most once, before any
+   * on_output and on_complete] The attachment is in place: the terminal exists and this
+   * attachment holds it (an attach that fails at once, an unknown id or a held terminal without
+   * takeover, never calls it). A plugin of ABI 1.3 or later calls it when the host's
+   * `struct_size` covers it and it is not NULL; from an older plugin a host learns nothing
+   * until the first output or the end. */
+  void(SBX_ABI* on_attached)(void* user_data);
 } sbx_pty_attach_callbacks;
 
 typedef struct sbx_provider_pty {
