@@ -681,6 +681,14 @@ AgentCommand LocalDockerProvider::start_agent_exec(const std::string& name,
         // A result, or an error the agent's answer made (NOT_FOUND when the sandbox expired under
         // the command: the agent killed it and said so).
         if (status || error->status() != SBX_STATUS_UNAVAILABLE) return done(status, error);
+        // Past its expiry the sandbox is being reaped: whatever its socket's state (an agent that
+        // ended at its expiry removes it), the command has no sandbox. NOT_FOUND.
+        const bool expired_now =
+            expires_at && unix_now_ms() + kTtlClockSlackMs >= *expires_at * 1000;
+        if (expired_now && route_refused(*error)) {
+          const auto expired = sandbox_expired(name, *expires_at);
+          return done(nullptr, &expired);
+        }
         // Its socket's path was changed from inside: it is there, and unreachable.
         if (route_refused(*error)) {
           const auto refused = unreachable(name, *error);
@@ -694,7 +702,7 @@ AgentCommand LocalDockerProvider::start_agent_exec(const std::string& name,
         }
         // The agent went away with the command, without its end: the sandbox ended (closed,
         // removed, or reaped at its expiry). NOT_FOUND either way: the command has no result.
-        if (expires_at && unix_now_ms() + kTtlClockSlackMs >= *expires_at * 1000) {
+        if (expired_now) {
           const auto expired = sandbox_expired(name, *expires_at);
           return done(nullptr, &expired);
         }

@@ -365,7 +365,9 @@ TEST_CASE("a server killed with SIGKILL leaves its temp dir; the next one remove
     temp_dirs += e.path().filename().string().rfind("sbx-serve-", 0) == 0 ? 1 : 0;
   CHECK(temp_dirs == 2);  // the new server's, and the look-alike
   CHECK(f.log_text().find("left by a server that did not stop") != std::string::npos);
-  CHECK(f.server->stop() == 0);
+  const int stopped = f.server->stop();
+  const std::string log = f.log_text();
+  CHECK_MESSAGE(stopped == 0, log.substr(log.size() > 4000 ? log.size() - 4000 : 0));
   fs::remove_all(unlocked);
 }
 
