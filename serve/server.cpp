@@ -1171,6 +1171,10 @@ Server::Server(sbx::Provider provider, Options options)
   // With Options::admin the host hands out the provider (its current generation) at each use:
   // holding this one would keep its generation, and its plugin image, alive after a reload.
   if (o.admin && o.admin->provider) state_->provider = sbx::Provider();
+  if (o.handle_signals) {
+    state_->signals.emplace(state_->ioc, SIGINT, SIGTERM);
+    if (o.admin) state_->hangups.emplace(state_->ioc, SIGHUP);
+  }
   if (o.admin && o.admin->watched) {  // --watch: fails here, before anything is served
     state_->watch_fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (state_->watch_fd < 0) {
@@ -1224,19 +1228,15 @@ void Server::set_limits(const Options::Limits& limits) {
 
 bool Server::run() {
   auto state = state_;
-  std::optional<asio::signal_set> signals;
-  if (state->options.handle_signals) {
-    signals.emplace(state->ioc, SIGINT, SIGTERM);
-    signals->async_wait([this](beast::error_code ec, int signal) {
+  if (state->signals) {
+    state->signals->async_wait([this](beast::error_code ec, int signal) {
       if (ec) return;
       spdlog::info("sbx serve: signal {}: stopping", signal);
       stop();
     });
   }
   // SIGHUP: a reload, as POST /admin/reload (its outcome is logged).
-  std::optional<asio::signal_set> hangups;
-  if (state->options.handle_signals && state->options.admin) {
-    hangups.emplace(state->ioc, SIGHUP);
+  if (state->hangups) {
     struct OnHangup {
       std::shared_ptr<State> state;
       asio::signal_set* set;
@@ -1247,7 +1247,7 @@ bool Server::run() {
         set->async_wait(*this);
       }
     };
-    hangups->async_wait(OnHangup{state, &*hangups});
+    state->hangups->async_wait(OnHangup{state, &*state->hangups});
   }
   if (state->watch_fd >= 0) start_watch(state);
   asio::post(state->control, [state] {
@@ -1260,6 +1260,9 @@ bool Server::run() {
   state->ioc.run();
   for (auto& t : threads)
     t.join();
+  // The signals' default actions again: a second Ctrl-C during the exit's clean-up ends it.
+  state->signals.reset();
+  state->hangups.reset();
   return state->gate.all_closed();
 }
 

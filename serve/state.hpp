@@ -17,6 +17,7 @@
 #include <boost/asio/basic_socket_acceptor.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/basic_stream.hpp>
@@ -350,6 +351,10 @@ struct Server::State {
   // inotify, made by the constructor with Admin::watched; run() hands it to watch.cpp. Touched only
   // by the thread that constructs, runs and destroys the Server (never concurrently).
   int watch_fd = -1;
+  // SIGINT/SIGTERM and SIGHUP (Options::handle_signals), caught from the constructor on: a signal
+  // that comes before run() (just after "listening" was printed) waits there for run()'s handler
+  // instead of killing the process.
+  std::optional<boost::asio::signal_set> signals, hangups;
 
   State(sbx::Provider p, Options o);
 };
