@@ -16,6 +16,7 @@
 
 #include "faults.hpp"
 #include "flow_gate.hpp"
+#include "line_cutter.hpp"
 #include "state.hpp"
 
 #include <sbx/base/shell_quote.hpp>
@@ -545,13 +546,6 @@ class UploadSink final : public BodySink, public std::enable_shared_from_this<Up
 // ----------------------------------------------------------------------------------------------
 // Download
 
-// Line mode of a download (newer execd): `offset` (1-based, default 1) and `limit` (default: to
-// the end) select whole lines; each keeps its newline, a last line without one comes as it is.
-struct LineSlice {
-  uint64_t offset = 1;
-  std::optional<uint64_t> limit;
-};
-
 // The query's line slice, nullopt when it names neither; `why` is set for a bad value.
 std::optional<LineSlice> parse_line_slice(const Request& request, std::string& why) {
   const auto offsets = query_values(request, "offset");
@@ -579,39 +573,6 @@ std::optional<LineSlice> parse_line_slice(const Request& request, std::string& w
   if (!limits.empty()) slice.limit = limit;
   return slice;
 }
-
-// The lines a LineSlice selects, cut from a file's bytes as they pass: each call gives the part of
-// `bytes` inside them; done() once the last one wanted has passed.
-class LineCutter {
- public:
-  explicit LineCutter(const LineSlice& slice)
-      : offset_(slice.offset),
-        // The first line not wanted; 0: none (no limit, or past uint64: no file has that many).
-        stop_(slice.limit && *slice.limit <= std::numeric_limits<uint64_t>::max() - slice.offset
-                  ? slice.offset + *slice.limit
-                  : 0) {}
-
-  std::string_view cut(std::string_view bytes) {
-    std::size_t from = line_ >= offset_ ? 0 : bytes.size();
-    std::size_t to = bytes.size();
-    for (std::size_t at = 0; !done() && at < bytes.size();) {
-      const auto nl = bytes.find('\n', at);
-      if (nl == std::string_view::npos) break;
-      at = nl + 1;
-      ++line_;
-      if (line_ == offset_) from = at;
-      if (stop_ != 0 && line_ == stop_) to = at;
-    }
-    if (from >= to) return {};
-    return bytes.substr(from, to - from);
-  }
-  bool done() const { return stop_ != 0 && line_ >= stop_; }
-
- private:
-  uint64_t offset_;
-  uint64_t stop_;
-  uint64_t line_ = 1;  // the line the next byte belongs to
-};
 
 // "bytes=a-b" / "bytes=a-" / "bytes=-n" of a file of `size` bytes: [first, last], or nullopt when
 // unsatisfiable; `ignored` when the header is not one range we understand (the whole file then).
