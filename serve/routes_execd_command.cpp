@@ -705,25 +705,30 @@ void append_log(Command& command, std::string_view data) {
 
 }  // namespace
 
+bool admit_stream(Server::State& state, const Request& request, const Reply& reply, bool command) {
+  const std::size_t max = state.limits.max_streams.load();
+  switch (state.gate.try_open_stream(max, command)) {
+    case StopGate::StreamAdmit::ok:
+      return true;
+    case StopGate::StreamAdmit::stopping:
+      reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
+                        "the server is stopping"));
+      return false;
+    case StopGate::StreamAdmit::full:
+      break;
+  }
+  reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
+                    std::string("too many open ") + (command ? "command streams" : "streams") +
+                        " (at most " + std::to_string(max) + "); try again later"));
+  return false;
+}
+
 std::optional<std::string> launch_command(const std::shared_ptr<Server::State>& state,
                                           const std::shared_ptr<Entry>& entry,
                                           const Request& request, const Reply& reply,
                                           const OpenStream& open_stream, CommandRequest cmd,
                                           const std::string& init_text) {
-  switch (state->gate.try_open_stream(state->limits.max_streams.load())) {
-    case StopGate::StreamAdmit::ok:
-      break;
-    case StopGate::StreamAdmit::stopping:
-      reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
-                        "the server is stopping"));
-      return std::nullopt;
-    case StopGate::StreamAdmit::full:
-      reply(execd_error(request, http::status::service_unavailable, "RUNTIME_ERROR",
-                        "too many open command streams (at most " +
-                            std::to_string(state->limits.max_streams.load()) +
-                            "); try again later"));
-      return std::nullopt;
-  }
+  if (!admit_stream(*state, request, reply, true)) return std::nullopt;
   const auto& o = state->options;
   auto command = std::make_shared<Command>();
   command->id = new_request_id();

@@ -1415,19 +1415,7 @@ class MetricsSampler : public std::enable_shared_from_this<MetricsSampler> {
 
 void get_execd_metrics_watch(const Call& call) {
   const auto& state = call.state;
-  switch (state->gate.try_open_stream(state->limits.max_streams, /*command=*/false)) {
-    case StopGate::StreamAdmit::ok:
-      break;
-    case StopGate::StreamAdmit::stopping:
-      call.reply(execd_error(call.request, http::status::service_unavailable, "RUNTIME_ERROR",
-                             "the server is stopping"));
-      return;
-    case StopGate::StreamAdmit::full:
-      call.reply(execd_error(call.request, http::status::service_unavailable, "RUNTIME_ERROR",
-                             "too many open streams (at most " +
-                                 std::to_string(state->limits.max_streams) + "); try again later"));
-      return;
-  }
+  if (!admit_stream(*state, call.request, call.reply, false)) return;
   // The stream's count, given back when the watch leaves its sampler (or is refused).
   const std::shared_ptr<void> counted(nullptr, [state](void*) { state->gate.close_stream(); });
   const auto open = [&call] {

@@ -504,6 +504,11 @@ struct CommandRequest {
   // exec: the command is given to Session::run as it is.
   sbx::Session session;
 };
+// Counts an event stream in --max-streams (and, `command`, a running command a stop waits for);
+// otherwise answers 503 RUNTIME_ERROR saying why (the server stops, or too many are open) and
+// returns false. Any thread.
+bool admit_stream(Server::State& state, const Request& request, const Reply& reply, bool command);
+
 // Runs `cmd` in the sandbox as POST /command does: admitted (or refused with 429/503), then an
 // event stream through `open_stream` (foreground) or the background log. `init_text`: the text of
 // the stream's init event (empty: the command's id, as POST /command sends). Returns the

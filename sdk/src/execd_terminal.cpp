@@ -2,6 +2,8 @@
 
 #include <sbx/sdk/execd_terminal.hpp>
 
+#include <sbx/base/utf8.hpp>
+
 #include <boost/json/object.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -20,10 +22,11 @@ constexpr size_t kInputFrame = 64 * 1024;
 // execd's close code for an attachment another client took over (agent/README.md).
 constexpr uint16_t kTakenOver = 4001;
 
-// At most 1 KiB of what a server said (its words reach a user's error message).
+// At most 1 KiB of what a server (the sandbox) said, as UTF-8: its words reach a user's error
+// message, and through the ABI, where every string is UTF-8.
 std::string cut(std::string_view text) {
   constexpr size_t kMax = 1024;
-  return text.size() <= kMax ? std::string(text) : std::string(text.substr(0, kMax)) + "...";
+  return base::utf8::sanitize(text.substr(0, kMax)) + (text.size() > kMax ? "..." : "");
 }
 
 // An error frame's words: its "error" or "message" string, else the frame.

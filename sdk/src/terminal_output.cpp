@@ -46,6 +46,7 @@ struct TerminalOutput::State : std::enable_shared_from_this<TerminalOutput::Stat
   uint64_t end = 0;  // the offset of the next byte
   std::optional<int32_t> exit_code;
   bool closed = false;
+  std::optional<Error> closed_by;  // why close() ended it: later attaches are told the same
   std::shared_ptr<Attachment> live;
   std::deque<Event> queue;
   bool draining = false;
@@ -148,6 +149,7 @@ void TerminalOutput::close(Error why) {
   std::unique_lock lock(s.mutex);
   if (s.closed) return;
   s.closed = true;
+  s.closed_by = why;
   s.end_live_locked(std::move(why));
   s.drain(lock);
 }
@@ -158,8 +160,9 @@ void TerminalOutput::attach(uint64_t since, bool takeover, PtyAttachCompletion d
   auto attachment = std::make_shared<Attachment>(std::move(done));
   std::unique_lock lock(s.mutex);
   if (s.closed) {
+    const Error why = *s.closed_by;
     lock.unlock();
-    return attachment->done.fail(Error::not_found("the terminal was closed"));
+    return attachment->done.fail(why);
   }
   if (s.live && !takeover) {
     lock.unlock();

@@ -206,6 +206,7 @@ TEST_CASE("a fake agent's crafted, huge, endless and stalled answers stay within
     options.on_output = [](sbx::OutputStream, uint64_t, std::string_view) {};
     auto attached = fresh.box.pty("t1").attach_async(std::move(options));
     const std::string what = ldtest::what_of([&] { attached.get(); });
+    CAPTURE(what);
     CHECK(contains(what, "exec: bash: not found"));
     CHECK_THROWS_AS(attached.get(), sbx::NotFoundError);
   }

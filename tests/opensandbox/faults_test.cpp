@@ -621,16 +621,21 @@ TEST_CASE("an id alone connects; a paused sandbox's exec says why") {
   CHECK(f.sandboxes_on_server() == 0);
 }
 
-// An exec on a sandbox deleted behind the handle: NOT_FOUND, saying it is gone.
-void exec_finds_it_gone(sbx::Sandbox& box) {
+// An exec that must fail with `status`, its message saying `words`.
+void exec_refused(sbx::Sandbox& box, sbx_status status, const std::string& words) {
   try {
-    box.exec("echo gone");
-    FAIL("exec on a deleted sandbox must fail");
+    box.exec("echo never");
+    FAIL("the exec must fail: " << words);
   } catch (const sbx::Error& e) {
     CAPTURE(e.what());
-    CHECK(e.status() == SBX_STATUS_NOT_FOUND);
-    CHECK(std::string(e.what()).find("is gone") != std::string::npos);
+    CHECK(e.status() == status);
+    CHECK(std::string(e.what()).find(words) != std::string::npos);
   }
+}
+
+// An exec on a sandbox deleted behind the handle: NOT_FOUND, saying it is gone.
+void exec_finds_it_gone(sbx::Sandbox& box) {
+  exec_refused(box, SBX_STATUS_NOT_FOUND, "is gone");
 }
 
 // The real server's execd says nothing of a pause or a delete: `docker pause` freezes it (it takes
@@ -644,14 +649,7 @@ TEST_CASE("a sandbox paused or deleted behind the handle: the exec says so withi
   CHECK(box.exec("echo hi").stdout_text == "hi\n");
   REQUIRE(request(f.port(), "POST", "/v1/sandboxes/" + box.id() + "/pause").status == 202);
   auto start = Clock::now();
-  try {
-    box.exec("echo x");
-    FAIL("exec on a sandbox paused behind the handle must fail");
-  } catch (const sbx::Error& e) {
-    CAPTURE(e.what());
-    CHECK(e.status() == SBX_STATUS_FAILED_PRECONDITION);
-    CHECK(std::string(e.what()).find("is Paused") != std::string::npos);
-  }
+  exec_refused(box, SBX_STATUS_FAILED_PRECONDITION, "is Paused");
   const double paused_s = std::chrono::duration<double>(Clock::now() - start).count();
   MESSAGE("exec on a frozen execd refused after ", paused_s, " s");
   CHECK(paused_s < 4.5);  // before the held answer would have come

@@ -42,8 +42,9 @@ class TerminalOutput {
   void attach(uint64_t since, bool takeover, PtyAttachCompletion done);
   // The terminal is gone: the attachment ends with NOT_FOUND, and so does every later attach.
   void close();
-  // The same, but the attachment ends with `why` (say, FAILED_PRECONDITION with reason
-  // taken_over when a client elsewhere took the terminal over).
+  // The same, but the attachment, and every later attach, ends with `why` (say, the server's
+  // reason for ending it, or FAILED_PRECONDITION with reason taken_over when a client elsewhere
+  // took the terminal over).
   void close(Error why);
 
   std::optional<int32_t> exit_code() const;
