@@ -781,7 +781,7 @@ class Session : public std::enable_shared_from_this<Session> {
     on_gone_ = nullptr;
     cut_after_.reset();
     head.set("x-request-id", request_id_);
-    if (chunked || !keep_alive_ || stopping()) head.keep_alive(false);
+    if (!keep_alive_ || stopping()) head.keep_alive(false);
     keep_alive_ = head.keep_alive();
     auto res = std::make_shared<http::response<http::empty_body>>(std::move(head.base()));
     if (chunked) res->chunked(true);
@@ -801,19 +801,33 @@ class Session : public std::enable_shared_from_this<Session> {
     if (chunked) watch();
   }
 
-  // A read while a stream is open: the client's EOF or reset means it went away.
+  // A wait while a chunked stream is open: the client's EOF or reset means it went away. The
+  // socket is peeked at, never read (as watch_hangup): a client that sends its next request
+  // before this answer ended is there, and the request stays for read() once the stream is over
+  // (the connection is kept alive after a stream, as execd's; a client then gone is seen by the
+  // stream's next write failing).
   void watch() {
-    stream_.socket().async_read_some(
-        asio::buffer(watch_buffer_),
-        asio::bind_executor(stream_.get_executor(),
-                            [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                              if (self->finished_) return;
-                              if (ec) {
-                                self->mark_gone();
-                                return;
-                              }
-                              self->watch();  // bytes after a stream's request are dropped
-                            }));
+    watching_ = true;
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        asio::bind_executor(
+            stream_.get_executor(), [self = shared_from_this()](beast::error_code ec) {
+              self->watching_ = false;
+              if (self->finished_) {
+                if (std::exchange(self->read_after_watch_, false)) self->read();
+                return;
+              }
+              char c = 0;
+              const ssize_t n = ec ? -1
+                                   : ::recv(self->stream_.socket().native_handle(), &c, 1,
+                                            MSG_PEEK | MSG_DONTWAIT);
+              if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                self->watch();  // not readable after all
+                return;
+              }
+              if (n > 0) return;  // its next request: the client is there
+              self->mark_gone();
+            }));
   }
 
   void enqueue(std::string data, std::function<void()> done) {
@@ -948,11 +962,17 @@ class Session : public std::enable_shared_from_this<Session> {
     if (finished_) return;
     finished_ = true;
     state_->gate.leave_request();
-    if (gone_ || !keep_alive_) {
+    if (gone_ || !keep_alive_ || stopping()) {
       close();
       return;
     }
     streaming_ = false;
+    if (watching_) {  // the watch's handler reads the next request once it is cancelled
+      read_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
     read();
   }
 
@@ -989,11 +1009,13 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;
   std::deque<std::pair<std::string, std::function<void()>>> out_;
   std::function<void()> on_gone_;
-  std::optional<int> cut_after_;   // pieces left before an injected cut
-  bool stall_never_ = false;       // never_stall(): no write timeout for this stream
-  std::size_t writing_items_ = 0;  // pieces of out_ the write under way carries
-  std::string batch_;              // those pieces as one write
-  std::array<char, 1024> watch_buffer_{};
+  std::optional<int> cut_after_;           // pieces left before an injected cut
+  bool stall_never_ = false;               // never_stall(): no write timeout for this stream
+  std::size_t writing_items_ = 0;          // pieces of out_ the write under way carries
+  std::string batch_;                      // those pieces as one write
+  std::array<char, 1024> watch_buffer_{};  // linger_close()'s scratch: what it reads is dropped
+  bool watching_ = false;                  // watch() waits on the socket
+  bool read_after_watch_ = false;  // the stream ended: the watch's handler reads the next request
   // The request being answered (strand only): whether its answer started, and what runs if the
   // client goes away before (WatchHangup).
   bool answered_ = false;
@@ -1003,9 +1025,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool gone_flag_ = false;
 };
 
-// TCP keepalive on a client's connection: a command's stream has no write timeout (its output is
-// held while the client reads slowly), so a peer that vanished is found this way, in about 2 min.
-void keep_alive(stream_protocol::socket& socket) {
+// A client's TCP connection: keepalive, as a command's stream has no write timeout (its output is
+// held while the client reads slowly), so a peer that vanished is found this way, in about 2 min;
+// and no Nagle delay: the server batches its writes itself, and a stream's head and first events
+// are separate writes that Nagle held until the client's delayed ACK (40 ms on a kept-alive
+// connection).
+void tune_tcp(stream_protocol::socket& socket) {
   const int fd = socket.native_handle();
   int family = 0;
   socklen_t len = sizeof family;
@@ -1018,6 +1043,7 @@ void keep_alive(stream_protocol::socket& socket) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
 }
 
 void accept(const std::shared_ptr<Server::State>& state) {
@@ -1032,7 +1058,7 @@ void accept(const std::shared_ptr<Server::State>& state) {
           timer->async_wait([state, timer](beast::error_code) { accept(state); });
           return;
         }
-        keep_alive(socket);
+        tune_tcp(socket);
         std::make_shared<Session>(state, std::move(socket))->start();
         accept(state);
       });

@@ -1540,3 +1540,50 @@ TEST_CASE("an upload with Expect: 100-continue, then downloads on the same keep-
   }
   CHECK(f.server->stop() == 0);
 }
+
+TEST_CASE(
+    "a command's event stream keeps its connection: the next request, even one sent while "
+    "the stream was open, is answered on it") {
+  Fixture f;
+  f.create();
+  namespace asio = boost::asio;
+  namespace http = boost::beast::http;
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())});
+  boost::beast::flat_buffer buffer;
+  auto command = [&](const std::string& line) {
+    http::request<http::string_body> req{http::verb::post, f.direct("/command"), 11};
+    req.set(http::field::host, "x");
+    req.set(http::field::content_type, "application/json");
+    req.body() = command_body(line);
+    req.prepare_payload();
+    return req;
+  };
+  for (int i = 0; i < 3; ++i) {
+    http::write(socket, command("echo round" + std::to_string(i)));
+    http::response<http::string_body> res;
+    http::read(socket, buffer, res);
+    CHECK(res.result_int() == 200);
+    CHECK(res.chunked());
+    CHECK(res.keep_alive());
+    CHECK(res.body().find("round" + std::to_string(i)) != std::string::npos);
+    CHECK(res.body().find("execution_complete") != std::string::npos);
+  }
+  // Pipelined: the second request goes out once the first's stream has begun (its head read),
+  // while its command still runs. The server must neither drop it nor take it for the client
+  // leaving, and answers it after the first.
+  http::write(socket, command("sleep 0.3; echo first"));
+  http::response_parser<http::string_body> first_parser;
+  http::read_header(socket, buffer, first_parser);
+  http::write(socket, command("echo second"));
+  http::read(socket, buffer, first_parser);
+  const auto first = first_parser.release();
+  http::response<http::string_body> second;
+  http::read(socket, buffer, second);
+  CHECK(first.body().find("first") != std::string::npos);
+  CHECK(first.body().find("execution_complete") != std::string::npos);
+  CHECK(second.body().find("second") != std::string::npos);
+  CHECK(second.body().find("execution_complete") != std::string::npos);
+  CHECK(f.server->stop() == 0);
+}
