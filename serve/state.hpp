@@ -149,8 +149,9 @@ class TempSpace {
 };
 
 // Sends `head` (its body ignored) and returns the sink for the rest. `chunked`: Transfer-Encoding
-// chunked, and the client going away is watched for (a read on the socket), then the connection
-// closes at the end; otherwise `head` carries the Content-Length and the connection may be kept.
+// chunked, and the client going away is watched for (the socket peeked at); otherwise `head`
+// carries the Content-Length. Either way the connection is kept alive after the stream when the
+// request allows it.
 // Call once per request, from any thread (the head goes out on the connection's strand, before
 // anything sent through the sink), and then never reply().
 using OpenStream = std::function<std::shared_ptr<ChunkSink>(Response head, bool chunked)>;
