@@ -13,6 +13,9 @@
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <map>
 #include <stdexcept>
@@ -46,6 +49,7 @@ class ServeClient {
       req.body() = body;
     }
     req.prepare_payload();
+    if (stream_.socket().is_open() && dropped()) disconnect();
     if (!stream_.socket().is_open()) connect();
     Response res;
     boost::beast::error_code ec;
@@ -113,6 +117,15 @@ class ServeClient {
                                ec.message());
     }
     stream_.socket().set_option(boost::asio::ip::tcp::no_delay(true));
+  }
+
+  // Whether the server closed the kept connection while it was idle (its read timeout): readable
+  // with nothing to read. Checked before reuse, as urllib3 and httpx do.
+  bool dropped() {
+    pollfd p{stream_.socket().native_handle(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    char c = 0;
+    return ::recv(p.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
   }
 
   void disconnect() {
