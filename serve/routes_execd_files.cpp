@@ -12,6 +12,7 @@
 
 #include "faults.hpp"
 #include "flow_gate.hpp"
+#include "kept_exec.hpp"
 #include "line_cutter.hpp"
 #include "state.hpp"
 
@@ -545,14 +546,15 @@ void info(const std::shared_ptr<Entry>& entry, const Request& request, const Rep
   sbx::ExecOptions options;
   options.timeout_s = 60;
   const auto version = request.version();
-  sbx::Operation<sbx::ExecResult> op;
+  std::shared_ptr<KeptExec> exec;
   try {
-    op = entry->box()->exec_async(command, std::move(options));
+    // A stat line is under 100 bytes; a sandbox's stat that prints more is stopped.
+    exec = KeptExec::start(*entry->box(), command, std::move(options), 4096 * (paths.size() + 1));
   } catch (const std::exception& e) {
     reply(execd_error(request, http::status::internal_server_error, "RUNTIME_ERROR", e.what()));
     return;
   }
-  op.then([paths, version, reply](sbx::Operation<sbx::ExecResult>& done) {
+  exec->then([paths, version, reply](KeptExec& done) {
     Request shape;
     shape.version(version);
     sbx::ExecResult result;

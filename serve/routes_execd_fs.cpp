@@ -31,6 +31,7 @@
 // continuations hold what they need (Ctx: the sandbox, the reply, the HTTP version), never the
 // Call, which lives only as long as its handler.
 
+#include "kept_exec.hpp"
 #include "state.hpp"
 
 #include <sbx/core/errors.hpp>
@@ -66,6 +67,11 @@ namespace {
 
 // One call's script, as /files/info's.
 constexpr double kExecTimeoutS = 60;
+// What the server keeps of a script's output (KeptExec): a listing or a search is at most
+// kMaxEntries lines of stat; the metrics are a few lines of /proc; rm prints nothing.
+constexpr std::size_t kMaxScriptOutput = 64 * 1024 * 1024;
+constexpr std::size_t kMaxMetricsOutput = 1024 * 1024;
+constexpr std::size_t kMaxQuietOutput = 64 * 1024;
 // A listing or a search answers at most this many entries (more: 500, ask for less).
 constexpr std::size_t kMaxEntries = 100'000;
 
@@ -252,14 +258,15 @@ void run_script(const Ctx& ctx, std::string script,
                 std::function<void(const sbx::ExecResult&)> done) {
   sbx::ExecOptions options;
   options.timeout_s = kExecTimeoutS;
-  sbx::Operation<sbx::ExecResult> op;
+  std::shared_ptr<KeptExec> exec;
   try {
-    op = ctx.entry->box()->exec_async(std::move(script), std::move(options));
+    exec =
+        KeptExec::start(*ctx.entry->box(), std::move(script), std::move(options), kMaxScriptOutput);
   } catch (...) {
     ctx.provider_error(std::current_exception());
     return;
   }
-  op.then([ctx, done = std::move(done)](sbx::Operation<sbx::ExecResult>& finished) {
+  exec->then([ctx, done = std::move(done)](KeptExec& finished) {
     sbx::ExecResult result;
     try {
       result = finished.get();
@@ -1039,7 +1046,8 @@ class Replace : public std::enable_shared_from_this<Replace> {
     sbx::ExecOptions options;
     options.timeout_s = kExecTimeoutS;
     try {
-      ctx_.entry->box()->exec_async("rm -f -- " + shell_quote(path), std::move(options));
+      KeptExec::start(*ctx_.entry->box(), "rm -f -- " + shell_quote(path), std::move(options),
+                      kMaxQuietOutput);
     } catch (const std::exception& e) {
       spdlog::warn("sbx serve: removing {} in sandbox {}: {}", path, ctx_.entry->id, e.what());
     }
@@ -1202,14 +1210,14 @@ sbx::Operation<sbx::ExecResult> read_metrics(
       "{ nproc 2>/dev/null || grep -c '^cpu[0-9]' /proc/stat; } && cat /proc/meminfo\n";
   sbx::ExecOptions options;
   options.timeout_s = kExecTimeoutS;
-  sbx::Operation<sbx::ExecResult> op;
+  std::shared_ptr<KeptExec> exec;
   try {
-    op = entry->box()->exec_async(script, std::move(options));
+    exec = KeptExec::start(*entry->box(), script, std::move(options), kMaxMetricsOutput);
   } catch (const std::exception& e) {
     done(std::nullopt, e.what());
     return {};
   }
-  op.then([timestamp, done = std::move(done)](sbx::Operation<sbx::ExecResult>& finished) {
+  exec->then([timestamp, done = std::move(done)](KeptExec& finished) {
     sbx::ExecResult result;
     try {
       result = finished.get();
@@ -1246,7 +1254,7 @@ sbx::Operation<sbx::ExecResult> read_metrics(
              go_number(used / 1024) + ",\"timestamp\":" + std::to_string(timestamp) + "}",
          {});
   });
-  return op;
+  return exec->operation();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // OWNERSHIP: every temp file (in the server's temp dir) is owned by a TempFile, removed when the
 // last holder lets go: on success, on an error and when the client goes away.
 
+#include "kept_exec.hpp"
 #include "multipart.hpp"
 #include "state.hpp"
 
@@ -34,7 +35,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::size_t kMaxMetadata = 64 * 1024;  // a metadata part's JSON
+constexpr std::size_t kMaxMetadata = 64 * 1024;     // a metadata part's JSON
+constexpr std::size_t kMaxChownOutput = 64 * 1024;  // chown's complaints (KeptExec)
 
 // A file in the server's temp dir, removed with its last holder; the bytes it took from the
 // server's temp space (State::temp_space) are given back then.
@@ -344,16 +346,17 @@ class UploadSink final : public BodySink,
         pair.meta.owner.value_or("") + (pair.meta.group ? ":" + *pair.meta.group : std::string());
     sbx::ExecOptions options;
     options.timeout_s = 60;
-    sbx::Operation<sbx::ExecResult> op;
+    std::shared_ptr<KeptExec> exec;
     try {
-      op = entry_->box()->exec_async(
-          "chown " + shell_quote(spec) + " -- " + shell_quote(pair.meta.path), std::move(options));
+      exec = KeptExec::start(*entry_->box(),
+                             "chown " + shell_quote(spec) + " -- " + shell_quote(pair.meta.path),
+                             std::move(options), kMaxChownOutput);
     } catch (const std::exception& e) {
       spdlog::warn("sbx serve: chown {} {}: {}", spec, pair.meta.path, e.what());
       next(i + 1);
       return;
     }
-    op.then([self = shared_from_this(), i, spec](sbx::Operation<sbx::ExecResult>& done) {
+    exec->then([self = shared_from_this(), i, spec](KeptExec& done) {
       try {
         const auto r = done.get();
         if (r.return_code != 0) {

@@ -475,3 +475,41 @@ TEST_CASE("a client that stops reading holds the command, not the server's memor
                     out) == 0);
   CHECK(server.stop() == 0);
 }
+
+TEST_CASE(
+    "a sandbox whose root replaced its shell: the server keeps a bounded part of what the "
+    "helper scripts print, stops them, and says so") {
+  BusyboxSandbox box;
+  ServeProcess& server = *box.server;
+  const std::string base = "/sandboxes/" + box.id + "/proxy/44772";
+  // busybox's shell runs stat, find and head as its own applets, so the root replaces the shell:
+  // a script naming "stat" (the server's /files/info, listings and /metrics read it) prints
+  // without end, anything else runs as before. 64 MiB (a listing's bound) takes well under the
+  // helper's 60 s.
+  StreamClient setup(
+      server.port(), "POST", base + "/command",
+      R"({"command":"rm /bin/sh && printf '#!/bin/busybox ash\ncase \"$*\" in *stat*) )"
+      R"(exec /bin/busybox yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx;; esac\n)"
+      R"(exec /bin/busybox ash \"$@\"\n' > /bin/sh && chmod 755 /bin/sh"})");
+  REQUIRE(setup.status() == 200);
+  REQUIRE(setup.rest().back().at("type") == "execution_complete");
+
+  const auto info = request(server.port(), "GET", base + "/files/info?path=/tmp");
+  CHECK(info.status == 500);
+  CHECK(info.body.find("printed more than") != std::string::npos);
+  const auto list = request(server.port(), "GET", base + "/directories/list?path=/tmp");
+  CHECK(list.status == 500);
+  CHECK(list.body.find("printed more than") != std::string::npos);
+  const auto metrics = request(server.port(), "GET", base + "/metrics");
+  CHECK(metrics.status == 500);
+  CHECK(metrics.body.find("printed more than") != std::string::npos);
+  // The stopped printers are gone: the sandbox runs no `yes`.
+  StreamClient ps(server.port(), "POST", base + "/command",
+                  R"({"command":"ps -o comm | grep -c '^yes' || true"})");
+  REQUIRE(ps.status() == 200);
+  std::string count;
+  for (const auto& e : ps.rest())
+    if (e.at("type") == "stdout") count += std::string(e.at("text").as_string());
+  CHECK(count == "0");
+  CHECK(server.stop() == 0);
+}
