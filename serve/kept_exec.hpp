@@ -1,5 +1,5 @@
 // A helper script the server runs in a sandbox and reads whole (stat for /files/info, find for a
-// listing, the reads of /metrics, chown, rm): its output kept up to a bound. What runs in a
+// listing, the reads of /metrics, chown): its output kept up to a bound. What runs in a
 // sandbox is the sandbox's (its root may have replaced stat or find with anything), so a script
 // that prints more than the bound is stopped and its call fails, instead of the server keeping
 // whatever it prints.

@@ -73,9 +73,9 @@ class MultipartReader {
     const std::size_t d = delimiter_.size();
     if (phase_ != Phase::body || bytes.size() < 2 * d) return false;
     // A delimiter that begins in what was kept ends within the first d - 1 bytes.
-    std::string seam = kept_;
-    seam.append(bytes.substr(0, d - 1));
-    if (const auto at = seam.find(delimiter_); at != std::string::npos && at < kept_.size())
+    seam_.assign(kept_);
+    seam_.append(bytes.substr(0, d - 1));
+    if (const auto at = seam_.find(delimiter_); at != std::string::npos && at < kept_.size())
       return false;
     if (!kept_.empty() && !handler.part_bytes(kept_)) return stop();
     kept_.clear();
@@ -162,6 +162,7 @@ class MultipartReader {
 
   std::string delimiter_;  // "\r\n--" BOUNDARY
   std::string kept_;       // bytes not consumed yet
+  std::string seam_;       // in_body's scratch (kept_ and the next bytes' head), reused
   Phase phase_ = Phase::preamble;
   bool stopped_ = false;
   std::string error_;

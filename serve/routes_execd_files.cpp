@@ -26,19 +26,10 @@
 #include <boost/asio/strand.hpp>
 #include <boost/json.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <vector>

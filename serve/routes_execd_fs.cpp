@@ -68,10 +68,9 @@ namespace {
 // One call's script, as /files/info's.
 constexpr double kExecTimeoutS = 60;
 // What the server keeps of a script's output (KeptExec): a listing or a search is at most
-// kMaxEntries lines of stat; the metrics are a few lines of /proc; rm prints nothing.
+// kMaxEntries lines of stat; the metrics are a few lines of /proc.
 constexpr std::size_t kMaxScriptOutput = 64 * 1024 * 1024;
 constexpr std::size_t kMaxMetricsOutput = 1024 * 1024;
-constexpr std::size_t kMaxQuietOutput = 64 * 1024;
 // A listing or a search answers at most this many entries (more: 500, ask for less).
 constexpr std::size_t kMaxEntries = 100'000;
 
@@ -1045,9 +1044,9 @@ class Replace : public std::enable_shared_from_this<Replace> {
   void remove_quietly(const std::string& path) const {
     sbx::ExecOptions options;
     options.timeout_s = kExecTimeoutS;
+    options.on_output = [](sbx::OutputStream, std::string_view) {};  // never read: not kept
     try {
-      KeptExec::start(*ctx_.entry->box(), "rm -f -- " + shell_quote(path), std::move(options),
-                      kMaxQuietOutput);
+      ctx_.entry->box()->exec_async("rm -f -- " + shell_quote(path), std::move(options));
     } catch (const std::exception& e) {
       spdlog::warn("sbx serve: removing {} in sandbox {}: {}", path, ctx_.entry->id, e.what());
     }

@@ -169,6 +169,18 @@ class Session : public std::enable_shared_from_this<Session> {
       self->mark_gone();
     });
   }
+  // What a socket that became readable (`ec`: how the wait ended) says of the client, peeked at,
+  // never read: bytes are a request for read().
+  enum class Peer { quiet, sending, gone };
+  Peer peek(beast::error_code ec) {
+    if (ec) return Peer::gone;
+    char c = 0;
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return Peer::sending;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Peer::quiet;
+    return Peer::gone;  // EOF or a reset
+  }
+
   // WatchHangup: `fn` runs (on the strand) if the peer closes or resets the connection before the
   // request is answered. A readable socket is peeked at, never read: bytes of a pipelined request
   // stay for read() and end the watch.
@@ -185,17 +197,14 @@ class Session : public std::enable_shared_from_this<Session> {
         asio::bind_executor(
             stream_.get_executor(), [self = shared_from_this()](beast::error_code ec) {
               if (!self->hangup_) return;  // answered meanwhile
-              char c = 0;
-              const ssize_t n = ec ? -1
-                                   : ::recv(self->stream_.socket().native_handle(), &c, 1,
-                                            MSG_PEEK | MSG_DONTWAIT);
-              if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+              const Peer peer = self->peek(ec);
+              if (peer == Peer::quiet) {
                 self->watch_hangup();  // not readable after all
                 return;
               }
               auto fn = std::move(self->hangup_);
               self->hangup_ = nullptr;
-              if (n > 0) return;  // the client sends more: it is there
+              if (peer == Peer::sending) return;  // the client sends more: it is there
               spdlog::debug("sbx serve: the client of request {} went away before its answer",
                             self->request_id_);
               fn();
@@ -612,7 +621,7 @@ class Session : public std::enable_shared_from_this<Session> {
     linger_read();
   }
   void linger_read() {
-    stream_.async_read_some(asio::buffer(watch_buffer_),
+    stream_.async_read_some(asio::buffer(linger_buffer_),
                             [self = shared_from_this()](beast::error_code ec, std::size_t n) {
                               if (ec || n >= self->linger_left_) {
                                 self->stream_.close();
@@ -810,24 +819,22 @@ class Session : public std::enable_shared_from_this<Session> {
     watching_ = true;
     stream_.socket().async_wait(
         tcp::socket::wait_read,
-        asio::bind_executor(
-            stream_.get_executor(), [self = shared_from_this()](beast::error_code ec) {
-              self->watching_ = false;
-              if (self->finished_) {
-                if (std::exchange(self->read_after_watch_, false)) self->read();
-                return;
-              }
-              char c = 0;
-              const ssize_t n = ec ? -1
-                                   : ::recv(self->stream_.socket().native_handle(), &c, 1,
-                                            MSG_PEEK | MSG_DONTWAIT);
-              if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-                self->watch();  // not readable after all
-                return;
-              }
-              if (n > 0) return;  // its next request: the client is there
-              self->mark_gone();
-            }));
+        asio::bind_executor(stream_.get_executor(),
+                            [self = shared_from_this()](beast::error_code ec) {
+                              self->watching_ = false;
+                              if (self->finished_) {
+                                if (std::exchange(self->read_after_watch_, false)) self->read();
+                                return;
+                              }
+                              const Peer peer = self->peek(ec);
+                              if (peer == Peer::quiet) {
+                                self->watch();  // not readable after all
+                                return;
+                              }
+                              if (peer == Peer::gone) self->mark_gone();
+                              // Peer::sending: its next request, left for read(); the client is
+                              // there.
+                            }));
   }
 
   void enqueue(std::string data, std::function<void()> done) {
@@ -1009,12 +1016,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;
   std::deque<std::pair<std::string, std::function<void()>>> out_;
   std::function<void()> on_gone_;
-  std::optional<int> cut_after_;           // pieces left before an injected cut
-  bool stall_never_ = false;               // never_stall(): no write timeout for this stream
-  std::size_t writing_items_ = 0;          // pieces of out_ the write under way carries
-  std::string batch_;                      // those pieces as one write
-  std::array<char, 1024> watch_buffer_{};  // linger_close()'s scratch: what it reads is dropped
-  bool watching_ = false;                  // watch() waits on the socket
+  std::optional<int> cut_after_;            // pieces left before an injected cut
+  bool stall_never_ = false;                // never_stall(): no write timeout for this stream
+  std::size_t writing_items_ = 0;           // pieces of out_ the write under way carries
+  std::string batch_;                       // those pieces as one write
+  std::array<char, 1024> linger_buffer_{};  // what linger_close() reads, dropped
+  bool watching_ = false;                   // watch() waits on the socket
   bool read_after_watch_ = false;  // the stream ended: the watch's handler reads the next request
   // The request being answered (strand only): whether its answer started, and what runs if the
   // client goes away before (WatchHangup).
